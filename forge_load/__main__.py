@@ -1,0 +1,3 @@
+from forge_load.app import main
+
+raise SystemExit(main())

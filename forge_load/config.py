@@ -1,0 +1,489 @@
+"""The daemon's settings: read from the environment, overridden by command-line flags, every value checked.
+
+A bad value is a ConfigError whose message is one line naming the variable (and its flag), the value as
+given and what is accepted; app.py prints it and exits 2. Nothing here touches the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NoReturn
+
+from forge_load import __version__
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used. The message is one line for the operator; the process exits 2."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    speed: float = 1.0
+    window_s: float = 1 / 6
+    sms: int = 132
+    foreign_s: tuple[tuple[float, float], ...] = ()
+    foreign_load_ratio: float = 0.9
+    foreign_mem_mib: float = 2048.0
+    hide_foreign: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    target_ratio: float = 0.5
+    gpu: str = "0"
+    boost_target_ratio: float = 0.6
+    boost_after_s: float = 3600.0
+    resume_after_s: float = 60.0
+    log_interval_s: float = 10.0
+    log_format: str = "text"
+    duration_s: float = 0.0
+    controller: str = "pi"
+    poll_interval_s: float = 0.1
+    foreign_mem_mib: float = 64.0
+    foreign_util_ratio: float = 0.1
+    foreign_util_samples: int = 2
+    use_process_list: bool = True
+    simulate: bool = False
+    sim: SimConfig = field(default_factory=SimConfig)
+
+
+# Boost target used when none is given; a target above it means "no boost" rather than an error.
+DEFAULT_BOOST_TARGET = 0.6
+LEGACY_TARGET_ENV = "TARGET"
+# NVML's shortest sample window is 1/6 s; accept values written with a few digits, like 0.1666.
+_WINDOW_MIN_S = 1 / 6
+_WINDOW_TOLERANCE_S = 1e-3
+
+
+# --- value parsers -------------------------------------------------------------------------------------
+# Each takes the raw text and returns the value or raises _Rejected(accepted, detail); _apply turns that
+# into the one-line ConfigError, so the wording of "what is accepted" lives next to the check.
+
+
+class _Rejected(Exception):
+    def __init__(self, accepted: str, detail: str | None = None) -> None:
+        super().__init__(accepted)
+        self.accepted = accepted
+        self.detail = detail
+
+
+# Plain decimal numbers only: float() would also take "nan", "inf" and "1_000".
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_INT_RE = re.compile(r"[+-]?\d+")
+_SECONDS_RE = re.compile(r"(?P<num>.*?)\s*(?P<unit>ms|s|m|h)?", re.IGNORECASE)
+_UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_HEX = "[0-9a-f]"
+_UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+_GPU_UUID_RE = re.compile(rf"(GPU|MIG)-({_UUID})", re.IGNORECASE)
+# MIG devices under drivers before R470 were named MIG-GPU-<uuid>/<gi>/<ci>.
+_OLD_MIG_RE = re.compile(rf"MIG-GPU-({_UUID})/(\d+)/(\d+)", re.IGNORECASE)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def _interval(low: float | None, low_inclusive: bool, high: float | None, high_inclusive: bool) -> str:
+    if high is None:
+        return f"{'>=' if low_inclusive else '>'} {_num(low or 0.0)}"
+    return f"{'[' if low_inclusive else '('}{_num(low or 0.0)}, {_num(high)}{']' if high_inclusive else ')'}"
+
+
+def _in_range(value: float, low: float | None, low_inclusive: bool, high: float | None, high_inclusive: bool) -> bool:
+    if low is not None and (value < low or (value == low and not low_inclusive)):
+        return False
+    if high is not None and (value > high or (value == high and not high_inclusive)):
+        return False
+    return True
+
+
+def _stripped(raw: str, accepted: str) -> str:
+    text = raw.strip()
+    if not text:
+        raise _Rejected(accepted, "empty")
+    return text
+
+
+def _float_of(text: str, accepted: str) -> float:
+    if not _NUMBER_RE.fullmatch(text):
+        raise _Rejected(accepted, "not a number")
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Rejected(accepted, "not a finite number")
+    return value
+
+
+def _ratio_value(
+    raw: str,
+    *,
+    low: float = 0.0,
+    low_inclusive: bool = False,
+    high: float = 1.0,
+    high_inclusive: bool = True,
+    example: float = 0.5,
+) -> float:
+    accepted = (
+        f"a ratio in {_interval(low, low_inclusive, high, high_inclusive)} "
+        f"such as {_num(example)} or {_num(example * 100)}%"
+    )
+    text = _stripped(raw, accepted)
+    if text.endswith("%"):
+        value = _float_of(text[:-1].rstrip(), accepted) / 100
+    else:
+        value = _float_of(text, accepted)
+        if value > 1:
+            # The legacy TARGET was a percent; FORGE_* ratios are not, so "50" is ambiguous.
+            hint = f" (did you mean {text}%?)" if _in_range(value / 100, low, low_inclusive, high, high_inclusive) else ""
+            raise _Rejected(accepted, f"a ratio above 1 needs %{hint}")
+    if not _in_range(value, low, low_inclusive, high, high_inclusive):
+        raise _Rejected(accepted, "out of range")
+    return value
+
+
+def _percent_value(raw: str) -> float:
+    # Legacy TARGET: the original image's percent. Below 1 is refused: TARGET=0.5 likely meant 50 %.
+    accepted = "a percent from 1 to 100 such as 50 or 50%"
+    text = _stripped(raw, accepted)
+    if text.endswith("%"):
+        text = text[:-1].rstrip()
+    value = _float_of(text, accepted)
+    if not 1 <= value <= 100:
+        raise _Rejected(accepted, "out of range")
+    return value / 100
+
+
+def _seconds_value(
+    raw: str,
+    *,
+    low: float | None = 0.0,
+    low_inclusive: bool = True,
+    high: float | None = None,
+    high_inclusive: bool = True,
+    accepted: str | None = None,
+) -> float:
+    accepted = accepted or (
+        f"seconds {_interval(low, low_inclusive, high, high_inclusive)}, a number optionally with ms, s, m or h"
+    )
+    text = _stripped(raw, accepted)
+    match = _SECONDS_RE.fullmatch(text)
+    assert match is not None  # the pattern matches any string
+    unit = match["unit"].lower() if match["unit"] else None
+    value = _float_of(match["num"], accepted) * _UNIT_S[unit]
+    if not math.isfinite(value) or not _in_range(value, low, low_inclusive, high, high_inclusive):
+        raise _Rejected(accepted, "out of range")
+    return value
+
+
+def _float_value(raw: str, *, low: float, low_inclusive: bool, high: float | None = None, what: str) -> float:
+    accepted = f"{what} {_interval(low, low_inclusive, high, True)}"
+    value = _float_of(_stripped(raw, accepted), accepted)
+    if not _in_range(value, low, low_inclusive, high, True):
+        raise _Rejected(accepted, "out of range")
+    return value
+
+
+def _int_value(raw: str, *, low: int, high: int | None = None) -> int:
+    accepted = f"a whole number {_interval(low, True, high, True)}"
+    text = _stripped(raw, accepted)
+    if not _INT_RE.fullmatch(text):
+        raise _Rejected(accepted, "not a whole number")
+    value = int(text)
+    if not _in_range(value, low, True, high, True):
+        raise _Rejected(accepted, "out of range")
+    return value
+
+
+def _bool_value(raw: str) -> bool:
+    accepted = "one of 1/0, true/false, yes/no, on/off"
+    text = _stripped(raw, accepted).lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise _Rejected(accepted)
+
+
+def _choice_value(raw: str, *, choices: tuple[str, ...]) -> str:
+    accepted = "one of " + ", ".join(choices)
+    text = _stripped(raw, accepted).lower()
+    if text not in choices:
+        raise _Rejected(accepted)
+    return text
+
+
+def _gpu_value(raw: str) -> str:
+    accepted = "a GPU index such as 0, or a UUID such as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-..."
+    text = _stripped(raw, accepted)
+    if _INT_RE.fullmatch(text):
+        index = int(text)
+        if index < 0:
+            raise _Rejected(accepted, "negative index")
+        return str(index)
+    # NVML reports UUIDs as an upper-case prefix and lower-case hex; compare in that form.
+    if m := _GPU_UUID_RE.fullmatch(text):
+        return f"{m[1].upper()}-{m[2].lower()}"
+    if m := _OLD_MIG_RE.fullmatch(text):
+        return f"MIG-GPU-{m[1].lower()}/{int(m[2])}/{int(m[3])}"
+    raise _Rejected(accepted)
+
+
+def _window_value(raw: str) -> float:
+    return _seconds_value(
+        raw,
+        low=_WINDOW_MIN_S - _WINDOW_TOLERANCE_S,
+        high=1.0,
+        accepted="seconds from 1/6 (0.1667) to 1, the NVML sample window",
+    )
+
+
+def _intervals_value(raw: str) -> tuple[tuple[float, float], ...]:
+    accepted = "START-END[,START-END...] in virtual seconds, 0 <= START < END, not overlapping, or none"
+    text = _stripped(raw, accepted)
+    if text.lower() == "none":
+        return ()
+    spans: list[tuple[float, float]] = []
+    for piece in text.split(","):
+        start_text, dash, end_text = piece.strip().partition("-")
+        if not dash:
+            raise _Rejected(accepted, f"{piece.strip()!r} is not START-END")
+        start = _float_of(start_text.strip(), accepted)
+        end = _float_of(end_text.strip(), accepted)
+        if start < 0 or end <= start:
+            raise _Rejected(accepted, f"{piece.strip()!r} does not have 0 <= START < END")
+        spans.append((start, end))
+    spans.sort()
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start < end:  # touching spans are two jobs back to back, which is allowed
+            raise _Rejected(accepted, "intervals overlap")
+    return tuple(spans)
+
+
+def parse_ratio(
+    name: str,
+    raw: str,
+    *,
+    low: float = 0.0,
+    low_inclusive: bool = False,
+    high: float = 1.0,
+    high_inclusive: bool = True,
+    example: float = 0.5,
+) -> float:
+    """"0.5" and "50%" both give 0.5; "50" is refused (a ratio above 1 needs %). Raises ConfigError."""
+    parser = partial(
+        _ratio_value, low=low, low_inclusive=low_inclusive, high=high, high_inclusive=high_inclusive, example=example
+    )
+    return _apply(name, raw, parser)
+
+
+def _apply(name: str, raw: str, parser: Callable[[str], object], also: str = "") -> object:
+    try:
+        return parser(raw)
+    except _Rejected as rejected:
+        detail = f"{rejected.detail}; " if rejected.detail else ""
+        suffix = f" ({also})" if also else ""
+        # repr keeps a value with newlines or odd characters on one line and shows stray spaces.
+        raise ConfigError(f"{name}={raw!r} is not valid: {detail}expected {rejected.accepted}{suffix}") from None
+
+
+# --- the settings table --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Setting:
+    key: str  # Config field, or "sim.<field>"
+    env: str
+    flag: str  # for booleans, the positive form; argparse adds --no-...
+    parse: Callable[[str], object]
+    help: str
+    boolean: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.key.replace(".", "_")
+
+    @property
+    def flag_label(self) -> str:
+        return "--[no-]" + self.flag[2:] if self.boolean else self.flag
+
+
+_SETTINGS: tuple[_Setting, ...] = (
+    _Setting("target_ratio", "FORGE_TARGET", "--target", partial(_ratio_value, example=0.5),
+             "utilization to hold, 0.5 or 50% (legacy env TARGET=50 also read); default 0.5"),
+    _Setting("gpu", "FORGE_GPU", "--gpu", _gpu_value, "GPU index or UUID; default 0"),
+    _Setting("boost_target_ratio", "FORGE_BOOST_TARGET", "--boost-target", partial(_ratio_value, example=0.6),
+             "utilization to hold after a long quiet spell, >= target; default 0.6 (or the target if higher)"),
+    _Setting("boost_after_s", "FORGE_BOOST_AFTER", "--boost-after", _seconds_value,
+             "seconds without foreign work before boosting, 0 disables; default 3600"),
+    _Setting("resume_after_s", "FORGE_RESUME_AFTER", "--resume-after", _seconds_value,
+             "seconds the GPU must be free of foreign work before resuming; default 60"),
+    _Setting("log_interval_s", "FORGE_LOG_INTERVAL", "--log-interval",
+             partial(_seconds_value, low=0.0, low_inclusive=False, high=86400.0),
+             "seconds between status lines; default 10"),
+    _Setting("log_format", "FORGE_LOG_FORMAT", "--log-format", partial(_choice_value, choices=("text", "json")),
+             "text or json; default text"),
+    _Setting("duration_s", "FORGE_DURATION", "--duration", _seconds_value,
+             "seconds to run, 0 = until stopped; default 0"),
+    _Setting("controller", "FORGE_CONTROLLER", "--controller", partial(_choice_value, choices=("pi", "legacy")),
+             "pi or legacy; default pi"),
+    _Setting("poll_interval_s", "FORGE_POLL_INTERVAL", "--poll-interval",
+             partial(_seconds_value, low=0.01, high=1.0), "seconds between GPU polls, 0.01 to 1; default 0.1"),
+    _Setting("foreign_mem_mib", "FORGE_FOREIGN_MEM_MIB", "--foreign-mem-mib",
+             partial(_float_value, low=0.0, low_inclusive=False, what="MiB"),
+             "device memory beyond baseline and our own that means a foreign job; default 64"),
+    _Setting("foreign_util_ratio", "FORGE_FOREIGN_UTIL", "--foreign-util",
+             partial(_ratio_value, high_inclusive=False, example=0.1),
+             "utilization beyond our own share that means a foreign job; default 0.1"),
+    _Setting("foreign_util_samples", "FORGE_FOREIGN_SAMPLES", "--foreign-samples",
+             partial(_int_value, low=1, high=100), "consecutive samples over that needed; default 2"),
+    _Setting("use_process_list", "FORGE_USE_PROCESS_LIST", "--process-list", _bool_value,
+             "treat other processes on the GPU as foreign jobs; default on", boolean=True),
+    _Setting("simulate", "FORGE_SIMULATE", "--simulate", _bool_value,
+             "run against a simulated GPU; default off", boolean=True),
+    _Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed",
+             partial(_float_value, low=0.0, low_inclusive=True, what="virtual seconds per real second (0 = flat out)"),
+             "simulator: virtual seconds per real second, 0 = as fast as possible; default 1"),
+    _Setting("sim.window_s", "FORGE_SIM_WINDOW", "--sim-window", _window_value,
+             "simulator: NVML sample window in seconds, 1/6 to 1; default 1/6"),
+    _Setting("sim.sms", "FORGE_SIM_SMS", "--sim-sms", partial(_int_value, low=1, high=1024),
+             "simulator: SM count; default 132"),
+    _Setting("sim.foreign_s", "FORGE_SIM_FOREIGN", "--sim-foreign", _intervals_value,
+             "simulator: foreign jobs as START-END[,START-END...] virtual seconds; default none"),
+    _Setting("sim.foreign_load_ratio", "FORGE_SIM_FOREIGN_LOAD", "--sim-foreign-load",
+             partial(_ratio_value, example=0.9), "simulator: busy ratio of a foreign job; default 0.9"),
+    _Setting("sim.foreign_mem_mib", "FORGE_SIM_FOREIGN_MEM", "--sim-foreign-mem",
+             partial(_float_value, low=0.0, low_inclusive=True, what="MiB"),
+             "simulator: MiB a foreign job takes; default 2048"),
+    _Setting("sim.hide_foreign", "FORGE_SIM_HIDE_FOREIGN", "--sim-hide-foreign", _bool_value,
+             "simulator: hide foreign jobs from the process list; default off", boolean=True),
+    _Setting("sim.seed", "FORGE_SIM_SEED", "--sim-seed", partial(_int_value, low=0), "simulator: random seed; default 0"),
+)
+_BY_KEY: dict[str, _Setting] = {s.key: s for s in _SETTINGS}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse would print usage and exit 2 itself; the app reports every bad setting the same way.
+        raise ConfigError(f"command line: {' '.join(message.split())} (see --help)")
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """Every setting as a flag. Defaults are None so load_config can tell "given" from "not given"."""
+    parser = _Parser(
+        prog="forge-load",
+        description="Keep a GPU at a target utilization; step aside while other jobs use it.",
+        allow_abbrev=False,  # --foreign-* and --sim-* share prefixes; abbreviations would be guesses
+    )
+    parser.add_argument("--version", action="version", version=f"forge-load {__version__}")
+    for s in _SETTINGS:
+        help_text = f"{s.help} [env {s.env}]".replace("%", "%%")
+        if s.boolean:
+            parser.add_argument(s.flag, dest=s.dest, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+        else:
+            parser.add_argument(s.flag, dest=s.dest, default=None, metavar="VALUE", help=help_text)
+    return parser
+
+
+# --- loading -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Given:
+    name: str  # the env variable or flag it came from
+    raw: str
+    value: object
+
+
+def _read(setting: _Setting, args: argparse.Namespace, env: Mapping[str, str]) -> _Given | None:
+    cli = getattr(args, setting.dest)
+    if isinstance(cli, bool):
+        return _Given(f"--{'' if cli else 'no-'}{setting.flag[2:]}", "", cli)
+    if cli is not None:
+        return _Given(setting.flag, cli, _apply(setting.flag, cli, setting.parse, f"env {setting.env}"))
+    if setting.env in env:
+        raw = env[setting.env]
+        return _Given(setting.env, raw, _apply(setting.env, raw, setting.parse, f"flag {setting.flag_label}"))
+    if setting.key == "target_ratio" and LEGACY_TARGET_ENV in env:
+        raw = env[LEGACY_TARGET_ENV]
+        value = _apply(LEGACY_TARGET_ENV, raw, _percent_value, "legacy; prefer FORGE_TARGET=0.5 or --target")
+        return _Given(LEGACY_TARGET_ENV, raw, value)
+    return None
+
+
+def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Build the Config from `env` (default os.environ), then `argv` flags (default sys.argv[1:]) over it.
+
+    A value overridden by a flag is not read, so a stale variable cannot stop a corrected command line.
+    """
+    env = os.environ if env is None else env
+    args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    given: dict[str, _Given] = {}
+    for s in _SETTINGS:
+        got = _read(s, args, env)
+        if got is not None:
+            given[s.key] = got
+
+    top: dict[str, object] = {k: g.value for k, g in given.items() if "." not in k}
+    sim: dict[str, object] = {k.split(".", 1)[1]: g.value for k, g in given.items() if "." in k}
+
+    target = float(top.get("target_ratio", Config.target_ratio))  # type: ignore[arg-type]
+    boost = given.get("boost_target_ratio")
+    if boost is None:
+        # An operator who asks for more than the default boost means "this much", not "error".
+        top["boost_target_ratio"] = max(DEFAULT_BOOST_TARGET, target)
+    elif float(boost.value) < target:  # type: ignore[arg-type]
+        t = given.get("target_ratio")
+        target_text = f"{t.name}={t.raw!r}" if t else f"the default target {_num(target)} ({_BY_KEY['target_ratio'].env})"
+        raise ConfigError(
+            f"{boost.name}={boost.raw!r} is below {target_text}: expected a boost target >= the target "
+            f"and <= 1 (or leave {boost.name} unset to boost to {_num(max(DEFAULT_BOOST_TARGET, target))})"
+        )
+    return Config(**top, sim=SimConfig(**sim))  # type: ignore[arg-type]
+
+
+def _spans_text(spans: tuple[tuple[float, float], ...]) -> str:
+    return ",".join(f"{_num(a)}-{_num(b)}" for a, b in spans) or "none"
+
+
+def describe(config: Config) -> dict[str, object]:
+    """The effective settings, flat, for the `start` log line; sim_* only when simulating."""
+    out: dict[str, object] = {
+        "target": config.target_ratio,
+        "gpu": config.gpu,
+        "boost_target": config.boost_target_ratio,
+        "boost_after_s": config.boost_after_s,
+        "resume_after_s": config.resume_after_s,
+        "log_interval_s": config.log_interval_s,
+        "log_format": config.log_format,
+        "duration_s": config.duration_s,
+        "controller": config.controller,
+        "poll_interval_s": config.poll_interval_s,
+        "foreign_mem_mib": config.foreign_mem_mib,
+        "foreign_util": config.foreign_util_ratio,
+        "foreign_samples": config.foreign_util_samples,
+        "use_process_list": config.use_process_list,
+        "simulate": config.simulate,
+    }
+    if config.simulate:
+        sim = config.sim
+        out.update(
+            sim_speed=sim.speed,
+            sim_window_s=sim.window_s,
+            sim_sms=sim.sms,
+            sim_foreign_s=_spans_text(sim.foreign_s),
+            sim_foreign_load=sim.foreign_load_ratio,
+            sim_foreign_mem_mib=sim.foreign_mem_mib,
+            sim_hide_foreign=sim.hide_foreign,
+            sim_seed=sim.seed,
+        )
+    return out

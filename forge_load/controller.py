@@ -1,0 +1,155 @@
+"""Control laws: (target, measured utilization) -> the next Plan for the Worker.
+
+Pure Python on purpose: no numba, no pynvml, no clock of its own. Time arrives with the samples.
+
+NVML utilization is the share of time during which any kernel ran (DESIGN.md, fact 1), so the quantity
+we steer is our own busy share of time (the duty). The multiplier only sizes each launch: the PI law
+keeps every launch near `slice_s` so that stopping and yielding take at most a few milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from forge_load.probe import UtilSample
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the Worker should do until the next plan.
+
+    multiplier: grid size in blocks per SM.
+    duty_ratio: the share of wall time our kernels should be running; 0 launches nothing.
+    gap_s: a fixed sleep after each launch completes (the legacy law's pacing); 0 paces by duty alone.
+    """
+
+    multiplier: int
+    duty_ratio: float
+    gap_s: float = 0.0
+
+
+IDLE_PLAN = Plan(multiplier=1, duty_ratio=0.0)
+
+
+class Controller(Protocol):
+    name: str
+
+    def start(self, now_s: float) -> None:
+        """Begin (or resume) filling at `now_s`; samples whose window started earlier are ignored."""
+
+    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+               launch_s: float | None) -> Plan:
+        """Take the samples that arrived since the last call and return the plan to follow."""
+
+
+class PiController:
+    """Feed-forward on the target plus integral action on the NVML error.
+
+    The feed-forward duty is right from the first launch, so the loop settles within a sample or two;
+    the integral only removes the small bias between our event-timed busy share and what NVML counts.
+    The integral is clamped to keep the duty in [0, 1] and is neither fed nor reset while yielding, so
+    it cannot wind up, and the bias it learned still holds when filling resumes.
+    """
+
+    name = "pi"
+
+    def __init__(self, slice_s: float = 0.002, ki_per_s: float = 0.6, max_gain: float = 0.3,
+                 max_multiplier: int = 4096, initial_multiplier: int = 8) -> None:
+        self.slice_s = slice_s
+        self.ki_per_s = ki_per_s
+        self.max_gain = max_gain
+        self.max_multiplier = max_multiplier
+        self.multiplier = initial_multiplier
+        self.integral_ratio = 0.0
+        self._filling_since_s = float("inf")
+
+    def start(self, now_s: float) -> None:
+        self._filling_since_s = now_s
+
+    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+               launch_s: float | None) -> Plan:
+        # Per-sample gain grows with the window but stays well below the one-sample-delay limit (0.5).
+        gain = min(self.ki_per_s * window_s, self.max_gain)
+        for sample in samples:
+            if sample.t_s - window_s < self._filling_since_s:
+                continue  # the window saw the GPU before we filled it
+            self.integral_ratio += gain * (target_ratio - sample.ratio)
+        self.integral_ratio = min(max(self.integral_ratio, -target_ratio), 1.0 - target_ratio)
+        if launch_s is not None and launch_s > 0:
+            scale = self.slice_s / launch_s
+            if not 0.7 <= scale <= 1.4:  # dead band: kernel time moves in whole waves
+                self.multiplier = min(max(round(self.multiplier * scale), 1), self.max_multiplier)
+        return Plan(multiplier=self.multiplier, duty_ratio=target_ratio + self.integral_ratio)
+
+
+class LegacyController:
+    """The original tool's law, kept to compare against.
+
+    Runs of `run_s` at a fixed multiplier, a kernel after another with `gap_s` of sleep between them;
+    after each run the multiplier grows x1.2 when the run's mean was below 0.9 x target and shrinks /1.5
+    when above 1.2 x target; whenever the peak of the last 5 s exceeds 1.1 x target it idles for 5 s.
+    """
+
+    name = "legacy"
+
+    def __init__(self, run_s: float = 10.0, gap_s: float = 0.005, initial_multiplier: float = 32.0,
+                 peak_window_s: float = 5.0, idle_s: float = 5.0, max_multiplier: float = 65536.0) -> None:
+        self.run_s = run_s
+        self.gap_s = gap_s
+        self.peak_window_s = peak_window_s
+        self.idle_s = idle_s
+        self.max_multiplier = max_multiplier
+        self.multiplier_f = initial_multiplier
+        self._run_start_s: float | None = None
+        self._run_samples: list[float] = []
+        self._recent: deque[UtilSample] = deque()
+        self._idle_until_s = float("-inf")
+
+    @property
+    def multiplier(self) -> int:
+        return max(1, round(self.multiplier_f))
+
+    def start(self, now_s: float) -> None:
+        self._run_start_s = now_s
+        self._run_samples = []
+        self._recent.clear()
+
+    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+               launch_s: float | None) -> Plan:
+        for sample in samples:
+            self._observe(target_ratio, sample)
+        if self._idle_until_s > (samples[-1].t_s if samples else float("-inf")):
+            return Plan(multiplier=self.multiplier, duty_ratio=0.0, gap_s=self.gap_s)
+        return Plan(multiplier=self.multiplier, duty_ratio=1.0, gap_s=self.gap_s)
+
+    def _observe(self, target_ratio: float, sample: UtilSample) -> None:
+        if self._run_start_s is None:
+            self._run_start_s = sample.t_s
+        if sample.t_s < self._idle_until_s:
+            return
+        self._run_samples.append(sample.ratio)
+        self._recent.append(sample)
+        while self._recent and self._recent[0].t_s < sample.t_s - self.peak_window_s:
+            self._recent.popleft()
+        if max(s.ratio for s in self._recent) > 1.1 * target_ratio:
+            self._idle_until_s = sample.t_s + self.idle_s
+            self._recent.clear()
+            self._run_samples = []
+            self._run_start_s = self._idle_until_s
+            return
+        if sample.t_s - self._run_start_s >= self.run_s:
+            mean_ratio = sum(self._run_samples) / len(self._run_samples)
+            if mean_ratio < 0.9 * target_ratio:
+                self.multiplier_f = min(self.multiplier_f * 1.2, self.max_multiplier)
+            elif mean_ratio > 1.2 * target_ratio:
+                self.multiplier_f = max(self.multiplier_f / 1.5, 1.0)
+            self._run_start_s = sample.t_s
+            self._run_samples = []
+
+
+def make_controller(name: str) -> Controller:
+    if name == "legacy":
+        return LegacyController()
+    return PiController()

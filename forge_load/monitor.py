@@ -1,0 +1,183 @@
+"""Monitor: reads the probe on a monotonic schedule and publishes a Reading with the foreign verdict.
+
+Foreign activity is any of three signals (DESIGN.md, fact 3), each enough on its own:
+  process      a compute or graphics process on the GPU other than ours (needs the host PID namespace);
+  memory       device memory beyond our own and the baseline (a job's context appears before its kernels);
+  utilization  device utilization beyond our own busy share, for `foreign_util_samples` samples running.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Callable
+
+from forge_load.probe import GpuFailedError, Probe, UtilSample
+from forge_load.worker import BusyLog
+
+DEFAULT_WINDOW_S = 1.0 / 6.0
+FALLBACK_AFTER_S = 2.5  # longer than two of the longest (1 s) sample windows
+
+
+@dataclass(frozen=True)
+class ShareSample:
+    """One NVML sample window split into our share and the rest."""
+
+    t_s: float
+    util_ratio: float
+    own_ratio: float
+
+    @property
+    def foreign_ratio(self) -> float:
+        return max(self.util_ratio - self.own_ratio, 0.0)
+
+
+@dataclass(frozen=True)
+class Reading:
+    seq: int
+    t_s: float
+    window_s: float
+    samples: tuple[ShareSample, ...]  # new since the previous reading
+    memory_used_mib: float | None
+    own_mem_mib: float | None
+    foreign_mem_mib: float | None
+    foreign_pids: tuple[int, ...]
+    signals: tuple[str, ...]  # which of process / memory / utilization fired
+    reason: str | None  # what fired, for the log; None when every signal is clear
+    power_w: float | None = None
+    temperature_c: float | None = None
+    errors: tuple[str, ...] = field(default=())
+
+    @property
+    def foreign(self) -> bool:
+        return self.reason is not None
+
+
+class Monitor:
+    def __init__(self, probe: Probe, busy_log: BusyLog, own_pid: int, baseline_mem_mib: float,
+                 own_mem_fallback_mib: float, poll_interval_s: float = 0.1, foreign_mem_mib: float = 64.0,
+                 foreign_util_ratio: float = 0.1, foreign_util_samples: int = 2,
+                 use_process_list: bool = True, on_reading: Callable[[], None] | None = None) -> None:
+        self.probe = probe
+        self.busy_log = busy_log
+        self.own_pid = own_pid
+        self.baseline_mem_mib = baseline_mem_mib
+        self.own_mem_fallback_mib = own_mem_fallback_mib
+        self.poll_interval_s = poll_interval_s
+        self.foreign_mem_mib = foreign_mem_mib
+        self.foreign_util_ratio = foreign_util_ratio
+        self.foreign_util_samples = foreign_util_samples
+        self.use_process_list = use_process_list
+        self.on_reading = on_reading
+        self.failure: GpuFailedError | None = None
+        self._lock = threading.Lock()
+        self._latest: Reading | None = None
+        self._seq = 0
+        self._next_due_s: float | None = None
+        self._last_sample_s = float("-inf")
+        self._last_buffered_s = float("-inf")
+        self._pending: list[UtilSample] = []
+        self._gaps_s: list[float] = []
+        self._over_count = 0
+        self._errors: list[str] = []
+
+    @property
+    def window_s(self) -> float:
+        return median(self._gaps_s) if self._gaps_s else DEFAULT_WINDOW_S
+
+    def latest(self) -> Reading | None:
+        with self._lock:
+            return self._latest
+
+    def step(self, now_s: float) -> float:
+        """Poll once; returns when the next poll is due (a fixed grid, skipping missed slots)."""
+        reading = self._poll(now_s)
+        with self._lock:
+            self._latest = reading
+        if self.on_reading is not None:
+            self.on_reading()
+        due_s = now_s if self._next_due_s is None else self._next_due_s
+        while due_s <= now_s:
+            due_s += self.poll_interval_s
+        self._next_due_s = due_s
+        return due_s
+
+    def run(self, now: Callable[[], float], stop: threading.Event) -> None:
+        """Thread body on a real GPU: poll until `stop` is set or the GPU fails."""
+        try:
+            while not stop.is_set():
+                due_s = self.step(now())
+                stop.wait(max(due_s - now(), 0.0))
+        except GpuFailedError as error:
+            self.failure = error
+            if self.on_reading is not None:
+                self.on_reading()
+
+    def _poll(self, now_s: float) -> Reading:
+        self._seq += 1
+        samples = self._new_samples(now_s)
+        shares = self._split(samples)
+        processes = self.probe.processes()
+        own_mem_mib = self.own_mem_fallback_mib
+        foreign_pids: tuple[int, ...] = ()
+        if processes is not None:
+            foreign_pids = tuple(sorted(p.pid for p in processes if p.pid != self.own_pid))
+            own_mem_mib = next((p.used_mib for p in processes if p.pid == self.own_pid
+                                and p.used_mib is not None), own_mem_mib)
+        used_mib = self.probe.memory_used_mib()
+        foreign_mem_mib = None
+        if used_mib is not None:
+            # A baseline that included a job which has since left comes down with it.
+            self.baseline_mem_mib = min(self.baseline_mem_mib, used_mib - own_mem_mib)
+            foreign_mem_mib = used_mib - own_mem_mib - self.baseline_mem_mib
+
+        signals: list[str] = []
+        reasons: list[str] = []
+        if self.use_process_list and foreign_pids:
+            signals.append("process")
+            reasons.append("process " + ",".join(map(str, foreign_pids[:5])) + " on the GPU")
+        if foreign_mem_mib is not None and foreign_mem_mib > self.foreign_mem_mib:
+            signals.append("memory")
+            reasons.append(f"{foreign_mem_mib:.0f} MiB of device memory beyond ours and the baseline")
+        for share in shares:
+            over = share.foreign_ratio > self.foreign_util_ratio
+            self._over_count = self._over_count + 1 if over else 0
+        if self._over_count >= self.foreign_util_samples:
+            last = shares[-1] if shares else None
+            signals.append("utilization")
+            detail = f" {last.util_ratio:.2f} beyond our own {last.own_ratio:.2f}" if last else ""
+            reasons.append(f"utilization{detail} for {self._over_count} samples")
+        return Reading(
+            seq=self._seq, t_s=now_s, window_s=self.window_s, samples=tuple(shares),
+            memory_used_mib=used_mib, own_mem_mib=own_mem_mib, foreign_mem_mib=foreign_mem_mib,
+            foreign_pids=foreign_pids, signals=tuple(signals),
+            reason="; ".join(reasons) if reasons else None,
+            power_w=self.probe.power_w(), temperature_c=self.probe.temperature_c(),
+        )
+
+    def _new_samples(self, now_s: float) -> list[UtilSample]:
+        fresh = self.probe.utilization_samples(self._last_sample_s)
+        if fresh:
+            for sample in fresh:
+                if self._last_buffered_s > float("-inf"):
+                    self._gaps_s = (self._gaps_s + [sample.t_s - self._last_buffered_s])[-9:]
+                self._last_buffered_s = sample.t_s
+            self._pending.extend(fresh)
+            self._last_sample_s = fresh[-1].t_s
+        elif now_s - self._last_sample_s >= (self.window_s if fresh is None else FALLBACK_AFTER_S):
+            # No buffered samples (unsupported, or none while idle): read the latest window instead.
+            ratio = self.probe.utilization_ratio()
+            if ratio is not None:
+                self._pending.append(UtilSample(now_s, ratio))
+                self._last_sample_s = now_s
+        # A window can be split into ours and foreign only once every kernel of ours in it is logged.
+        ready_until_s = self.busy_log.complete_until_s
+        ready = [s for s in self._pending if s.t_s <= ready_until_s]
+        self._pending = self._pending[len(ready):]
+        return ready
+
+    def _split(self, samples: list[UtilSample]) -> list[ShareSample]:
+        window_s = self.window_s
+        return [ShareSample(s.t_s, s.ratio, min(self.busy_log.busy_s(s.t_s - window_s, s.t_s) / window_s, 1.0))
+                for s in samples]

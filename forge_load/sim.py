@@ -1,0 +1,200 @@
+"""A simulated GPU in virtual time: it stands in for nvml.py (SimProbe) and for the launch side of the
+Worker (SimLauncher). The Monitor, controller, policy and logging that run against it are the real ones.
+
+The model:
+- NVML utilization: every `window_s` (phase drawn from the seed) a sample of the share of the window
+  during which any kernel ran, ours or foreign, rounded to a whole percent as NVML reports it.
+- Our kernels run one after another on one stream; each takes a launch overhead plus one wave time
+  per wave, waves = ceil(grid blocks / (SMs x resident blocks per SM)), with a little seeded jitter.
+- A foreign job takes its device memory at the start of its interval (its context) and GPU time while
+  it runs: busy for `foreign_load_ratio` of every 20-ms period. It shows in the process list unless
+  hidden (a container without --pid=host). Foreign and own kernels overlap, which makes the foreign
+  share look smallest (the union), the hardest case for the utilization signal.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+
+from forge_load.config import SimConfig
+from forge_load.probe import DeviceInfo, GpuProcess, UtilSample
+from forge_load.worker import Completed
+
+RESIDENT_BLOCKS_PER_SM = 8  # 256-thread blocks, 2048 threads per SM
+WAVE_S = 0.0001  # about one wave of 8 x 256-thread burn blocks per SM (kernels.BURN_ITERS) on Hopper
+LAUNCH_OVERHEAD_S = 0.000008
+LAUNCH_LATENCY_S = 0.000005
+JITTER_RATIO = 0.02
+CONTEXT_MIB = 512.0  # a CUDA 12 context on a Hopper-class GPU is of this order
+DRIVER_FLOOR_MIB = 0.0  # memory_info v2 `used` excludes the driver's reservation
+FOREIGN_PERIOD_S = 0.020
+FOREIGN_PID_BASE = 40000
+BUFFERED_SAMPLES = 100
+IDLE_POWER_W = 70.0
+MAX_POWER_W = 700.0
+
+
+class VirtualClock:
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.t_s = start_s
+
+    def now(self) -> float:
+        return self.t_s
+
+    def advance_to(self, t_s: float) -> None:
+        self.t_s = max(self.t_s, t_s)
+
+
+@dataclass(frozen=True)
+class ForeignJob:
+    start_s: float
+    end_s: float
+    pid: int
+    phase_s: float
+
+
+class SimGpu:
+    def __init__(self, config: SimConfig, clock: VirtualClock, index: int = 0) -> None:
+        self.config = config
+        self.clock = clock
+        self.index = index
+        self.window_s = config.window_s
+        rng = random.Random(config.seed * 1000 + index)
+        self._rng = rng
+        self._sample_phase_s = rng.uniform(0.0, config.window_s)
+        self.jobs = [ForeignJob(a, b, FOREIGN_PID_BASE + i, rng.uniform(0.0, FOREIGN_PERIOD_S))
+                     for i, (a, b) in enumerate(config.foreign_s)]
+        self.context_open = False
+        self.lost = False
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+        self.info = DeviceInfo(index=index, uuid=f"GPU-51a00000-0000-4000-8000-{config.seed:06d}{index:06d}",
+                               name=f"Simulated GPU ({config.sms} SMs)", memory_total_mib=81559.0,
+                               driver_version="simulated", mig_enabled=False)
+
+    # --- our kernels -------------------------------------------------------------------------------
+    def kernel_s(self, grid_blocks: int) -> float:
+        waves = math.ceil(grid_blocks / (self.config.sms * RESIDENT_BLOCKS_PER_SM))
+        return (LAUNCH_OVERHEAD_S + WAVE_S * waves) * (1.0 + self._rng.uniform(-JITTER_RATIO, JITTER_RATIO))
+
+    def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
+        start_s = max(submit_s + LAUNCH_LATENCY_S, self._ends[-1] if self._ends else 0.0)
+        end_s = start_s + self.kernel_s(grid_blocks)
+        self._starts.append(start_s)
+        self._ends.append(end_s)
+        return start_s, end_s
+
+    def own_busy_s(self, a_s: float, b_s: float) -> float:
+        total = 0.0
+        for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
+            total += min(self._ends[i], b_s) - max(self._starts[i], a_s)
+        return total
+
+    # --- foreign jobs ------------------------------------------------------------------------------
+    def active_jobs(self, t_s: float) -> list[ForeignJob]:
+        return [job for job in self.jobs if job.start_s <= t_s < job.end_s]
+
+    def foreign_busy_s(self, a_s: float, b_s: float) -> float:
+        total = 0.0
+        for job in self.jobs:
+            lo, hi = max(a_s, job.start_s), min(b_s, job.end_s)
+            if hi > lo:
+                total += _periodic_on_s(hi - job.start_s - job.phase_s, self.config.foreign_load_ratio) \
+                    - _periodic_on_s(lo - job.start_s - job.phase_s, self.config.foreign_load_ratio)
+        return total
+
+    # --- what NVML would report ------------------------------------------------------------------
+    def busy_ratio(self, a_s: float, b_s: float) -> float:
+        """Share of [a_s, b_s] during which any kernel ran (the union of ours and foreign)."""
+        overlap_s = 0.0
+        for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
+            overlap_s += self.foreign_busy_s(max(self._starts[i], a_s), min(self._ends[i], b_s))
+        union_s = self.own_busy_s(a_s, b_s) + self.foreign_busy_s(a_s, b_s) - overlap_s
+        return min(max(union_s / (b_s - a_s), 0.0), 1.0)
+
+    def samples(self, after_s: float, until_s: float) -> list[UtilSample]:
+        w = self.window_s
+        k = max(math.floor((after_s - self._sample_phase_s) / w) + 1, 1)
+        out = []
+        while (t := self._sample_phase_s + k * w) <= until_s:
+            if t > after_s:
+                out.append(UtilSample(t, round(100 * self.busy_ratio(t - w, t)) / 100))
+            k += 1
+        return out
+
+    def memory_used_mib(self, t_s: float) -> float:
+        own_mib = CONTEXT_MIB if self.context_open else 0.0
+        return DRIVER_FLOOR_MIB + own_mib + self.config.foreign_mem_mib * len(self.active_jobs(t_s))
+
+
+class SimProbe:
+    """The Probe protocol on the simulated GPU."""
+
+    def __init__(self, gpu: SimGpu, own_pid: int | None = None) -> None:
+        self.gpu = gpu
+        self.info = gpu.info
+        self.own_pid = os.getpid() if own_pid is None else own_pid
+
+    def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
+        now_s = self.gpu.clock.now()
+        # The driver keeps only a short buffer of samples.
+        return self.gpu.samples(max(since_s, now_s - BUFFERED_SAMPLES * self.gpu.window_s), now_s)
+
+    def utilization_ratio(self) -> float | None:
+        latest = self.gpu.samples(self.gpu.clock.now() - self.gpu.window_s, self.gpu.clock.now())
+        return latest[-1].ratio if latest else None
+
+    def memory_used_mib(self) -> float | None:
+        return self.gpu.memory_used_mib(self.gpu.clock.now())
+
+    def processes(self) -> list[GpuProcess] | None:
+        procs = [GpuProcess(self.own_pid, CONTEXT_MIB)] if self.gpu.context_open else []
+        if not self.gpu.config.hide_foreign:
+            procs += [GpuProcess(job.pid, self.gpu.config.foreign_mem_mib)
+                      for job in self.gpu.active_jobs(self.gpu.clock.now())]
+        return procs
+
+    def power_w(self) -> float | None:
+        now_s = self.gpu.clock.now()
+        util = self.gpu.busy_ratio(now_s - 1.0, now_s) if now_s > 1.0 else 0.0
+        return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * util
+
+    def temperature_c(self) -> float | None:
+        power_w = self.power_w() or IDLE_POWER_W
+        return 30.0 + 40.0 * (power_w - IDLE_POWER_W) / (MAX_POWER_W - IDLE_POWER_W)
+
+    def close(self) -> None:
+        pass
+
+
+class SimLauncher:
+    """The Launcher protocol on the simulated GPU: kernels are queued on the GPU's timeline."""
+
+    def __init__(self, gpu: SimGpu) -> None:
+        self.gpu = gpu
+        self.sm_count = gpu.config.sms
+        self._pending: list[tuple[float, float, int]] = []
+        gpu.context_open = True
+
+    def launch(self, multiplier: int, now_s: float) -> None:
+        start_s, end_s = self.gpu.run_kernel(now_s, multiplier * self.sm_count)
+        self._pending.append((start_s, end_s, multiplier))
+
+    def poll(self, now_s: float) -> list[Completed]:
+        done = [Completed(a, b, m) for a, b, m in self._pending if b <= now_s]
+        self._pending = self._pending[len(done):]
+        return done
+
+    def close(self) -> None:
+        self._pending.clear()
+        self.gpu.context_open = False
+
+
+def _periodic_on_s(t_s: float, duty_ratio: float) -> float:
+    """Time a square wave (on for the first `duty_ratio` of every period) has been on from 0 to t."""
+    periods, rest_s = divmod(t_s, FOREIGN_PERIOD_S)
+    return periods * duty_ratio * FOREIGN_PERIOD_S + min(rest_s, duty_ratio * FOREIGN_PERIOD_S)

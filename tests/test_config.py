@@ -1,0 +1,675 @@
+"""forge_load.config: defaults, every setting's good and bad values, precedence, and the one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from forge_load.config import (
+    Config,
+    ConfigError,
+    SimConfig,
+    build_arg_parser,
+    describe,
+    load_config,
+    parse_ratio,
+)
+
+
+def load(env: dict[str, str] | None = None, argv: list[str] | None = None) -> Config:
+    return load_config(argv or [], env or {})
+
+
+def assert_one_line_error(err: ConfigError, *needles: str) -> str:
+    message = str(err)
+    assert message, "empty message"
+    assert "\n" not in message and "\r" not in message, message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+    return message
+
+
+# --- defaults --------------------------------------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    c = load()
+    assert c.target_ratio == 0.5
+    assert c.gpu == "0"
+    assert c.boost_target_ratio == 0.6
+    assert c.boost_after_s == 3600
+    assert c.resume_after_s == 60
+    assert c.log_interval_s == 10
+    assert c.log_format == "text"
+    assert c.duration_s == 0
+    assert c.controller == "pi"
+    assert c.poll_interval_s == 0.1
+    assert c.foreign_mem_mib == 64
+    assert c.foreign_util_ratio == 0.1
+    assert c.foreign_util_samples == 2
+    assert c.use_process_list is True
+    assert c.simulate is False
+    s = c.sim
+    assert s.speed == 1.0
+    assert s.window_s == pytest.approx(1 / 6)
+    assert s.sms == 132
+    assert s.foreign_s == ()
+    assert s.foreign_load_ratio == 0.9
+    assert s.foreign_mem_mib == 2048
+    assert s.hide_foreign is False
+    assert s.seed == 0
+
+
+def test_load_defaults_equal_dataclass_defaults() -> None:
+    assert load() == Config()
+    assert load().sim == SimConfig()
+
+
+def test_config_is_frozen() -> None:
+    c = load()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.target_ratio = 0.9  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.sim.seed = 3  # type: ignore[misc]
+
+
+def test_unrelated_environment_is_ignored() -> None:
+    assert load({"PATH": "/bin", "FORGE": "x", "FORGE_TARGETS": "zzz", "HOME": "/root"}) == Config()
+
+
+def test_reads_os_environ_when_env_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TARGET", raising=False)
+    monkeypatch.setenv("FORGE_TARGET", "0.3")
+    assert load_config([], None).target_ratio == 0.3
+
+
+# --- good values, one setting at a time ------------------------------------------------------------------
+
+GOOD_ENV: list[tuple[str, str, str, object]] = [
+    # (env var, value, Config attribute path, expected)
+    ("FORGE_TARGET", "0.5", "target_ratio", 0.5),
+    ("FORGE_TARGET", "50%", "target_ratio", 0.5),
+    ("FORGE_TARGET", " 50 % ", "target_ratio", 0.5),
+    ("FORGE_TARGET", "1", "target_ratio", 1.0),
+    ("FORGE_TARGET", "100%", "target_ratio", 1.0),
+    ("FORGE_TARGET", ".25", "target_ratio", 0.25),
+    ("FORGE_TARGET", "0.5%", "target_ratio", 0.005),
+    ("FORGE_TARGET", "5e-1", "target_ratio", 0.5),
+    ("FORGE_GPU", "0", "gpu", "0"),
+    ("FORGE_GPU", "3", "gpu", "3"),
+    ("FORGE_GPU", " 07 ", "gpu", "7"),
+    ("FORGE_GPU", "GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab", "gpu", "GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab"),
+    ("FORGE_GPU", "gpu-5B8F1E2A-0C3D-4E5F-8A9B-0123456789AB", "gpu", "GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab"),
+    ("FORGE_GPU", "MIG-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab", "gpu", "MIG-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab"),
+    ("FORGE_GPU", "MIG-GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab/1/0", "gpu",
+     "MIG-GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab/1/0"),
+    ("FORGE_BOOST_TARGET", "0.8", "boost_target_ratio", 0.8),
+    ("FORGE_BOOST_TARGET", "75%", "boost_target_ratio", 0.75),
+    ("FORGE_BOOST_TARGET", "0.5", "boost_target_ratio", 0.5),  # equal to the default target
+    ("FORGE_BOOST_AFTER", "0", "boost_after_s", 0.0),
+    ("FORGE_BOOST_AFTER", "120", "boost_after_s", 120.0),
+    ("FORGE_BOOST_AFTER", "1h", "boost_after_s", 3600.0),
+    ("FORGE_BOOST_AFTER", "30m", "boost_after_s", 1800.0),
+    ("FORGE_RESUME_AFTER", "0", "resume_after_s", 0.0),
+    ("FORGE_RESUME_AFTER", "12.5", "resume_after_s", 12.5),
+    ("FORGE_RESUME_AFTER", "90s", "resume_after_s", 90.0),
+    ("FORGE_LOG_INTERVAL", "0.5", "log_interval_s", 0.5),
+    ("FORGE_LOG_INTERVAL", "86400", "log_interval_s", 86400.0),
+    ("FORGE_LOG_FORMAT", "json", "log_format", "json"),
+    ("FORGE_LOG_FORMAT", "JSON", "log_format", "json"),
+    ("FORGE_LOG_FORMAT", " Text ", "log_format", "text"),
+    ("FORGE_DURATION", "0", "duration_s", 0.0),
+    ("FORGE_DURATION", "300", "duration_s", 300.0),
+    ("FORGE_CONTROLLER", "legacy", "controller", "legacy"),
+    ("FORGE_CONTROLLER", "PI", "controller", "pi"),
+    ("FORGE_POLL_INTERVAL", "0.01", "poll_interval_s", 0.01),
+    ("FORGE_POLL_INTERVAL", "1", "poll_interval_s", 1.0),
+    ("FORGE_POLL_INTERVAL", "250ms", "poll_interval_s", 0.25),
+    ("FORGE_FOREIGN_MEM_MIB", "128", "foreign_mem_mib", 128.0),
+    ("FORGE_FOREIGN_MEM_MIB", "0.5", "foreign_mem_mib", 0.5),
+    ("FORGE_FOREIGN_UTIL", "0.2", "foreign_util_ratio", 0.2),
+    ("FORGE_FOREIGN_UTIL", "5%", "foreign_util_ratio", 0.05),
+    ("FORGE_FOREIGN_UTIL", "99%", "foreign_util_ratio", 0.99),
+    ("FORGE_FOREIGN_SAMPLES", "1", "foreign_util_samples", 1),
+    ("FORGE_FOREIGN_SAMPLES", "100", "foreign_util_samples", 100),
+    ("FORGE_FOREIGN_SAMPLES", "+3", "foreign_util_samples", 3),
+    ("FORGE_USE_PROCESS_LIST", "0", "use_process_list", False),
+    ("FORGE_USE_PROCESS_LIST", "false", "use_process_list", False),
+    ("FORGE_USE_PROCESS_LIST", "No", "use_process_list", False),
+    ("FORGE_USE_PROCESS_LIST", "OFF", "use_process_list", False),
+    ("FORGE_USE_PROCESS_LIST", "1", "use_process_list", True),
+    ("FORGE_USE_PROCESS_LIST", "yes", "use_process_list", True),
+    ("FORGE_SIMULATE", "1", "simulate", True),
+    ("FORGE_SIMULATE", "TRUE", "simulate", True),
+    ("FORGE_SIMULATE", "on", "simulate", True),
+    ("FORGE_SIMULATE", "no", "simulate", False),
+    ("FORGE_SIM_SPEED", "0", "sim.speed", 0.0),
+    ("FORGE_SIM_SPEED", "100", "sim.speed", 100.0),
+    ("FORGE_SIM_SPEED", "0.5", "sim.speed", 0.5),
+    ("FORGE_SIM_WINDOW", "1", "sim.window_s", 1.0),
+    ("FORGE_SIM_WINDOW", "0.5", "sim.window_s", 0.5),
+    ("FORGE_SIM_WINDOW", "0.1666", "sim.window_s", 0.1666),
+    ("FORGE_SIM_WINDOW", "0.167", "sim.window_s", 0.167),
+    ("FORGE_SIM_SMS", "1", "sim.sms", 1),
+    ("FORGE_SIM_SMS", "1024", "sim.sms", 1024),
+    ("FORGE_SIM_SMS", "108", "sim.sms", 108),
+    ("FORGE_SIM_FOREIGN", "10-20", "sim.foreign_s", ((10.0, 20.0),)),
+    ("FORGE_SIM_FOREIGN", "0-5,30.5-40", "sim.foreign_s", ((0.0, 5.0), (30.5, 40.0))),
+    ("FORGE_SIM_FOREIGN", " 30-40 , 0-10 ", "sim.foreign_s", ((0.0, 10.0), (30.0, 40.0))),  # sorted
+    ("FORGE_SIM_FOREIGN", "0-10,10-20", "sim.foreign_s", ((0.0, 10.0), (10.0, 20.0))),  # touching is fine
+    ("FORGE_SIM_FOREIGN", "none", "sim.foreign_s", ()),
+    ("FORGE_SIM_FOREIGN_LOAD", "0.5", "sim.foreign_load_ratio", 0.5),
+    ("FORGE_SIM_FOREIGN_LOAD", "100%", "sim.foreign_load_ratio", 1.0),
+    ("FORGE_SIM_FOREIGN_MEM", "0", "sim.foreign_mem_mib", 0.0),
+    ("FORGE_SIM_FOREIGN_MEM", "40960", "sim.foreign_mem_mib", 40960.0),
+    ("FORGE_SIM_HIDE_FOREIGN", "1", "sim.hide_foreign", True),
+    ("FORGE_SIM_HIDE_FOREIGN", "false", "sim.hide_foreign", False),
+    ("FORGE_SIM_SEED", "0", "sim.seed", 0),
+    ("FORGE_SIM_SEED", "12345", "sim.seed", 12345),
+]
+
+
+def attr(config: Config, path: str) -> object:
+    value: object = config
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@pytest.mark.parametrize(("var", "raw", "path", "expected"), GOOD_ENV, ids=[f"{v}={r!r}" for v, r, _, _ in GOOD_ENV])
+def test_good_env_values(var: str, raw: str, path: str, expected: object) -> None:
+    got = attr(load({var: raw}), path)
+    if isinstance(expected, float):
+        assert got == pytest.approx(expected)
+    else:
+        assert got == expected
+
+
+def test_integer_settings_are_ints() -> None:
+    c = load({"FORGE_FOREIGN_SAMPLES": "4", "FORGE_SIM_SMS": "66", "FORGE_SIM_SEED": "9"})
+    assert type(c.foreign_util_samples) is int
+    assert type(c.sim.sms) is int
+    assert type(c.sim.seed) is int
+
+
+def test_ratio_and_percent_forms_agree() -> None:
+    assert load({"FORGE_TARGET": "0.37"}).target_ratio == pytest.approx(load({"FORGE_TARGET": "37%"}).target_ratio)
+
+
+# --- legacy TARGET ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("50", 0.5), ("50%", 0.5), ("1", 0.01), ("100", 1.0), (" 75 ", 0.75),
+                                               ("37.5", 0.375)])
+def test_legacy_target_is_a_percent(raw: str, expected: float) -> None:
+    assert load({"TARGET": raw}).target_ratio == pytest.approx(expected)
+
+
+def test_forge_target_wins_over_legacy_target() -> None:
+    assert load({"TARGET": "80", "FORGE_TARGET": "0.3"}).target_ratio == 0.3
+
+
+def test_legacy_target_not_read_when_forge_target_set() -> None:
+    # A TARGET left over from something else must not break a configured daemon.
+    assert load({"TARGET": "x86_64-linux-gnu", "FORGE_TARGET": "0.4"}).target_ratio == 0.4
+
+
+def test_target_flag_wins_over_legacy_target() -> None:
+    assert load({"TARGET": "80"}, ["--target", "0.2"]).target_ratio == 0.2
+
+
+def test_legacy_target_above_default_boost_means_no_boost() -> None:
+    c = load({"TARGET": "80"})
+    assert c.target_ratio == 0.8
+    assert c.boost_target_ratio == 0.8
+
+
+# --- flags -----------------------------------------------------------------------------------------------
+
+GOOD_FLAGS: list[tuple[list[str], str, object]] = [
+    (["--target", "0.7"], "target_ratio", 0.7),
+    (["--target=70%"], "target_ratio", 0.7),
+    (["--gpu", "2"], "gpu", "2"),
+    (["--gpu", "GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab"], "gpu", "GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab"),
+    (["--boost-target", "0.9"], "boost_target_ratio", 0.9),
+    (["--boost-after", "0"], "boost_after_s", 0.0),
+    (["--resume-after", "5"], "resume_after_s", 5.0),
+    (["--log-interval", "30"], "log_interval_s", 30.0),
+    (["--log-format", "json"], "log_format", "json"),
+    (["--duration", "60"], "duration_s", 60.0),
+    (["--controller", "legacy"], "controller", "legacy"),
+    (["--poll-interval", "0.05"], "poll_interval_s", 0.05),
+    (["--foreign-mem-mib", "256"], "foreign_mem_mib", 256.0),
+    (["--foreign-util", "0.15"], "foreign_util_ratio", 0.15),
+    (["--foreign-samples", "3"], "foreign_util_samples", 3),
+    (["--no-process-list"], "use_process_list", False),
+    (["--process-list"], "use_process_list", True),
+    (["--simulate"], "simulate", True),
+    (["--no-simulate"], "simulate", False),
+    (["--sim-speed", "0"], "sim.speed", 0.0),
+    (["--sim-window", "1"], "sim.window_s", 1.0),
+    (["--sim-sms", "114"], "sim.sms", 114),
+    (["--sim-foreign", "5-6,1-2"], "sim.foreign_s", ((1.0, 2.0), (5.0, 6.0))),
+    (["--sim-foreign-load", "50%"], "sim.foreign_load_ratio", 0.5),
+    (["--sim-foreign-mem", "1024"], "sim.foreign_mem_mib", 1024.0),
+    (["--sim-hide-foreign"], "sim.hide_foreign", True),
+    (["--sim-seed", "7"], "sim.seed", 7),
+]
+
+
+@pytest.mark.parametrize(("argv", "path", "expected"), GOOD_FLAGS, ids=[" ".join(a) for a, _, _ in GOOD_FLAGS])
+def test_good_flags(argv: list[str], path: str, expected: object) -> None:
+    got = attr(load({}, argv), path)
+    if isinstance(expected, float):
+        assert got == pytest.approx(expected)
+    else:
+        assert got == expected
+
+
+def test_every_setting_has_a_flag() -> None:
+    flags = {opt for action in build_arg_parser()._actions for opt in action.option_strings}
+    for argv, _, _ in GOOD_FLAGS:
+        assert argv[0].split("=")[0] in flags
+    fields = {f.name for f in dataclasses.fields(Config)} - {"sim"}
+    sim_fields = {f.name for f in dataclasses.fields(SimConfig)}
+    covered = {path for _, path, _ in GOOD_FLAGS}
+    assert {p for p in covered if "." not in p} == fields
+    assert {p.split(".")[1] for p in covered if "." in p} == sim_fields
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "path", "expected"),
+    [
+        ({"FORGE_TARGET": "0.3"}, ["--target", "0.4"], "target_ratio", 0.4),
+        ({"FORGE_GPU": "1"}, ["--gpu", "2"], "gpu", "2"),
+        ({"FORGE_LOG_FORMAT": "json"}, ["--log-format", "text"], "log_format", "text"),
+        ({"FORGE_USE_PROCESS_LIST": "1"}, ["--no-process-list"], "use_process_list", False),
+        ({"FORGE_USE_PROCESS_LIST": "0"}, ["--process-list"], "use_process_list", True),
+        ({"FORGE_SIMULATE": "yes"}, ["--no-simulate"], "simulate", False),
+        ({"FORGE_SIM_SEED": "1"}, ["--sim-seed", "2"], "sim.seed", 2),
+        ({"FORGE_SIM_FOREIGN": "1-2"}, ["--sim-foreign", "none"], "sim.foreign_s", ()),
+    ],
+)
+def test_flag_wins_over_env(env: dict[str, str], argv: list[str], path: str, expected: object) -> None:
+    assert attr(load(env, argv), path) == expected
+
+
+def test_env_used_when_flag_absent() -> None:
+    c = load({"FORGE_TARGET": "0.3", "FORGE_GPU": "1"}, ["--gpu", "2"])
+    assert c.target_ratio == 0.3
+    assert c.gpu == "2"
+
+
+def test_bad_env_value_overridden_by_flag_is_not_an_error() -> None:
+    assert load({"FORGE_TARGET": "garbage"}, ["--target", "0.4"]).target_ratio == 0.4
+
+
+def test_last_flag_wins() -> None:
+    assert load({}, ["--target", "0.2", "--target", "0.3"]).target_ratio == 0.3
+
+
+# --- bad values ------------------------------------------------------------------------------------------
+
+BAD_ENV: list[tuple[str, str]] = [
+    # target
+    ("FORGE_TARGET", ""),
+    ("FORGE_TARGET", "   "),
+    ("FORGE_TARGET", "abc"),
+    ("FORGE_TARGET", "50"),  # a ratio above 1 needs %
+    ("FORGE_TARGET", "1.5"),
+    ("FORGE_TARGET", "120%"),
+    ("FORGE_TARGET", "0"),
+    ("FORGE_TARGET", "0%"),
+    ("FORGE_TARGET", "-0.5"),
+    ("FORGE_TARGET", "nan"),
+    ("FORGE_TARGET", "NaN"),
+    ("FORGE_TARGET", "inf"),
+    ("FORGE_TARGET", "-inf"),
+    ("FORGE_TARGET", "1e999"),
+    ("FORGE_TARGET", "%"),
+    ("FORGE_TARGET", "50%%"),
+    ("FORGE_TARGET", "0.5.1"),
+    ("FORGE_TARGET", "0,5"),
+    ("FORGE_TARGET", "1_0%"),
+    ("FORGE_TARGET", "0x10"),
+    ("FORGE_TARGET", "0.5\nFORGE_GPU=1"),
+    # legacy target
+    ("TARGET", ""),
+    ("TARGET", "abc"),
+    ("TARGET", "0"),
+    ("TARGET", "0.5"),  # below 1 %: probably meant a ratio
+    ("TARGET", "101"),
+    ("TARGET", "150%"),
+    ("TARGET", "nan"),
+    # gpu
+    ("FORGE_GPU", ""),
+    ("FORGE_GPU", "-1"),
+    ("FORGE_GPU", "1.5"),
+    ("FORGE_GPU", "gpu0"),
+    ("FORGE_GPU", "0,1"),
+    ("FORGE_GPU", "all"),
+    ("FORGE_GPU", "GPU-12345"),
+    ("FORGE_GPU", "GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ag"),
+    ("FORGE_GPU", "UUID-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab"),
+    # boost target
+    ("FORGE_BOOST_TARGET", ""),
+    ("FORGE_BOOST_TARGET", "60"),
+    ("FORGE_BOOST_TARGET", "110%"),
+    ("FORGE_BOOST_TARGET", "0"),
+    ("FORGE_BOOST_TARGET", "x"),
+    # times
+    ("FORGE_BOOST_AFTER", ""),
+    ("FORGE_BOOST_AFTER", "-1"),
+    ("FORGE_BOOST_AFTER", "soon"),
+    ("FORGE_BOOST_AFTER", "inf"),
+    ("FORGE_BOOST_AFTER", "1d"),
+    ("FORGE_BOOST_AFTER", "h"),
+    ("FORGE_RESUME_AFTER", "-5"),
+    ("FORGE_RESUME_AFTER", "nan"),
+    ("FORGE_RESUME_AFTER", " "),
+    ("FORGE_LOG_INTERVAL", "0"),
+    ("FORGE_LOG_INTERVAL", "-1"),
+    ("FORGE_LOG_INTERVAL", "86401"),
+    ("FORGE_LOG_INTERVAL", "2d"),
+    ("FORGE_LOG_INTERVAL", "ten"),
+    ("FORGE_DURATION", "-1"),
+    ("FORGE_DURATION", "forever"),
+    ("FORGE_DURATION", "inf"),
+    ("FORGE_POLL_INTERVAL", "0"),
+    ("FORGE_POLL_INTERVAL", "0.001"),
+    ("FORGE_POLL_INTERVAL", "2"),
+    ("FORGE_POLL_INTERVAL", "nan"),
+    ("FORGE_POLL_INTERVAL", "5ms"),
+    # choices
+    ("FORGE_LOG_FORMAT", ""),
+    ("FORGE_LOG_FORMAT", "xml"),
+    ("FORGE_LOG_FORMAT", "jsonl"),
+    ("FORGE_CONTROLLER", "pid"),
+    ("FORGE_CONTROLLER", ""),
+    # foreign detection
+    ("FORGE_FOREIGN_MEM_MIB", "0"),
+    ("FORGE_FOREIGN_MEM_MIB", "-64"),
+    ("FORGE_FOREIGN_MEM_MIB", "64MiB"),
+    ("FORGE_FOREIGN_MEM_MIB", "inf"),
+    ("FORGE_FOREIGN_UTIL", "0"),
+    ("FORGE_FOREIGN_UTIL", "1"),
+    ("FORGE_FOREIGN_UTIL", "100%"),
+    ("FORGE_FOREIGN_UTIL", "10"),
+    ("FORGE_FOREIGN_UTIL", "nan"),
+    ("FORGE_FOREIGN_SAMPLES", "2.5"),
+    ("FORGE_FOREIGN_SAMPLES", "2.0"),
+    ("FORGE_FOREIGN_SAMPLES", "0"),
+    ("FORGE_FOREIGN_SAMPLES", "101"),
+    ("FORGE_FOREIGN_SAMPLES", "1e2"),
+    ("FORGE_FOREIGN_SAMPLES", "two"),
+    ("FORGE_FOREIGN_SAMPLES", ""),
+    # booleans
+    ("FORGE_USE_PROCESS_LIST", ""),
+    ("FORGE_USE_PROCESS_LIST", "maybe"),
+    ("FORGE_USE_PROCESS_LIST", "2"),
+    ("FORGE_USE_PROCESS_LIST", "y"),
+    ("FORGE_SIMULATE", "enabled"),
+    ("FORGE_SIMULATE", "-1"),
+    ("FORGE_SIM_HIDE_FOREIGN", "hidden"),
+    # simulator
+    ("FORGE_SIM_SPEED", "-1"),
+    ("FORGE_SIM_SPEED", "inf"),
+    ("FORGE_SIM_SPEED", "nan"),
+    ("FORGE_SIM_SPEED", "fast"),
+    ("FORGE_SIM_SPEED", "1e999"),
+    ("FORGE_SIM_FOREIGN_MEM", "1e400"),
+    ("FORGE_DURATION", "1e999"),
+    ("FORGE_SIM_SPEED", ""),
+    ("FORGE_SIM_WINDOW", "0.1"),
+    ("FORGE_SIM_WINDOW", "0.16"),
+    ("FORGE_SIM_WINDOW", "1.5"),
+    ("FORGE_SIM_WINDOW", "0"),
+    ("FORGE_SIM_WINDOW", "1/6"),
+    ("FORGE_SIM_SMS", "0"),
+    ("FORGE_SIM_SMS", "1025"),
+    ("FORGE_SIM_SMS", "132.5"),
+    ("FORGE_SIM_SMS", "-4"),
+    ("FORGE_SIM_FOREIGN", ""),
+    ("FORGE_SIM_FOREIGN", "garbage"),
+    ("FORGE_SIM_FOREIGN", "10"),
+    ("FORGE_SIM_FOREIGN", "20-10"),
+    ("FORGE_SIM_FOREIGN", "10-10"),
+    ("FORGE_SIM_FOREIGN", "-5-10"),
+    ("FORGE_SIM_FOREIGN", "10-20,15-30"),
+    ("FORGE_SIM_FOREIGN", "15-30,10-20"),
+    ("FORGE_SIM_FOREIGN", "0-100,10-20"),
+    ("FORGE_SIM_FOREIGN", "10-20,"),
+    ("FORGE_SIM_FOREIGN", "10-20;30-40"),
+    ("FORGE_SIM_FOREIGN", "a-b"),
+    ("FORGE_SIM_FOREIGN", "10-nan"),
+    ("FORGE_SIM_FOREIGN", "10-inf"),
+    ("FORGE_SIM_FOREIGN", "1-2-3"),
+    ("FORGE_SIM_FOREIGN_LOAD", "0"),
+    ("FORGE_SIM_FOREIGN_LOAD", "90"),
+    ("FORGE_SIM_FOREIGN_LOAD", "101%"),
+    ("FORGE_SIM_FOREIGN_MEM", "-1"),
+    ("FORGE_SIM_FOREIGN_MEM", "lots"),
+    ("FORGE_SIM_SEED", "-1"),
+    ("FORGE_SIM_SEED", "1.5"),
+    ("FORGE_SIM_SEED", "abc"),
+]
+
+
+@pytest.mark.parametrize(("var", "raw"), BAD_ENV, ids=[f"{v}={r!r}" for v, r in BAD_ENV])
+def test_bad_env_value(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load({var: raw})
+    message = assert_one_line_error(info.value, var, repr(raw))
+    assert message.startswith(f"{var}={raw!r}"), message
+    assert "expected" in message
+
+
+def test_env_error_also_names_the_flag() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"FORGE_TARGET": "abc"})
+    assert_one_line_error(info.value, "FORGE_TARGET", "'abc'", "--target", "0.5", "50%")
+
+
+def test_ratio_above_one_says_percent_is_needed() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"FORGE_TARGET": "50"})
+    assert_one_line_error(info.value, "FORGE_TARGET", "'50'", "%", "50%")
+    assert "above 1" in str(info.value)
+
+
+def test_bad_bool_names_accepted_forms() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"FORGE_SIMULATE": "maybe"})
+    assert_one_line_error(info.value, "FORGE_SIMULATE", "'maybe'", "true/false", "yes/no", "on/off", "1/0")
+
+
+def test_simulator_values_are_checked_even_when_not_simulating() -> None:
+    with pytest.raises(ConfigError):
+        load({"FORGE_SIM_SMS": "0"})
+
+
+BAD_FLAGS: list[tuple[list[str], str, str]] = [
+    (["--target", "abc"], "--target", "abc"),
+    (["--target", "50"], "--target", "50"),
+    (["--target=120%"], "--target", "120%"),
+    (["--target", "0%"], "--target", "0%"),
+    (["--target", ""], "--target", ""),
+    (["--gpu", "-1"], "--gpu", "-1"),
+    (["--boost-target", "2"], "--boost-target", "2"),
+    (["--boost-after", "-1"], "--boost-after", "-1"),
+    (["--resume-after", "nan"], "--resume-after", "nan"),
+    (["--log-interval", "0"], "--log-interval", "0"),
+    (["--log-format", "yaml"], "--log-format", "yaml"),
+    (["--duration", "x"], "--duration", "x"),
+    (["--controller", "bang"], "--controller", "bang"),
+    (["--poll-interval", "5"], "--poll-interval", "5"),
+    (["--foreign-mem-mib", "0"], "--foreign-mem-mib", "0"),
+    (["--foreign-util", "1"], "--foreign-util", "1"),
+    (["--foreign-samples", "2.5"], "--foreign-samples", "2.5"),
+    (["--sim-speed", "inf"], "--sim-speed", "inf"),
+    (["--sim-window", "2"], "--sim-window", "2"),
+    (["--sim-sms", "0"], "--sim-sms", "0"),
+    (["--sim-foreign", "5-1"], "--sim-foreign", "5-1"),
+    (["--sim-foreign-load", "0"], "--sim-foreign-load", "0"),
+    (["--sim-foreign-mem", "-3"], "--sim-foreign-mem", "-3"),
+    (["--sim-seed", "x"], "--sim-seed", "x"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "raw"), BAD_FLAGS, ids=[" ".join(a) for a, _, _ in BAD_FLAGS])
+def test_bad_flag_value(argv: list[str], flag: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load({}, argv)
+    assert_one_line_error(info.value, flag, repr(raw), "expected")
+
+
+def test_flag_error_also_names_the_env_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({}, ["--foreign-samples", "2.5"])
+    assert_one_line_error(info.value, "--foreign-samples", "'2.5'", "FORGE_FOREIGN_SAMPLES")
+
+
+# --- boost target against target -------------------------------------------------------------------------
+
+
+def test_boost_below_target_names_both() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"FORGE_TARGET": "0.7", "FORGE_BOOST_TARGET": "0.65"})
+    assert_one_line_error(info.value, "FORGE_BOOST_TARGET", "'0.65'", "FORGE_TARGET", "'0.7'")
+
+
+def test_boost_below_target_from_flags_names_flags() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({}, ["--target", "80%", "--boost-target", "70%"])
+    assert_one_line_error(info.value, "--boost-target", "'70%'", "--target", "'80%'")
+
+
+def test_boost_below_default_target() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"FORGE_BOOST_TARGET": "0.4"})
+    assert_one_line_error(info.value, "FORGE_BOOST_TARGET", "'0.4'", "0.5")
+
+
+def test_boost_below_legacy_target_names_target() -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"TARGET": "90", "FORGE_BOOST_TARGET": "0.8"})
+    assert_one_line_error(info.value, "FORGE_BOOST_TARGET", "TARGET", "'90'")
+
+
+def test_target_above_default_boost_without_boost_means_no_boost() -> None:
+    c = load({"FORGE_TARGET": "0.75"})
+    assert c.boost_target_ratio == 0.75
+
+
+def test_target_below_default_boost_keeps_default_boost() -> None:
+    assert load({"FORGE_TARGET": "0.3"}).boost_target_ratio == 0.6
+
+
+def test_boost_equal_to_target_is_fine() -> None:
+    c = load({"FORGE_TARGET": "0.7", "FORGE_BOOST_TARGET": "70%"})
+    assert c.boost_target_ratio == pytest.approx(c.target_ratio)
+
+
+# --- argparse behaviour ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--bogus"], "--bogus"),
+        (["--bogus=1"], "--bogus=1"),
+        (["stray"], "stray"),
+        (["--target"], "--target"),
+        (["--targ", "0.5"], "--targ"),  # no abbreviations
+        (["--simulate=yes"], "--simulate"),
+    ],
+)
+def test_argparse_errors_become_config_errors(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load({}, argv)
+    assert_one_line_error(info.value, needle)
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        load({}, ["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--target" in out and "FORGE_TARGET" in out and "50%" in out
+
+
+def test_build_arg_parser_is_fresh_and_usable() -> None:
+    args = build_arg_parser().parse_args(["--target", "0.4"])
+    assert args.target_ratio == "0.4"
+
+
+# --- parse_ratio -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("0.5", 0.5), ("50%", 0.5), ("1", 1.0), ("100%", 1.0), (" 0.25 ", 0.25)])
+def test_parse_ratio_good(raw: str, expected: float) -> None:
+    assert parse_ratio("X", raw) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("raw", ["50", "", "  ", "nan", "inf", "abc", "0", "0%", "120%", "-0.1"])
+def test_parse_ratio_bad(raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_ratio("MY_RATIO", raw)
+    assert_one_line_error(info.value, "MY_RATIO", repr(raw))
+
+
+def test_parse_ratio_bounds() -> None:
+    assert parse_ratio("X", "0", low_inclusive=True) == 0.0
+    with pytest.raises(ConfigError):
+        parse_ratio("X", "1", high_inclusive=False)
+
+
+# --- describe --------------------------------------------------------------------------------------------
+
+BASE_KEYS = {
+    "target", "gpu", "boost_target", "boost_after_s", "resume_after_s", "log_interval_s", "log_format",
+    "duration_s", "controller", "poll_interval_s", "foreign_mem_mib", "foreign_util", "foreign_samples",
+    "use_process_list", "simulate",
+}
+SIM_KEYS = {
+    "sim_speed", "sim_window_s", "sim_sms", "sim_foreign_s", "sim_foreign_load", "sim_foreign_mem_mib",
+    "sim_hide_foreign", "sim_seed",
+}
+
+
+def test_describe_without_simulation() -> None:
+    d = describe(load({"FORGE_TARGET": "60%", "FORGE_GPU": "1"}))
+    assert set(d) == BASE_KEYS
+    assert d["target"] == pytest.approx(0.6)
+    assert d["gpu"] == "1"
+    assert d["boost_target"] == pytest.approx(0.6)
+    assert d["simulate"] is False
+
+
+def test_describe_with_simulation() -> None:
+    d = describe(load({"FORGE_SIMULATE": "1", "FORGE_SIM_FOREIGN": "30-40,0-10"}))
+    assert set(d) == BASE_KEYS | SIM_KEYS
+    assert d["sim_foreign_s"] == "0-10,30-40"
+    assert d["sim_sms"] == 132
+
+
+def test_describe_values_are_flat() -> None:
+    d = describe(load({"FORGE_SIMULATE": "1"}))
+    for key, value in d.items():
+        assert isinstance(value, (str, int, float, bool)), key
+    assert d["sim_foreign_s"] == "none"
+
+
+def test_config_module_imports_no_gpu_libraries() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, forge_load.config; "
+        "bad = [m for m in ('numba', 'pynvml') if m in sys.modules]; "
+        "sys.exit(1 if bad else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
