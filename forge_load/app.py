@@ -151,16 +151,30 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
 
 # --- a real GPU -------------------------------------------------------------------------------------------
 
-def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
-             heartbeat: Callable[[], None] | None = None) -> None:
-    from forge_load.nvml import NvmlProbe, mig_note
+def open_nvml(config: Config) -> Probe:
+    from forge_load.nvml import NvmlProbe
+
+    return NvmlProbe(config.gpu)
+
+
+def open_cuda(info: DeviceInfo) -> Launcher:
     from forge_load.worker import CudaLauncher
 
-    probe = NvmlProbe(config.gpu)
-    launcher: CudaLauncher | None = None
+    return CudaLauncher(info.index)
+
+
+def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
+             heartbeat: Callable[[], None] | None = None,
+             open_probe: Callable[[Config], Probe] = open_nvml,
+             open_launcher: Callable[[DeviceInfo], Launcher] = open_cuda) -> None:
+    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker."""
+    from forge_load.nvml import mig_note
+
+    probe = open_probe(config)
+    launcher: Launcher | None = None
     try:
         baseline_mib = probe.memory_used_mib() or 0.0
-        launcher = CudaLauncher(probe.info.index)
+        launcher = open_launcher(probe.info)
         own_mib = max((probe.memory_used_mib() or baseline_mib) - baseline_mib, 0.0)
         start_s = time.monotonic()
         rt = build(config, probe, launcher, time.monotonic, stream, baseline_mib, own_mib, start_s,

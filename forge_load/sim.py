@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
@@ -36,6 +37,13 @@ FOREIGN_PID_BASE = 40000
 BUFFERED_SAMPLES = 100
 IDLE_POWER_W = 70.0
 MAX_POWER_W = 700.0
+
+
+class WallClock:
+    """Drives the simulated GPU in real time (to exercise the threaded run loop without a GPU)."""
+
+    def now(self) -> float:
+        return time.monotonic()
 
 
 class VirtualClock:
@@ -58,7 +66,7 @@ class ForeignJob:
 
 
 class SimGpu:
-    def __init__(self, config: SimConfig, clock: VirtualClock, index: int = 0) -> None:
+    def __init__(self, config: SimConfig, clock: VirtualClock | WallClock, index: int = 0) -> None:
         self.config = config
         self.clock = clock
         self.index = index
