@@ -70,7 +70,7 @@ class Filler:
         if self._draining and not self.worker.in_flight:
             self._draining = False
             self.log.emit("drained", t=now_s - self.start_s, **self._fields(),
-                          last_kernel_end_t=round(self.worker.busy_log.last_end_s - self.start_s, 4))
+                          last_kernel_end_t=round(self.worker.busy_log.last_end_s - self.start_s, 6))
         if now_s >= self._next_status_s:
             self._status(now_s)
         if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:

@@ -42,7 +42,7 @@ class EventLog:
 
 def _json_value(value: object) -> object:
     if isinstance(value, float):
-        return None if not math.isfinite(value) else round(value, 4)
+        return None if not math.isfinite(value) else round(value, 6)
     return value
 
 

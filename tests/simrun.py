@@ -1,0 +1,31 @@
+"""Run a whole scenario on the simulated GPU in virtual time and give back what a test needs to judge it."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+
+from forge_load.app import SimRun, run_simulated
+from forge_load.config import load_config
+
+
+@dataclass
+class Scenario:
+    run: SimRun
+    events: list[dict[str, object]]
+
+    def of(self, event: str) -> list[dict[str, object]]:
+        return [e for e in self.events if e["event"] == event]
+
+    def first(self, event: str) -> dict[str, object]:
+        found = self.of(event)
+        assert found, f"no {event!r} event in {[e['event'] for e in self.events]}"
+        return found[0]
+
+
+def simulate(flags: str) -> Scenario:
+    config = load_config(f"--simulate --sim-speed 0 --log-format json {flags}".split(), env={})
+    out = io.StringIO()
+    run = run_simulated(config, out)
+    return Scenario(run, [json.loads(line) for line in out.getvalue().splitlines()])

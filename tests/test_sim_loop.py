@@ -1,0 +1,124 @@
+"""The whole loop (real Monitor, controller, policy, logging) on the simulated GPU, in virtual time.
+
+These are the acceptance numbers of the filler: settle, track, yield, stay idle, resume.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from forge_load.scoring import one_second_readings, tracking
+from tests.simrun import simulate
+
+WINDOWS_S = (1 / 6, 0.25, 0.5, 1.0)
+TARGETS = (0.2, 0.35, 0.5, 0.65, 0.8, 0.9)
+
+
+def assert_tracks(run_gpu, target: float, start_s: float, end_s: float) -> None:
+    samples = run_gpu.samples(start_s, end_s)
+    result = tracking(samples, target, start_s, end_s)
+    readings = one_second_readings(samples, start_s, end_s)
+    assert result.settle_s is not None and result.settle_s <= 5.0, (result, readings[:8])
+    at_5s = [u for t, u in readings if start_s + 4.0 <= t < start_s + 5.0]
+    assert at_5s and abs(at_5s[0] - target) <= 0.02, readings[:8]
+    after = [abs(u - target) for t, u in readings if t >= start_s + 5.0]
+    assert sum(after) / len(after) <= 0.02
+    assert sum(e <= 0.05 for e in after) / len(after) >= 0.95
+
+
+@pytest.mark.parametrize("window_s", WINDOWS_S, ids=lambda w: f"window{w:.3f}")
+@pytest.mark.parametrize("target", TARGETS)
+def test_holds_target_for_every_window_and_target(window_s: float, target: float) -> None:
+    scenario = simulate(f"--duration 40 --target {target} --sim-window {window_s} --boost-after 0")
+    assert_tracks(scenario.run.gpu, target, 0.0, 40.0)
+
+
+@pytest.mark.parametrize("sms", (16, 132, 528))
+def test_holds_target_whatever_the_sm_count(sms: int) -> None:
+    scenario = simulate(f"--duration 30 --target 0.5 --sim-sms {sms}")
+    assert_tracks(scenario.run.gpu, 0.5, 0.0, 30.0)
+
+
+@pytest.mark.parametrize("window_s", (1 / 6, 1.0), ids=("window1/6", "window1"))
+@pytest.mark.parametrize("how", ("visible", "hidden", "no-process-list"))
+def test_yields_within_half_a_second_stays_idle_and_resumes(window_s: float, how: str) -> None:
+    flags = {"visible": "", "hidden": "--sim-hide-foreign", "no-process-list": "--no-process-list"}[how]
+    start_s, end_s, resume_after_s = 20.0, 35.0, 10.0
+    scenario = simulate(f"--duration 80 --sim-window {window_s} --sim-foreign {start_s:g}-{end_s:g} "
+                        f"--resume-after {resume_after_s:g} {flags}")
+    gpu = scenario.run.gpu
+    yielded = scenario.first("yield")
+    assert start_s <= yielded["t"] <= start_s + 0.5
+    if how != "visible":
+        assert "process" not in yielded["signals"]
+    drained = scenario.first("drained")
+    assert drained["last_kernel_end_t"] - start_s <= 0.5
+    # Nothing of ours runs from the drain until the job has ended.
+    assert gpu.own_busy_s(drained["last_kernel_end_t"] + 1e-6, end_s) == 0.0
+    resumed = scenario.first("resume")
+    assert resumed["t"] >= end_s + resume_after_s
+    assert resumed["t"] <= end_s + resume_after_s + 2.5  # the last foreign sample plus the wait
+    assert len(scenario.of("yield")) == 1
+    assert_tracks(gpu, 0.5, resumed["t"], 80.0)
+
+
+def test_hidden_job_without_memory_is_caught_by_utilization() -> None:
+    scenario = simulate("--duration 40 --sim-foreign 10-20 --sim-hide-foreign --sim-foreign-mem 0 "
+                        "--sim-foreign-load 0.6 --resume-after 5")
+    yielded = scenario.first("yield")
+    assert yielded["signals"] == "utilization"
+    assert 10.0 <= yielded["t"] <= 11.0  # two 1/6-s samples past the start, and the poll after
+    assert scenario.run.gpu.own_busy_s(scenario.first("drained")["last_kernel_end_t"] + 1e-6, 20.0) == 0.0
+    assert scenario.first("resume")["t"] >= 25.0
+
+
+def test_starts_yielding_when_a_job_is_already_there() -> None:
+    scenario = simulate("--duration 20 --sim-foreign 0-10 --resume-after 3")
+    start = scenario.first("start")
+    assert scenario.events[1]["event"] == "yield" and scenario.events[1]["t"] == 0.0, scenario.events[:3]
+    assert start["state"] == "filling"
+    assert scenario.run.gpu.own_busy_s(0.0, 10.0) == 0.0
+    assert scenario.first("resume")["t"] >= 13.0
+
+
+def test_boosts_after_a_quiet_spell_and_holds_the_boost_target() -> None:
+    scenario = simulate("--duration 60 --boost-after 20 --boost-target 0.7")
+    boost = scenario.first("boost")
+    assert 20.0 <= boost["t"] <= 20.2
+    assert_tracks(scenario.run.gpu, 0.7, boost["t"], 60.0)
+
+
+def test_a_job_ends_the_boost() -> None:
+    scenario = simulate("--duration 60 --boost-after 10 --sim-foreign 20-25 --resume-after 5")
+    changes = [e for e in scenario.events if e["event"] in ("boost", "yield", "resume")]
+    assert [e["event"] for e in changes] == ["boost", "yield", "resume", "boost"]
+    assert changes[2]["state"] == "filling"
+    assert changes[3]["t"] >= 25.0 + 10.0  # the quiet spell counts from the job's end
+
+
+def test_legacy_law_runs_the_same_scenarios() -> None:
+    scenario = simulate("--duration 120 --controller legacy --sim-foreign 60-70 --resume-after 5")
+    gpu = scenario.run.gpu
+    assert scenario.first("start")["controller"] == "legacy"
+    assert gpu.own_busy_s(0.0, 60.0) > 0.0
+    assert 60.0 <= scenario.first("yield")["t"] <= 60.5
+    assert gpu.own_busy_s(scenario.first("drained")["last_kernel_end_t"] + 1e-6, 70.0) == 0.0
+    assert scenario.first("resume")["t"] >= 75.0
+
+
+def test_status_lines_carry_the_documented_fields() -> None:
+    scenario = simulate("--duration 10 --log-interval 2")
+    statuses = scenario.of("status")
+    assert [s["t"] for s in statuses] == [2.0, 4.0, 6.0, 8.0]
+    for line in statuses:
+        for key in ("t", "event", "state", "target", "util", "own", "foreign", "multiplier", "gpu_mem_mib"):
+            assert key in line
+        assert abs(line["util"] - 0.5) <= 0.02
+    assert scenario.events[-1]["event"] == "stop"
+
+
+def test_same_seed_same_run() -> None:
+    first = simulate("--duration 15 --sim-foreign 5-8 --resume-after 2 --sim-seed 7")
+    again = simulate("--duration 15 --sim-foreign 5-8 --resume-after 2 --sim-seed 7")
+    strip = lambda events: [{k: v for k, v in e.items() if k != "wall_time"} for e in events]  # noqa: E731
+    assert strip(first.events) == strip(again.events)
