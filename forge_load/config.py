@@ -7,6 +7,7 @@ given and what is accepted; app.py prints it and exits 2. Nothing here touches t
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
 import re
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from forge_load import __version__
 
@@ -33,12 +34,16 @@ class SimConfig:
     foreign_mem_mib: float = 2048.0
     hide_foreign: bool = False
     seed: int = 0
+    gpus: int = 1
+    foreign_gpus: tuple[int, ...] | None = None  # which simulated devices get the foreign jobs; None = all
+    fail_gpus: tuple[tuple[int, float], ...] = ()  # (device, virtual second it is lost)
 
 
 @dataclass(frozen=True)
 class Config:
     target_ratio: float = 0.5
     gpu: str = "0"
+    gpus: Literal["all"] | tuple[str, ...] | None = None  # several GPUs in one process; None = just `gpu`
     boost_target_ratio: float = 0.6
     boost_after_s: float = 3600.0
     resume_after_s: float = 60.0
@@ -52,6 +57,9 @@ class Config:
     foreign_util_samples: int = 2
     use_process_list: bool = True
     simulate: bool = False
+    metrics_port: int | None = None  # None: no metrics/health server; 0: any free port
+    metrics_addr: str = "0.0.0.0"
+    health_max_age_s: float = 30.0
     sim: SimConfig = field(default_factory=SimConfig)
 
 
@@ -237,6 +245,75 @@ def _gpu_value(raw: str) -> str:
     raise _Rejected(accepted)
 
 
+def _gpus_value(raw: str) -> Literal["all"] | tuple[str, ...]:
+    accepted = "all, or a comma-separated list of GPU indices and UUIDs such as 0,1 or GPU-...,GPU-..."
+    text = _stripped(raw, accepted)
+    if text.lower() == "all":
+        return "all"
+    gpus: list[str] = []
+    for piece in text.split(","):
+        try:
+            gpu = _gpu_value(piece)
+        except _Rejected as rejected:
+            raise _Rejected(accepted, f"{piece.strip()!r} is not a GPU index or UUID") from rejected
+        if gpu in gpus:
+            raise _Rejected(accepted, f"GPU {gpu} is listed twice")
+        gpus.append(gpu)
+    return tuple(gpus)
+
+
+def _port_value(raw: str) -> int:
+    try:
+        return _int_value(raw, low=0, high=65535)
+    except _Rejected as rejected:
+        raise _Rejected("a TCP port from 1 to 65535 (0 = any free port)", rejected.detail) from None
+
+
+def _addr_value(raw: str) -> str:
+    accepted = "an IP address to listen on, such as 0.0.0.0, 127.0.0.1 or ::"
+    text = _stripped(raw, accepted)
+    try:
+        return str(ipaddress.ip_address(text.removeprefix("[").removesuffix("]")))
+    except ValueError:
+        raise _Rejected(accepted) from None
+
+
+def _indices_value(raw: str) -> tuple[int, ...] | None:
+    accepted = "all, or a comma-separated list of simulated device indices such as 0,2"
+    text = _stripped(raw, accepted)
+    if text.lower() == "all":
+        return None
+    indices: list[int] = []
+    for piece in text.split(","):
+        if not _INT_RE.fullmatch(piece.strip()) or int(piece) < 0:
+            raise _Rejected(accepted, f"{piece.strip()!r} is not a device index")
+        if int(piece) in indices:
+            raise _Rejected(accepted, f"device {int(piece)} is listed twice")
+        indices.append(int(piece))
+    return tuple(sorted(indices))
+
+
+def _failures_value(raw: str) -> tuple[tuple[int, float], ...]:
+    accepted = "DEVICE@SECONDS[,DEVICE@SECONDS...] such as 2@30 (device 2 is lost at virtual second 30), or none"
+    text = _stripped(raw, accepted)
+    if text.lower() == "none":
+        return ()
+    failures: dict[int, float] = {}
+    for piece in text.split(","):
+        device_text, at, time_text = piece.strip().partition("@")
+        device_text = device_text.strip()
+        if not at or not _INT_RE.fullmatch(device_text) or int(device_text) < 0:
+            raise _Rejected(accepted, f"{piece.strip()!r} is not DEVICE@SECONDS")
+        try:
+            at_s = _seconds_value(time_text)
+        except _Rejected:
+            raise _Rejected(accepted, f"{piece.strip()!r} does not have SECONDS >= 0") from None
+        if int(device_text) in failures:
+            raise _Rejected(accepted, f"device {int(device_text)} is listed twice")
+        failures[int(device_text)] = at_s
+    return tuple(sorted(failures.items()))
+
+
 def _window_value(raw: str) -> float:
     return _seconds_value(
         raw,
@@ -320,6 +397,8 @@ _SETTINGS: tuple[_Setting, ...] = (
     _Setting("target_ratio", "FORGE_TARGET", "--target", partial(_ratio_value, example=0.5),
              "utilization to hold, 0.5 or 50% (legacy env TARGET=50 also read); default 0.5"),
     _Setting("gpu", "FORGE_GPU", "--gpu", _gpu_value, "GPU index or UUID; default 0"),
+    _Setting("gpus", "FORGE_GPUS", "--gpus", _gpus_value,
+             "fill several GPUs from one process: all, or a list such as 0,1 (not with FORGE_GPU); default unset"),
     _Setting("boost_target_ratio", "FORGE_BOOST_TARGET", "--boost-target", partial(_ratio_value, example=0.6),
              "utilization to hold after a long quiet spell, >= target; default 0.6 (or the target if higher)"),
     _Setting("boost_after_s", "FORGE_BOOST_AFTER", "--boost-after", _seconds_value,
@@ -349,6 +428,13 @@ _SETTINGS: tuple[_Setting, ...] = (
              "treat other processes on the GPU as foreign jobs; default on", boolean=True),
     _Setting("simulate", "FORGE_SIMULATE", "--simulate", _bool_value,
              "run against a simulated GPU; default off", boolean=True),
+    _Setting("metrics_port", "FORGE_METRICS_PORT", "--metrics-port", _port_value,
+             "serve Prometheus /metrics and /health on this port (0 = any free port); default off"),
+    _Setting("metrics_addr", "FORGE_METRICS_ADDR", "--metrics-addr", _addr_value,
+             "address the metrics server listens on; default 0.0.0.0"),
+    _Setting("health_max_age_s", "FORGE_HEALTH_MAX_AGE", "--health-max-age",
+             partial(_seconds_value, low=0.0, low_inclusive=False, high=86400.0),
+             "seconds without a loop heartbeat before /health reports a GPU stalled; default 30"),
     _Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed",
              partial(_float_value, low=0.0, low_inclusive=True, what="virtual seconds per real second (0 = flat out)"),
              "simulator: virtual seconds per real second, 0 = as fast as possible; default 1"),
@@ -366,6 +452,12 @@ _SETTINGS: tuple[_Setting, ...] = (
     _Setting("sim.hide_foreign", "FORGE_SIM_HIDE_FOREIGN", "--sim-hide-foreign", _bool_value,
              "simulator: hide foreign jobs from the process list; default off", boolean=True),
     _Setting("sim.seed", "FORGE_SIM_SEED", "--sim-seed", partial(_int_value, low=0), "simulator: random seed; default 0"),
+    _Setting("sim.gpus", "FORGE_SIM_GPUS", "--sim-gpus", partial(_int_value, low=1, high=64),
+             "simulator: number of simulated GPUs (indices 0..N-1; pick with --gpu or --gpus); default 1"),
+    _Setting("sim.foreign_gpus", "FORGE_SIM_FOREIGN_GPUS", "--sim-foreign-gpus", _indices_value,
+             "simulator: devices the --sim-foreign jobs run on, all or a list such as 1,2; default all"),
+    _Setting("sim.fail_gpus", "FORGE_SIM_FAIL_GPU", "--sim-fail-gpu", _failures_value,
+             "simulator: lose devices while running, DEVICE@SECONDS[,...] such as 2@30; default none"),
 )
 _BY_KEY: dict[str, _Setting] = {s.key: s for s in _SETTINGS}
 
@@ -448,7 +540,36 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
             f"{boost.name}={boost.raw!r} is below {target_text}: expected a boost target >= the target "
             f"and <= 1 (or leave {boost.name} unset to boost to {_num(max(DEFAULT_BOOST_TARGET, target))})"
         )
+    _check_gpu_choice(given)
+    _check_sim_devices(given, int(sim.get("gpus", SimConfig.gpus)))  # type: ignore[call-overload]
     return Config(**top, sim=SimConfig(**sim))  # type: ignore[arg-type]
+
+
+def _check_gpu_choice(given: Mapping[str, _Given]) -> None:
+    one, several = given.get("gpu"), given.get("gpus")
+    if one is not None and several is not None:
+        raise ConfigError(
+            f"{one.name}={one.raw!r} and {several.name}={several.raw!r} are both set: expected one of them, "
+            f"{_BY_KEY['gpu'].env} for one GPU or {_BY_KEY['gpus'].env} for several"
+        )
+
+
+def _check_sim_devices(given: Mapping[str, _Given], count: int) -> None:
+    """Devices named by the simulator's settings must exist among the `count` simulated GPUs."""
+    foreign, fail = given.get("sim.foreign_gpus"), given.get("sim.fail_gpus")
+    named: list[tuple[_Given, int]] = []
+    if foreign is not None and foreign.value is not None:
+        named += [(foreign, i) for i in foreign.value]  # type: ignore[attr-defined]
+    if fail is not None:
+        named += [(fail, i) for i, _ in fail.value]  # type: ignore[attr-defined]
+    for got, device in named:
+        if device >= count:
+            count_name = given["sim.gpus"].name if "sim.gpus" in given else "the default " + _BY_KEY["sim.gpus"].env
+            devices = "device 0" if count == 1 else f"devices 0 to {count - 1}"
+            raise ConfigError(
+                f"{got.name}={got.raw!r} names simulated device {device}, but {count_name} simulates "
+                f"{count} ({devices}): expected a device below {count}"
+            )
 
 
 def _spans_text(spans: tuple[tuple[float, float], ...]) -> str:
@@ -474,6 +595,11 @@ def describe(config: Config) -> dict[str, object]:
         "use_process_list": config.use_process_list,
         "simulate": config.simulate,
     }
+    if config.gpus is not None:
+        out["gpus"] = config.gpus if isinstance(config.gpus, str) else ",".join(config.gpus)
+    if config.metrics_port is not None:
+        host = f"[{config.metrics_addr}]" if ":" in config.metrics_addr else config.metrics_addr
+        out.update(metrics=f"{host}:{config.metrics_port}", health_max_age_s=config.health_max_age_s)
     if config.simulate:
         sim = config.sim
         out.update(
@@ -485,5 +611,8 @@ def describe(config: Config) -> dict[str, object]:
             sim_foreign_mem_mib=sim.foreign_mem_mib,
             sim_hide_foreign=sim.hide_foreign,
             sim_seed=sim.seed,
+            sim_gpus=sim.gpus,
+            sim_foreign_gpus="all" if sim.foreign_gpus is None else ",".join(map(str, sim.foreign_gpus)),
+            sim_fail_gpu=",".join(f"{i}@{_num(t)}" for i, t in sim.fail_gpus) or "none",
         )
     return out

@@ -167,6 +167,27 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_SIM_HIDE_FOREIGN", "false", "sim.hide_foreign", False),
     ("FORGE_SIM_SEED", "0", "sim.seed", 0),
     ("FORGE_SIM_SEED", "12345", "sim.seed", 12345),
+    ("FORGE_GPUS", "all", "gpus", "all"),
+    ("FORGE_GPUS", " ALL ", "gpus", "all"),
+    ("FORGE_GPUS", "0", "gpus", ("0",)),
+    ("FORGE_GPUS", "2, 0,1", "gpus", ("2", "0", "1")),
+    ("FORGE_GPUS", "1,GPU-5B8F1E2A-0C3D-4E5F-8A9B-0123456789AB", "gpus",
+     ("1", "GPU-5b8f1e2a-0c3d-4e5f-8a9b-0123456789ab")),
+    ("FORGE_METRICS_PORT", "9401", "metrics_port", 9401),
+    ("FORGE_METRICS_PORT", "0", "metrics_port", 0),
+    ("FORGE_METRICS_PORT", "65535", "metrics_port", 65535),
+    ("FORGE_METRICS_ADDR", "127.0.0.1", "metrics_addr", "127.0.0.1"),
+    ("FORGE_METRICS_ADDR", "::", "metrics_addr", "::"),
+    ("FORGE_METRICS_ADDR", "[::1]", "metrics_addr", "::1"),
+    ("FORGE_HEALTH_MAX_AGE", "30", "health_max_age_s", 30.0),
+    ("FORGE_HEALTH_MAX_AGE", "2m", "health_max_age_s", 120.0),
+    ("FORGE_SIM_GPUS", "1", "sim.gpus", 1),
+    ("FORGE_SIM_GPUS", "8", "sim.gpus", 8),
+    ("FORGE_SIM_FOREIGN_GPUS", "all", "sim.foreign_gpus", None),
+    ("FORGE_SIM_FOREIGN_GPUS", "0", "sim.foreign_gpus", (0,)),
+    ("FORGE_SIM_FAIL_GPU", "none", "sim.fail_gpus", ()),
+    ("FORGE_SIM_FAIL_GPU", "0@30", "sim.fail_gpus", ((0, 30.0),)),
+    ("FORGE_SIM_FAIL_GPU", "0@1.5s", "sim.fail_gpus", ((0, 1.5),)),
 ]
 
 
@@ -255,6 +276,13 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--sim-foreign-mem", "1024"], "sim.foreign_mem_mib", 1024.0),
     (["--sim-hide-foreign"], "sim.hide_foreign", True),
     (["--sim-seed", "7"], "sim.seed", 7),
+    (["--gpus", "all"], "gpus", "all"),
+    (["--metrics-port", "9401"], "metrics_port", 9401),
+    (["--metrics-addr", "127.0.0.1"], "metrics_addr", "127.0.0.1"),
+    (["--health-max-age", "10"], "health_max_age_s", 10.0),
+    (["--sim-gpus", "3"], "sim.gpus", 3),
+    (["--sim-gpus", "3", "--sim-foreign-gpus", "2,1"], "sim.foreign_gpus", (1, 2)),
+    (["--sim-gpus", "3", "--sim-fail-gpu", "2@6,0@1m"], "sim.fail_gpus", ((0, 60.0), (2, 6.0))),
 ]
 
 
@@ -453,6 +481,41 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_SIM_SEED", "-1"),
     ("FORGE_SIM_SEED", "1.5"),
     ("FORGE_SIM_SEED", "abc"),
+    # several GPUs, metrics, health
+    ("FORGE_GPUS", ""),
+    ("FORGE_GPUS", "any"),
+    ("FORGE_GPUS", "0,"),
+    ("FORGE_GPUS", "0,0"),
+    ("FORGE_GPUS", "0;1"),
+    ("FORGE_GPUS", "-1"),
+    ("FORGE_GPUS", "all,0"),
+    ("FORGE_GPUS", "GPU-12345"),
+    ("FORGE_METRICS_PORT", ""),
+    ("FORGE_METRICS_PORT", "-1"),
+    ("FORGE_METRICS_PORT", "65536"),
+    ("FORGE_METRICS_PORT", "http"),
+    ("FORGE_METRICS_PORT", "9400.5"),
+    ("FORGE_METRICS_ADDR", ""),
+    ("FORGE_METRICS_ADDR", "localhost:9400"),
+    ("FORGE_METRICS_ADDR", "300.1.1.1"),
+    ("FORGE_HEALTH_MAX_AGE", "0"),
+    ("FORGE_HEALTH_MAX_AGE", "-5"),
+    ("FORGE_HEALTH_MAX_AGE", "never"),
+    ("FORGE_SIM_GPUS", "0"),
+    ("FORGE_SIM_GPUS", "65"),
+    ("FORGE_SIM_GPUS", "two"),
+    ("FORGE_SIM_FOREIGN_GPUS", ""),
+    ("FORGE_SIM_FOREIGN_GPUS", "-1"),
+    ("FORGE_SIM_FOREIGN_GPUS", "0,0"),
+    ("FORGE_SIM_FOREIGN_GPUS", "x"),
+    ("FORGE_SIM_FAIL_GPU", ""),
+    ("FORGE_SIM_FAIL_GPU", "0"),
+    ("FORGE_SIM_FAIL_GPU", "@5"),
+    ("FORGE_SIM_FAIL_GPU", "0@"),
+    ("FORGE_SIM_FAIL_GPU", "0@-1"),
+    ("FORGE_SIM_FAIL_GPU", "x@5"),
+    ("FORGE_SIM_FAIL_GPU", "0@5,0@6"),
+    ("FORGE_SIM_FAIL_GPU", "0@inf"),
 ]
 
 
@@ -528,6 +591,42 @@ def test_flag_error_also_names_the_env_variable() -> None:
     with pytest.raises(ConfigError) as info:
         load({}, ["--foreign-samples", "2.5"])
     assert_one_line_error(info.value, "--foreign-samples", "'2.5'", "FORGE_FOREIGN_SAMPLES")
+
+
+# --- one GPU or several ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "needles"),
+    [
+        ({"FORGE_GPU": "1", "FORGE_GPUS": "all"}, [], ("FORGE_GPU='1'", "FORGE_GPUS='all'")),
+        ({"FORGE_GPU": "1"}, ["--gpus", "0,1"], ("FORGE_GPU='1'", "--gpus='0,1'")),
+        ({}, ["--gpu", "0", "--gpus", "all"], ("--gpu='0'", "--gpus='all'")),
+    ],
+)
+def test_gpu_and_gpus_are_exclusive(env: dict[str, str], argv: list[str], needles: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(env, argv)
+    assert_one_line_error(info.value, *needles, "both set", "one of them")
+
+
+def test_gpus_unset_means_one_gpu() -> None:
+    c = load({"FORGE_GPU": "3"})
+    assert (c.gpu, c.gpus) == ("3", None)
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "needles"),
+    [
+        ({"FORGE_SIM_FAIL_GPU": "1@5"}, [], ("FORGE_SIM_FAIL_GPU='1@5'", "device 1", "FORGE_SIM_GPUS", "below 1")),
+        ({}, ["--sim-gpus", "3", "--sim-fail-gpu", "3@5"], ("--sim-fail-gpu='3@5'", "--sim-gpus", "devices 0 to 2")),
+        ({"FORGE_SIM_GPUS": "2"}, ["--sim-foreign-gpus", "0,4"], ("--sim-foreign-gpus='0,4'", "device 4")),
+    ],
+)
+def test_simulated_devices_must_exist(env: dict[str, str], argv: list[str], needles: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(env, argv)
+    assert_one_line_error(info.value, *needles)
 
 
 # --- boost target against target -------------------------------------------------------------------------
@@ -636,7 +735,7 @@ BASE_KEYS = {
 }
 SIM_KEYS = {
     "sim_speed", "sim_window_s", "sim_sms", "sim_foreign_s", "sim_foreign_load", "sim_foreign_mem_mib",
-    "sim_hide_foreign", "sim_seed",
+    "sim_hide_foreign", "sim_seed", "sim_gpus", "sim_foreign_gpus", "sim_fail_gpu",
 }
 
 
@@ -661,6 +760,22 @@ def test_describe_values_are_flat() -> None:
     for key, value in d.items():
         assert isinstance(value, (str, int, float, bool)), key
     assert d["sim_foreign_s"] == "none"
+
+
+def test_describe_several_gpus_and_metrics() -> None:
+    d = describe(load({"FORGE_GPUS": "0,2", "FORGE_METRICS_PORT": "9401"}))
+    assert set(d) == BASE_KEYS | {"gpus", "metrics", "health_max_age_s"}
+    assert d["gpus"] == "0,2"
+    assert d["metrics"] == "0.0.0.0:9401"
+    d = describe(load({"FORGE_GPUS": "all", "FORGE_METRICS_PORT": "0", "FORGE_METRICS_ADDR": "::1"}))
+    assert (d["gpus"], d["metrics"]) == ("all", "[::1]:0")
+
+
+def test_describe_simulated_devices() -> None:
+    d = describe(load({}, ["--simulate", "--sim-gpus", "3", "--sim-foreign-gpus", "1", "--sim-fail-gpu", "2@6"]))
+    assert (d["sim_gpus"], d["sim_foreign_gpus"], d["sim_fail_gpu"]) == (3, "1", "2@6")
+    d = describe(load({"FORGE_SIMULATE": "1"}))
+    assert (d["sim_gpus"], d["sim_foreign_gpus"], d["sim_fail_gpu"]) == (1, "all", "none")
 
 
 def test_config_module_imports_no_gpu_libraries() -> None:

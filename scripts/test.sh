@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# forge_load's test command (the README's, and what CI runs): installs what the tests need, then runs them.
+#
+#   scripts/test.sh [pytest args...]
+#
+# Python packages go into a virtual environment ($FORGE_VENV, default .venv). Where this runs as root with
+# apt-get (CI, a fresh machine), it also installs the system tools some tests use (a Docker engine, Prometheus,
+# linters) and starts a private Docker engine for the container tests, stopped again at the end. Without
+# them, those tests are skipped and say why.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+VENV=${FORGE_VENV:-$ROOT/.venv}
+PYTHON=${PYTHON:-python3}
+
+say() { printf '[test] %s\n' "$*" >&2; }
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+say "installing Python requirements"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -e .
+
+engine_started=0
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 && [[ "${FORGE_SKIP_SYSTEM_TOOLS:-0}" != 1 ]]; then
+    if [[ -x scripts/install_test_tools.sh ]]; then
+        scripts/install_test_tools.sh "$VENV" || say "WARNING: some test tools did not install; their tests will skip"
+    fi
+    if engine_env=$(scripts/docker_engine.sh start); then
+        eval "$engine_env"
+        engine_started=1
+    else
+        say "WARNING: no Docker engine could be started here; the container tests will skip"
+    fi
+fi
+stop_engine() { if [[ $engine_started -eq 1 ]]; then scripts/docker_engine.sh stop || true; fi; }
+trap stop_engine EXIT
+
+export PATH="$VENV/bin:$PATH"
+"$VENV/bin/python" -m pytest "$@"

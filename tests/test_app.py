@@ -1,0 +1,145 @@
+"""The process as an operator meets it: exit codes, one-line errors, signals, and the threaded run loop."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from forge_load.app import run_real
+from forge_load.config import load_config
+from forge_load.probe import GpuFailedError
+from forge_load.sim import SimGpu, SimLauncher, SimProbe, WallClock
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def forge(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "forge_load", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout_s, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args, env, variable", [
+    ((), {"FORGE_TARGET": "abc"}, "FORGE_TARGET"),
+    ((), {"FORGE_TARGET": "1.5"}, "FORGE_TARGET"),
+    ((), {"FORGE_TARGET": "nan"}, "FORGE_TARGET"),
+    ((), {"FORGE_TARGET": ""}, "FORGE_TARGET"),
+    ((), {"TARGET": "150"}, "TARGET"),
+    ((), {"FORGE_BOOST_TARGET": "0.3"}, "FORGE_BOOST_TARGET"),
+    ((), {"FORGE_LOG_FORMAT": "xml"}, "FORGE_LOG_FORMAT"),
+    ((), {"FORGE_CONTROLLER": "pid"}, "FORGE_CONTROLLER"),
+    ((), {"FORGE_RESUME_AFTER": "-1"}, "FORGE_RESUME_AFTER"),
+    (("--sim-window", "0.05"), {}, "--sim-window"),
+    (("--sim-foreign", "10-5"), {}, "--sim-foreign"),
+    (("--no-such-flag",), {}, "--no-such-flag"),
+])
+def test_bad_setting_exits_2_with_one_line(args: tuple[str, ...], env: dict[str, str], variable: str) -> None:
+    result = forge("--simulate", *args, env=env)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and variable in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_no_gpu_exits_3_with_a_hint() -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has a working NVML")
+    except Exception:
+        pass
+    result = forge("--duration", "1")
+    assert result.returncode == 3
+    assert "--simulate" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_legacy_target_percent_is_understood() -> None:
+    result = forge("--simulate", "--sim-speed", "0", "--duration", "2", "--log-format", "json", env={"TARGET": "50"})
+    assert result.returncode == 0, result.stderr
+    start = json.loads(result.stdout.splitlines()[0])
+    assert start["event"] == "start" and start["target"] == 0.5
+
+
+@pytest.mark.parametrize("signum", (signal.SIGTERM, signal.SIGINT))
+def test_signal_stops_cleanly_within_a_second(signum: int) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env.update(PYTHONPATH=str(ROOT), FORGE_LOG_FORMAT="json", FORGE_LOG_INTERVAL="0.5")
+    proc = subprocess.Popen([sys.executable, "-m", "forge_load", "--simulate"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline(), proc.stdout.readline()]  # start, then a status: it is running
+    sent_s = time.monotonic()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=10)
+    took_s = time.monotonic() - sent_s
+    assert proc.returncode == 0, err
+    assert took_s < 1.0
+    events = [json.loads(line) for line in lines + out.splitlines()]
+    assert events[-1]["event"] == "stop"
+    assert events[-1]["reason"] == f"signal {signal.Signals(signum).name}"
+    assert err == ""
+
+
+def test_text_and_json_lines_carry_the_same_fields() -> None:
+    flags = ("--simulate", "--sim-speed", "0", "--duration", "3", "--log-interval", "1")
+    text = forge(*flags).stdout.splitlines()
+    as_json = [json.loads(line) for line in forge(*flags, "--log-format", "json").stdout.splitlines()]
+    assert len(text) == len(as_json) == 4  # start, status at 1 and 2 s, stop at 3 s
+    for text_line, record in zip(text, as_json):
+        keys = [part.split("=", 1)[0] for part in text_line.split(" ") if "=" in part]
+        assert keys[:len(record)] == list(record)[:len(keys)]
+        assert text_line.startswith(f"t={record['t']:.2f} event={record['event']} ")
+
+
+def _threaded(config_flags: str, fail_after_s: float | None = None) -> tuple[list[dict[str, object]], BaseException | None]:
+    config = load_config(f"--log-format json {config_flags}".split(), env={})
+    gpu = SimGpu(config.sim, WallClock())
+    probe = SimProbe(gpu)
+    if fail_after_s is not None:
+        lose_at_s = time.monotonic() + fail_after_s
+        real_memory = probe.memory_used_mib
+
+        def memory_used_mib() -> float | None:
+            if time.monotonic() > lose_at_s:
+                raise GpuFailedError("GPU 0 (GPU-test) was lost: simulated")
+            return real_memory()
+
+        probe.memory_used_mib = memory_used_mib  # type: ignore[method-assign]
+    out = io.StringIO()
+    stop, wake = threading.Event(), threading.Event()
+    error: BaseException | None = None
+    try:
+        run_real(config, out, stop, wake, open_probe=lambda _c: probe, open_launcher=lambda _i: SimLauncher(gpu))
+    except GpuFailedError as caught:
+        error = caught
+    return [json.loads(line) for line in out.getvalue().splitlines()], error
+
+
+def test_threaded_loop_holds_the_target_in_wall_clock_time() -> None:
+    events, error = _threaded("--duration 3 --log-interval 1 --target 0.4")
+    assert error is None
+    statuses = [e for e in events if e["event"] == "status"]
+    assert len(statuses) >= 2
+    assert abs(statuses[-1]["util"] - 0.4) <= 0.05, statuses
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "duration reached"
+
+
+def test_threaded_loop_ends_with_the_gpu_failure() -> None:
+    events, error = _threaded("--duration 10", fail_after_s=0.5)
+    assert isinstance(error, GpuFailedError)
+    assert "was lost" in str(error)

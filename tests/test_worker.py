@@ -1,0 +1,305 @@
+"""forge_load.worker: the BusyLog and the Worker's pacing, against the simulated GPU in virtual time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from forge_load.config import SimConfig
+from forge_load.controller import IDLE_PLAN, Plan
+from forge_load.probe import GpuFailedError
+from forge_load.sim import LAUNCH_LATENCY_S, LAUNCH_OVERHEAD_S, WAVE_S, SimGpu, SimLauncher, VirtualClock
+from forge_load.worker import BusyLog, Completed, Worker
+
+# --- BusyLog ----------------------------------------------------------------------------------------
+
+
+def log_of(*intervals: tuple[float, float], keep_s: float = 30.0) -> BusyLog:
+    log = BusyLog(keep_s=keep_s)
+    for a, b in intervals:
+        log.add(a, b)
+    return log
+
+
+def test_busy_none_before_after_and_between() -> None:
+    log = log_of((1.0, 2.0), (3.0, 4.0))
+    assert log.busy_s(0.0, 1.0) == 0.0
+    assert log.busy_s(2.0, 3.0) == 0.0
+    assert log.busy_s(4.0, 10.0) == 0.0
+    assert log.busy_s(2.2, 2.8) == 0.0
+
+
+def test_busy_partial_overlaps() -> None:
+    log = log_of((1.0, 2.0), (3.0, 4.0))
+    assert log.busy_s(1.5, 3.25) == pytest.approx(0.5 + 0.25)
+    assert log.busy_s(0.0, 1.25) == pytest.approx(0.25)
+    assert log.busy_s(3.75, 9.0) == pytest.approx(0.25)
+    assert log.busy_s(1.2, 1.7) == pytest.approx(0.5)  # window inside one kernel
+    assert log.busy_s(0.0, 10.0) == pytest.approx(2.0)
+
+
+def test_busy_many_kernels() -> None:
+    # 1000 kernels of 2 ms every 5 ms from t = 0: 40 % busy.
+    log = log_of(*[(k * 0.005, k * 0.005 + 0.002) for k in range(1000)])
+    assert log.busy_s(0.0, 5.0) == pytest.approx(2.0)
+    assert log.busy_s(1.0, 2.0) == pytest.approx(0.4)
+    assert log.busy_s(1.001, 1.006) == pytest.approx(0.001 + 0.001)
+    assert log.total_busy_s == pytest.approx(2.0)
+    assert log.last_end_s == pytest.approx(999 * 0.005 + 0.002)
+
+
+def test_busy_pruning_keeps_the_recent_past() -> None:
+    log = BusyLog(keep_s=1.0)
+    for k in range(10000):  # 50 s of kernels
+        log.add(k * 0.005, k * 0.005 + 0.002)
+    end_s = 50.0
+    # The last keep_s is exact; what is older may be dropped, but never what is recent.
+    assert log.busy_s(end_s - 1.0, end_s) == pytest.approx(0.4)
+    assert log.busy_s(end_s - 0.5, end_s) == pytest.approx(0.2)
+    assert log.busy_s(0.0, 1.0) <= 0.4 + 1e-9
+    assert len(log._starts) < 2000  # pruned, not kept for all 50 s
+    assert log.total_busy_s == pytest.approx(20.0)  # the running total is not pruned
+
+
+def test_complete_until_only_moves_forward() -> None:
+    log = BusyLog()
+    assert log.complete_until_s == float("-inf")
+    log.mark_complete_until(2.0)
+    log.mark_complete_until(1.0)
+    assert log.complete_until_s == 2.0
+
+
+# --- Worker on the simulated GPU ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    submit_s: float
+    start_s: float
+    end_s: float
+    grid_blocks: int
+
+
+class RecordingGpu(SimGpu):
+    """The simulated GPU, remembering every kernel it was given (its timeline)."""
+
+    def __init__(self, config: SimConfig, clock: VirtualClock) -> None:
+        super().__init__(config, clock)
+        self.runs: list[Run] = []
+
+    def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
+        start_s, end_s = super().run_kernel(submit_s, grid_blocks)
+        self.runs.append(Run(submit_s, start_s, end_s, grid_blocks))
+        return start_s, end_s
+
+
+@dataclass
+class Rig:
+    clock: VirtualClock
+    gpu: RecordingGpu
+    log: BusyLog
+    worker: Worker
+
+    def drive(self, until_s: float) -> int:
+        """Step the Worker at the times it asks for, up to until_s; returns the number of steps."""
+        steps = 0
+        t = self.clock.now()
+        while t < until_s:
+            due = self.worker.step(t)
+            assert due > t, f"step({t}) asked to be called again at {due}"
+            steps += 1
+            t = min(due, until_s)
+            self.clock.advance_to(t)
+        return steps
+
+    def share(self, a_s: float, b_s: float) -> float:
+        return self.gpu.own_busy_s(a_s, b_s) / (b_s - a_s)
+
+
+def rig(plan: Plan | None = None, sms: int = 132, seed: int = 0) -> Rig:
+    clock = VirtualClock()
+    gpu = RecordingGpu(SimConfig(sms=sms, seed=seed), clock)
+    log = BusyLog()
+    worker = Worker(SimLauncher(gpu), log)
+    if plan is not None:
+        worker.set_plan(plan)
+    return Rig(clock, gpu, log, worker)
+
+
+def kernel_s(multiplier: int) -> float:
+    """The simulated kernel time without jitter: one wave per 8 blocks per SM."""
+    return LAUNCH_OVERHEAD_S + WAVE_S * -(-multiplier // 8)
+
+
+M = 160  # 20 waves: about 2 ms per kernel, the size the PI law aims for
+
+
+@pytest.mark.parametrize("duty", [0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95])
+def test_busy_share_follows_duty(duty: float) -> None:
+    r = rig(Plan(M, duty))
+    r.drive(6.0)
+    assert r.share(1.0, 6.0) == pytest.approx(duty, abs=0.01)
+    # Also second by second, not only on average.
+    for a in range(1, 6):
+        assert r.share(a, a + 1) == pytest.approx(duty, abs=0.01)
+
+
+@pytest.mark.parametrize("multiplier", [8, 40, 400])
+def test_busy_share_follows_duty_whatever_the_kernel_size(multiplier: int) -> None:
+    r = rig(Plan(multiplier, 0.5))
+    r.drive(4.0)
+    assert r.share(1.0, 4.0) == pytest.approx(0.5, abs=0.01)
+
+
+def test_busy_log_matches_the_gpu_timeline() -> None:
+    r = rig(Plan(M, 0.4))
+    r.drive(3.0)
+    assert r.log.complete_until_s > 2.9
+    upto = r.log.complete_until_s
+    assert r.log.busy_s(0.5, upto) == pytest.approx(r.gpu.own_busy_s(0.5, upto), abs=1e-9)
+
+
+def test_duty_zero_launches_nothing() -> None:
+    r = rig(Plan(M, 0.0))
+    steps = r.drive(5.0)
+    assert r.gpu.runs == []
+    assert steps <= 5.0 / 0.05 + 1  # it sleeps rather than spins
+    assert r.worker.in_flight == 0
+
+
+def test_idle_plan_after_filling_stops_launching() -> None:
+    r = rig(Plan(M, 0.5))
+    r.drive(2.0)
+    r.worker.set_plan(IDLE_PLAN)
+    launched = len(r.gpu.runs)
+    r.drive(4.0)
+    assert len(r.gpu.runs) == launched
+    assert r.share(2.1, 4.0) == 0.0
+
+
+@pytest.mark.parametrize("duty", [0.3, 0.9, 1.0])
+def test_queue_never_exceeds_queue_s_plus_one_kernel(duty: float) -> None:
+    r = rig(Plan(M, duty))
+    r.drive(3.0)
+    assert r.gpu.runs
+    limit_s = r.worker.queue_s + kernel_s(M) * 1.03 + LAUNCH_LATENCY_S
+    worst = max(run.end_s - run.submit_s for run in r.gpu.runs)
+    assert worst <= limit_s
+
+
+@pytest.mark.parametrize("offset_s", [0.0, 0.0004, 0.0011, 0.0017, 0.0023])
+def test_drain_stops_launching_and_ends_within_queue_s_plus_one_kernel(offset_s: float) -> None:
+    r = rig(Plan(M, 1.0))  # the fullest queue there is
+    r.drive(2.0 + offset_s)
+    assert r.worker.in_flight > 0
+    drain_s = r.clock.now()
+    launched = len(r.gpu.runs)
+    t = drain_s
+    for _ in range(100):
+        due = r.worker.drain(t)
+        if due == t:
+            break
+        t = due
+        r.clock.advance_to(t)
+    else:
+        pytest.fail("drain() never reported the GPU empty")
+    assert len(r.gpu.runs) == launched
+    assert r.worker.in_flight == 0
+    last_end_s = r.gpu.runs[-1].end_s
+    assert last_end_s <= drain_s + r.worker.queue_s + kernel_s(M) * 1.03 + LAUNCH_LATENCY_S
+    assert r.log.last_end_s == pytest.approx(last_end_s)
+    assert r.log.complete_until_s >= last_end_s
+    # And stepping afterwards launches nothing.
+    r.drive(t + 1.0)
+    assert len(r.gpu.runs) == launched
+
+
+@pytest.mark.parametrize(("multiplier", "gap_s"), [(160, 0.005), (400, 0.005), (160, 0.01), (40, 0.003)])
+def test_gap_mode_util_is_kernel_over_kernel_plus_gap(multiplier: int, gap_s: float) -> None:
+    r = rig(Plan(multiplier, duty_ratio=1.0, gap_s=gap_s))
+    r.drive(4.0)
+    k = kernel_s(multiplier)
+    assert r.share(1.0, 4.0) == pytest.approx(k / (k + gap_s), abs=0.01)
+    # One kernel at a time, each submitted at least gap_s after the previous one ended.
+    runs = [run for run in r.gpu.runs if run.submit_s > 0.5]
+    assert all(b.submit_s >= a.end_s + gap_s - 1e-12 for a, b in zip(runs, runs[1:]))
+
+
+def test_gap_mode_with_duty_zero_launches_nothing() -> None:
+    r = rig(Plan(M, duty_ratio=0.0, gap_s=0.005))
+    r.drive(2.0)
+    assert r.gpu.runs == []
+
+
+class FailingLauncher:
+    sm_count = 132
+
+    def __init__(self, error: Exception, on: str) -> None:
+        self.error = error
+        self.on = on
+
+    def launch(self, multiplier: int, now_s: float) -> None:
+        if self.on == "launch":
+            raise self.error
+
+    def poll(self, now_s: float) -> list[Completed]:
+        if self.on == "poll":
+            raise self.error
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("plan", [Plan(M, 0.5), Plan(M, 1.0, gap_s=0.005)])
+def test_launch_raising_becomes_gpu_failed(plan: Plan) -> None:
+    worker = Worker(FailingLauncher(RuntimeError("CUDA_ERROR_LAUNCH_FAILED"), "launch"), BusyLog())
+    worker.set_plan(plan)
+    with pytest.raises(GpuFailedError, match="CUDA_ERROR_LAUNCH_FAILED") as info:
+        t = 0.0
+        for _ in range(100):
+            t = worker.step(t)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_poll_raising_becomes_gpu_failed() -> None:
+    worker = Worker(FailingLauncher(RuntimeError("an illegal memory access"), "poll"), BusyLog())
+    with pytest.raises(GpuFailedError, match="illegal memory access"):
+        worker.step(0.0)
+
+
+def test_gpu_failed_from_the_launcher_passes_through() -> None:
+    error = GpuFailedError("GPU is lost")
+    worker = Worker(FailingLauncher(error, "launch"), BusyLog())
+    worker.set_plan(Plan(M, 1.0))
+    with pytest.raises(GpuFailedError) as info:
+        t = 0.0
+        for _ in range(100):
+            t = worker.step(t)
+    assert info.value is error
+
+
+def test_launch_s_tracks_kernel_time_and_resets_on_multiplier_change() -> None:
+    r = rig(Plan(160, 0.5))
+    assert r.worker.launch_s is None
+    r.drive(1.0)
+    assert r.worker.launch_s == pytest.approx(kernel_s(160), rel=0.02)
+    r.worker.set_plan(Plan(160, 0.7))  # same multiplier: the measurement stands
+    assert r.worker.launch_s == pytest.approx(kernel_s(160), rel=0.02)
+    r.worker.set_plan(Plan(40, 0.7))
+    assert r.worker.launch_s is None
+    r.drive(2.0)
+    # Kernels of the old size that finish after the change do not pollute the new measurement.
+    assert r.worker.launch_s == pytest.approx(kernel_s(40), rel=0.02)
+    r.worker.set_plan(Plan(800, 0.7))
+    r.drive(3.0)
+    assert r.worker.launch_s == pytest.approx(kernel_s(800), rel=0.02)
+
+
+def test_first_kernel_of_a_new_size_is_measured_alone() -> None:
+    r = rig(Plan(400, 1.0))  # 5 ms kernels, queue full
+    r.drive(0.5)
+    r.worker.set_plan(Plan(8, 1.0))  # 0.1 ms kernels; the 5-ms ones still in flight
+    r.drive(0.5 + 0.011)
+    assert r.worker.launch_s is None or r.worker.launch_s < 0.001
