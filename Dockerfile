@@ -44,7 +44,7 @@ RUN python3 -m venv /opt/forge \
 COPY . /tmp/forge-src
 RUN pip install --no-cache-dir --no-deps /tmp/forge-src \
     && rm -rf /tmp/forge-src \
-    && useradd --system --uid 10001 --user-group --home-dir /nonexistent --shell /usr/sbin/nologin forge
+    && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin forge
 
 USER 10001:10001
 WORKDIR /tmp

@@ -9,7 +9,6 @@ keeps every launch near `slice_s` so that stopping and yielding take at most a f
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -87,9 +86,10 @@ class PiController:
 class LegacyController:
     """The original tool's law, kept to compare against.
 
-    Runs of `run_s` at a fixed multiplier, a kernel after another with `gap_s` of sleep between them;
-    after each run the multiplier grows x1.2 when the run's mean was below 0.9 x target and shrinks /1.5
-    when above 1.2 x target; whenever the peak of the last 5 s exceeds 1.1 x target it idles for 5 s.
+    Runs of `run_s` at a fixed multiplier, a kernel after another with `gap_s` of sleep between them.
+    At the end of each run the multiplier grows x1.2 when the run's mean was below 0.9 x target and
+    shrinks /1.5 when above 1.2 x target; then, if the peak of the run's last 5 s exceeded 1.1 x target,
+    it idles for 5 s before the next run.
     """
 
     name = "legacy"
@@ -103,9 +103,9 @@ class LegacyController:
         self.max_multiplier = max_multiplier
         self.multiplier_f = initial_multiplier
         self._run_start_s: float | None = None
-        self._run_samples: list[float] = []
-        self._recent: deque[UtilSample] = deque()
+        self._run: list[UtilSample] = []
         self._idle_until_s = float("-inf")
+        self._last_s = float("-inf")
 
     @property
     def multiplier(self) -> int:
@@ -113,40 +113,36 @@ class LegacyController:
 
     def start(self, now_s: float) -> None:
         self._run_start_s = now_s
-        self._run_samples = []
-        self._recent.clear()
+        self._run = []
+        self._idle_until_s = float("-inf")
 
     def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
                launch_s: float | None) -> Plan:
         for sample in samples:
+            self._last_s = max(self._last_s, sample.t_s)
             self._observe(target_ratio, sample)
-        if self._idle_until_s > (samples[-1].t_s if samples else float("-inf")):
-            return Plan(multiplier=self.multiplier, duty_ratio=0.0, gap_s=self.gap_s)
-        return Plan(multiplier=self.multiplier, duty_ratio=1.0, gap_s=self.gap_s)
+        duty = 0.0 if self._last_s < self._idle_until_s else 1.0
+        return Plan(multiplier=self.multiplier, duty_ratio=duty, gap_s=self.gap_s)
 
     def _observe(self, target_ratio: float, sample: UtilSample) -> None:
-        if self._run_start_s is None:
-            self._run_start_s = sample.t_s
         if sample.t_s < self._idle_until_s:
             return
-        self._run_samples.append(sample.ratio)
-        self._recent.append(sample)
-        while self._recent and self._recent[0].t_s < sample.t_s - self.peak_window_s:
-            self._recent.popleft()
-        if max(s.ratio for s in self._recent) > 1.1 * target_ratio:
-            self._idle_until_s = sample.t_s + self.idle_s
-            self._recent.clear()
-            self._run_samples = []
-            self._run_start_s = self._idle_until_s
-            return
-        if sample.t_s - self._run_start_s >= self.run_s:
-            mean_ratio = sum(self._run_samples) / len(self._run_samples)
-            if mean_ratio < 0.9 * target_ratio:
-                self.multiplier_f = min(self.multiplier_f * 1.2, self.max_multiplier)
-            elif mean_ratio > 1.2 * target_ratio:
-                self.multiplier_f = max(self.multiplier_f / 1.5, 1.0)
+        if self._run_start_s is None:
             self._run_start_s = sample.t_s
-            self._run_samples = []
+        self._run.append(sample)
+        if sample.t_s - self._run_start_s < self.run_s:
+            return
+        mean_ratio = sum(s.ratio for s in self._run) / len(self._run)
+        if mean_ratio < 0.9 * target_ratio:
+            self.multiplier_f = min(self.multiplier_f * 1.2, self.max_multiplier)
+        elif mean_ratio > 1.2 * target_ratio:
+            self.multiplier_f = max(self.multiplier_f / 1.5, 1.0)
+        peak_ratio = max(s.ratio for s in self._run if s.t_s >= sample.t_s - self.peak_window_s)
+        self._run_start_s = sample.t_s
+        self._run = []
+        if peak_ratio > 1.1 * target_ratio:
+            self._idle_until_s = sample.t_s + self.idle_s
+            self._run_start_s = self._idle_until_s
 
 
 def make_controller(name: str) -> Controller:

@@ -22,7 +22,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from forge_load.config import SimConfig
-from forge_load.probe import DeviceInfo, GpuProcess, UtilSample
+from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
 from forge_load.worker import Completed
 
 RESIDENT_BLOCKS_PER_SM = 8  # 256-thread blocks, 2048 threads per SM
@@ -76,13 +76,24 @@ class SimGpu:
         self._sample_phase_s = rng.uniform(0.0, config.window_s)
         self.jobs = [ForeignJob(a, b, FOREIGN_PID_BASE + i, rng.uniform(0.0, FOREIGN_PERIOD_S))
                      for i, (a, b) in enumerate(config.foreign_s)]
+        if config.foreign_gpus is not None and index not in config.foreign_gpus:
+            self.jobs = []
         self.context_open = False
         self.lost = False
+        self.lost_at_s: float | None = dict(config.fail_gpus).get(index)  # --sim-fail-gpu
         self._starts: list[float] = []
         self._ends: list[float] = []
         self.info = DeviceInfo(index=index, uuid=f"GPU-51a00000-0000-4000-8000-{config.seed:06d}{index:06d}",
                                name=f"Simulated GPU ({config.sms} SMs)", memory_total_mib=81559.0,
                                driver_version="simulated", mig_enabled=False)
+
+    def check(self) -> None:
+        """Raise as NVML does once the GPU is lost (`--sim-fail-gpu`), from then on."""
+        if self.lost_at_s is not None and self.clock.now() >= self.lost_at_s:
+            self.lost = True
+        if self.lost:
+            when = f" (--sim-fail-gpu {self.index}@{self.lost_at_s:g})" if self.lost_at_s is not None else ""
+            raise GpuFailedError(f"GPU {self.index} ({self.info.uuid}) was lost: simulated failure{when}")
 
     # --- our kernels -------------------------------------------------------------------------------
     def kernel_s(self, grid_blocks: int) -> float:
@@ -148,6 +159,7 @@ class SimProbe:
         self.own_pid = os.getpid() if own_pid is None else own_pid
 
     def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
+        self.gpu.check()
         now_s = self.gpu.clock.now()
         # The driver keeps only a short buffer of samples.
         return self.gpu.samples(max(since_s, now_s - BUFFERED_SAMPLES * self.gpu.window_s), now_s)
@@ -157,6 +169,7 @@ class SimProbe:
         return latest[-1].ratio if latest else None
 
     def memory_used_mib(self) -> float | None:
+        self.gpu.check()
         return self.gpu.memory_used_mib(self.gpu.clock.now())
 
     def processes(self) -> list[GpuProcess] | None:

@@ -110,6 +110,7 @@ build_base() {
     local mirror rootfs t0=$SECONDS
     mirror=$(debian_mirror)
     rootfs=$(mktemp -d "$DIR/rootfs.XXXXXX")
+    chmod 0755 "$rootfs" # it becomes the image's `/`: mktemp's 0700 would lock every non-root user out
     say "building base image $BASE_IMAGE: debootstrap bookworm minbase from $mirror"
     if ! debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
         bookworm "$rootfs" "$mirror" >"$DIR/debootstrap.log" 2>&1; then

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The floor for the benchmark's footprint: a minimal process that opens a bare CUDA context on one GPU,
+the same way the filler does (numba-cuda, CUDA_MODULE_LOADING=LAZY, devices in PCI bus order), and no
+kernels, no allocations, no libraries. It prints one JSON line and exits:
+
+  {"event": "bare_context", "pid": ..., "process_mib": ..., "device_delta_mib": ..., "wall_time": ...}
+
+`process_mib` is NVML's used memory for this process (None where NVML does not say, e.g. without the
+permission to see per-process memory); `device_delta_mib` is the device's used memory with the context
+open minus before it (moves with anything else on the GPU, so run it on an idle GPU).
+Exit codes: 0 done; 3 no GPU, no NVML or no CUDA (the line says which).
+
+    python scripts/bare_context.py --gpu 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpu", type=int, default=0, help="NVML / CUDA (PCI bus order) index; default 0")
+    parser.add_argument("--settle-s", type=float, default=0.5, help="wait before reading NVML; default 0.5")
+    args = parser.parse_args(argv)
+    # As forge_load.worker.CudaLauncher does, before CUDA is touched.
+    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+    from forge_load.nvml import NvmlProbe
+    from forge_load.probe import NoGpuError
+
+    try:
+        probe = NvmlProbe(str(args.gpu))
+    except NoGpuError as error:
+        print(f"bare_context: no usable GPU: {error}", file=sys.stderr)
+        return 3
+    try:
+        before_mib = probe.memory_used_mib()
+        try:
+            from numba import cuda
+
+            cuda.select_device(args.gpu)  # creates the primary context, nothing else
+            cuda.synchronize()
+        except Exception as error:  # noqa: BLE001 - one line for the benchmark's log
+            print(f"bare_context: cannot create a CUDA context on GPU {args.gpu}: {type(error).__name__}: "
+                  f"{error}", file=sys.stderr)
+            return 3
+        time.sleep(args.settle_s)
+        after_mib = probe.memory_used_mib()
+        processes = probe.processes() or []
+        own = next((p.used_mib for p in processes if p.pid == os.getpid()), None)
+        delta = after_mib - before_mib if after_mib is not None and before_mib is not None else None
+        print(json.dumps({"event": "bare_context", "pid": os.getpid(), "gpu": args.gpu,
+                          "process_mib": own, "device_delta_mib": delta, "device_before_mib": before_mib,
+                          "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING"),
+                          "wall_time": round(time.time(), 4)}, separators=(",", ":")), flush=True)
+        cuda.close()
+        return 0
+    finally:
+        probe.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
