@@ -246,66 +246,82 @@ def test_legacy_unchanged_inside_the_band(ratio: float) -> None:
     assert plan.duty_ratio == 1.0
 
 
-def test_legacy_shrinks_by_1_5_when_a_run_mean_is_above_1_2_target() -> None:
-    """Reachable only when the 5-s peak stayed under 1.1 x target: here the target dropped (0.9 -> 0.5)
-    and the high samples are older than the peak window when the run ends."""
-    c = LegacyController(initial_multiplier=30.0)
-    c.start(0.0)
-    c.update(0.9, [UtilSample(1.0, 0.95)], 1.0, None)  # under 1.1 x 0.9
-    plan = c.update(0.5, [UtilSample(10.0, 0.5)], 1.0, None)  # mean 0.725 > 0.6, 5-s peak 0.5
-    assert c.multiplier_f == pytest.approx(20.0)
-    assert plan.multiplier == 20
-    assert plan.duty_ratio == 1.0
-
-
-def test_legacy_sustained_overshoot_eventually_shrinks_the_multiplier() -> None:
-    c = LegacyController(initial_multiplier=32.0)
-    c.start(0.0)
-    run_legacy(c, 0.5, grid(0.5, 60.0, 0.5), 0.7)  # every sample above 1.2 x target for a minute
-    assert c.multiplier_f < 32.0
-
-
-def test_legacy_idles_5_s_when_the_peak_exceeds_1_1_target() -> None:
-    """The peak is judged when a run ends, after the multiplier rule; then it idles for 5 s."""
+def test_legacy_shrinks_by_1_5_after_a_high_run_then_idles() -> None:
     c = LegacyController(initial_multiplier=32.0, idle_s=5.0)
     c.start(0.0)
-    assert run_legacy(c, 0.5, grid(0.5, 7.0, 0.5), 0.5).duty_ratio == 1.0
-    assert c.update(0.5, [UtilSample(7.5, 0.56)], 1.0, None).duty_ratio == 1.0  # run not over yet
-    plan = run_legacy(c, 0.5, grid(8.0, 10.0, 0.5), 0.5)  # the run ends at 10 s; 0.56 > 0.55 within 5 s
+    plan = run_legacy(c, 0.5, grid(0.5, 9.5, 0.5), 0.7)  # every sample above 1.2 x target
+    assert c.multiplier_f == 32.0  # judged at the end of the run, not before
+    assert plan.duty_ratio == 1.0
+    plan = c.update(0.5, [UtilSample(10.0, 0.7)], 1.0, None)
+    assert c.multiplier_f == pytest.approx(32.0 / 1.5)
+    assert plan.multiplier == 21
+    assert plan.duty_ratio == 0.0  # and the peak (0.7 > 0.55) idles it
+
+
+def test_legacy_sustained_overshoot_keeps_shrinking() -> None:
+    c = LegacyController(initial_multiplier=32.0, idle_s=5.0)
+    c.start(0.0)
+    run_legacy(c, 0.5, grid(0.5, 60.0, 0.5), 0.7)
+    # Runs end at 10, 25, 40 and 55 s, each followed by 5 s of idle.
+    assert c.multiplier_f == pytest.approx(32.0 / 1.5 ** 4)
+
+
+def test_legacy_idles_5_s_when_the_run_peak_exceeds_1_1_target() -> None:
+    c = LegacyController(initial_multiplier=32.0, idle_s=5.0)
+    c.start(0.0)
+    assert run_legacy(c, 0.5, grid(0.5, 9.5, 0.5), 0.5).duty_ratio == 1.0
+    plan = c.update(0.5, [UtilSample(10.0, 0.56)], 1.0, None)  # 0.56 > 0.55 in the run's last 5 s
     assert plan.duty_ratio == 0.0
     assert plan.gap_s == c.gap_s
-    assert c.multiplier_f == 32.0  # the run's mean was inside the band
-    # Still idle through 15 s, whatever the samples say (our own idle GPU or foreign work).
+    assert c.multiplier_f == 32.0  # mean about 0.503: inside the band
+    # Idle through 15 s, whatever the samples say (our idle GPU, or foreign work).
     for t in grid(10.5, 14.5, 0.5):
         assert c.update(0.5, [UtilSample(t, 0.9)], 1.0, None).duty_ratio == 0.0
+        assert c.update(0.5, [], 1.0, None).duty_ratio == 0.0
     assert c.update(0.5, [UtilSample(15.0, 0.0)], 1.0, None).duty_ratio == 1.0
-
-
-def test_legacy_peak_older_than_5_s_does_not_idle() -> None:
-    c = LegacyController(initial_multiplier=32.0)
-    c.start(0.0)
-    c.update(0.5, [UtilSample(1.0, 0.6)], 1.0, None)
-    plan = run_legacy(c, 0.5, grid(1.5, 10.0, 0.5), 0.5)
-    assert plan.duty_ratio == 1.0
+    assert c.multiplier_f == 32.0  # idling does not touch the multiplier
 
 
 def test_legacy_peak_at_exactly_1_1_target_does_not_idle() -> None:
     c = LegacyController(initial_multiplier=32.0)
     c.start(0.0)
-    plan = run_legacy(c, 0.5, grid(0.5, 9.5, 0.5), 0.55)  # "exceeds" is strict
+    plan = run_legacy(c, 0.5, grid(0.5, 20.0, 0.5), 0.55)  # "exceeds" is strict
     assert plan.duty_ratio == 1.0
+
+
+def test_legacy_peak_counts_only_the_last_5_s_of_the_run() -> None:
+    c = LegacyController(initial_multiplier=32.0)
+    c.start(0.0)
+    c.update(0.5, [UtilSample(1.0, 0.9)], 1.0, None)  # a spike early in the run
+    plan = run_legacy(c, 0.5, grid(1.5, 10.0, 0.5), 0.5)  # mean 0.52: in the band
+    assert plan.duty_ratio == 1.0
+    assert c.multiplier_f == 32.0
 
 
 def test_legacy_run_restarts_after_idle() -> None:
     """After an idle the next run counts 10 s from the idle's end, over samples taken after it."""
     c = LegacyController(initial_multiplier=32.0, idle_s=5.0)
     c.start(0.0)
-    run_legacy(c, 0.5, grid(1.0, 10.0, 1.0), 0.58)  # mean inside the band, peak above 0.55: idle to 15 s
-    assert c.update(0.5, [], 1.0, None).duty_ratio == 0.0
+    run_legacy(c, 0.5, grid(1.0, 9.0, 1.0), 0.5)
+    c.update(0.5, [UtilSample(10.0, 0.9)], 1.0, None)  # mean 0.54, peak 0.9: idle from 10 to 15
+    assert c.multiplier_f == 32.0
+    run_legacy(c, 0.5, grid(11.0, 14.0, 1.0), 0.0)  # ignored: idle
     run_legacy(c, 0.5, grid(15.0, 24.5, 0.5), 0.2)
-    assert c.multiplier_f == 32.0  # run began at 15.0: not over at 24.5
+    assert c.multiplier_f == 32.0  # the run began at 15: not over at 24.5
     c.update(0.5, [UtilSample(25.0, 0.2)], 1.0, None)
-    assert c.multiplier_f == pytest.approx(38.4)
+    assert c.multiplier_f == pytest.approx(38.4)  # mean 0.2 over the post-idle samples only
+
+
+def test_legacy_start_ends_an_idle_and_begins_a_new_run() -> None:
+    c = LegacyController(initial_multiplier=32.0, idle_s=5.0)
+    c.start(0.0)
+    assert run_legacy(c, 0.5, grid(0.5, 10.0, 0.5), 0.9).duty_ratio == 0.0  # idle until 15
+    c.start(12.0)  # resume after a yield
+    assert c.update(0.5, [], 1.0, None).duty_ratio == 1.0
+    run_legacy(c, 0.5, grid(12.5, 21.5, 0.5), 0.2)
+    assert c.multiplier_f == pytest.approx(32.0 / 1.5)
+    c.update(0.5, [UtilSample(22.0, 0.2)], 1.0, None)
+    assert c.multiplier_f == pytest.approx(32.0 / 1.5 * 1.2)
 
 
 def test_legacy_multiplier_bounded() -> None:
@@ -314,14 +330,20 @@ def test_legacy_multiplier_bounded() -> None:
     run_legacy(c, 0.5, grid(1.0, 40.0, 1.0), 0.0)
     assert c.multiplier_f == 65536.0
     assert c.multiplier == 65536
+    low = LegacyController(initial_multiplier=1.2, idle_s=0.0)
+    low.start(0.0)
+    run_legacy(low, 0.5, grid(1.0, 40.0, 1.0), 1.0)
+    assert low.multiplier_f == 1.0
+    assert low.multiplier == 1
 
 
 def test_legacy_update_without_new_samples_after_idle_keeps_running() -> None:
+    """The Monitor publishes readings more often than NVML has samples: most updates carry none."""
     c = LegacyController(initial_multiplier=32.0, idle_s=5.0)
     c.start(0.0)
-    run_legacy(c, 0.5, grid(1.0, 10.0, 1.0), 0.58)  # idle until 15.0
+    run_legacy(c, 0.5, grid(1.0, 10.0, 1.0), 0.9)  # idle until 15
+    assert c.update(0.5, [], 1.0, None).duty_ratio == 0.0
     assert c.update(0.5, [UtilSample(16.0, 0.3)], 1.0, None).duty_ratio == 1.0  # idle over
-    # The Monitor publishes readings more often than NVML has samples: most updates carry none.
     assert c.update(0.5, [], 1.0, None).duty_ratio == 1.0
 
 
