@@ -2,10 +2,15 @@
 
 Exit codes: 0 stopped normally; 1 internal error (a bug: the line says so); 2 bad configuration;
 3 no usable GPU or NVML (with a hint); 4 the GPU failed while running.
+
+With FORGE_GPUS (several GPUs), each GPU runs its own filler in its own thread and a failing GPU stops only
+its own: the others keep filling and /health reports it. The process exits when every filler has ended:
+3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), else 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -14,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
-from forge_load import __version__, health
+from forge_load import __version__, health, metrics
 from forge_load.config import Config, ConfigError, describe, load_config
 from forge_load.controller import make_controller
 from forge_load.filler import Filler
@@ -42,6 +47,7 @@ class Runtime:
     filler: Filler
     log: EventLog
     start_s: float
+    now: Callable[[], float] = time.monotonic  # the clock the filler runs on (virtual when simulated)
 
 
 def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], float], stream: TextIO,
@@ -62,7 +68,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
                     heartbeat=heartbeat)
-    return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s)
+    return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
 
 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
@@ -94,9 +100,19 @@ class SimRun:
     clock: VirtualClock
 
 
+def sim_index(config: Config) -> int:
+    """The simulated device `config.gpu` names, among `--sim-gpus` of them (NoGpuError, as on a real host)."""
+    uuids = [SimGpu(config.sim, VirtualClock(), i).info.uuid for i in range(config.sim.gpus)]
+    index = int(config.gpu) if config.gpu.isdigit() else uuids.index(config.gpu) if config.gpu in uuids else -1
+    if not 0 <= index < config.sim.gpus:
+        visible = ", ".join(f"{i} {u}" for i, u in enumerate(uuids))
+        raise NoGpuError(f"GPU {config.gpu} does not exist: {config.sim.gpus} simulated (--sim-gpus): {visible}")
+    return index
+
+
 def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None) -> SimRun:
     clock = VirtualClock()
-    gpu = SimGpu(config.sim, clock)
+    gpu = SimGpu(config.sim, clock, sim_index(config))
     probe = SimProbe(gpu)
     baseline_mib = probe.memory_used_mib() or 0.0
     launcher = SimLauncher(gpu)
@@ -107,7 +123,8 @@ def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None]
 
 
 def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
-                  heartbeat: Callable[[], None] | None = None) -> SimRun:
+                  heartbeat: Callable[[], None] | None = None,
+                  on_start: Callable[[Runtime], None] | None = None) -> SimRun:
     """Run the filler against the simulated GPU until `duration_s` (virtual) or `stop`.
 
     Monitor and filler are stepped in one thread in virtual time, in the order a real run would see
@@ -115,6 +132,8 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
     """
     run = open_simulated(config, stream, heartbeat)
     rt, clock = run.runtime, run.clock
+    if on_start is not None:
+        on_start(rt)
     stop = stop or threading.Event()
     log_start(rt, {"simulated": True})
     speed = config.sim.speed
@@ -166,7 +185,8 @@ def open_cuda(info: DeviceInfo) -> Launcher:
 def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
              heartbeat: Callable[[], None] | None = None,
              open_probe: Callable[[Config], Probe] = open_nvml,
-             open_launcher: Callable[[DeviceInfo], Launcher] = open_cuda) -> None:
+             open_launcher: Callable[[DeviceInfo], Launcher] = open_cuda,
+             on_start: Callable[[Runtime], None] | None = None) -> None:
     """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker."""
     from forge_load.nvml import mig_note
 
@@ -179,6 +199,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
         start_s = time.monotonic()
         rt = build(config, probe, launcher, time.monotonic, stream, baseline_mib, own_mib, start_s,
                    on_reading=wake.set, heartbeat=heartbeat)
+        if on_start is not None:
+            on_start(rt)
         note = mig_note(probe.info)
         log_start(rt, {"note": note} if note else {})
         thread = threading.Thread(target=rt.monitor.run, args=(time.monotonic, stop), name="monitor",
@@ -211,6 +233,116 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
         probe.close()
 
 
+# --- several GPUs in one process -------------------------------------------------------------------------------
+
+class LockedStream:
+    """One line per write from several GPU threads, never two interleaved."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._stream.flush()
+
+
+def gpu_selectors(config: Config) -> list[str]:
+    """The GPUs FORGE_GPUS names: `all` is every GPU NVML (or the simulator) shows, in index order."""
+    if config.gpus is None:
+        return [config.gpu]
+    if config.gpus != "all":
+        return list(config.gpus)
+    if config.simulate:
+        return [str(i) for i in range(config.sim.gpus)]
+    from forge_load.nvml import list_devices
+
+    selectors = [str(info.index) for info in list_devices()]
+    if not selectors:
+        raise NoGpuError("FORGE_GPUS=all but NVML shows no GPU: in Kubernetes, set NVIDIA_VISIBLE_DEVICES=all "
+                         "with runtimeClassName: nvidia; in Docker, --gpus all")
+    return selectors
+
+
+def run_gpu(config: Config, slot: metrics.GpuSlot, stream: TextIO, stop: threading.Event,
+            wake: threading.Event, heartbeat: Callable[[], None]) -> None:
+    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised."""
+    def beat() -> None:
+        slot.beat()
+        heartbeat()
+
+    try:
+        if config.simulate:
+            run_simulated(config, stream, stop, heartbeat=beat, on_start=slot.attach)
+        else:
+            run_real(config, stream, stop, wake, heartbeat=beat, on_start=slot.attach)
+        slot.stopped()
+        return
+    except NoGpuError as error:
+        reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
+    except GpuFailedError as error:
+        reason, code = str(error), EXIT_GPU_FAILED
+    except Exception as error:  # a bug, but one GPU's: the others go on
+        reason, code = f"internal error, please report: {type(error).__name__}: {error}", EXIT_INTERNAL
+    slot.failed(reason, code)
+    if slot.runtime is not None:  # on the filler's own clock, like its other lines
+        slot.runtime.log.emit("error", reason=reason, exit_code=code)
+    else:
+        static = {"gpu": slot.index, "uuid": slot.uuid or None, "gpu_requested": config.gpu}
+        EventLog(config.log_format, stream, static=static).emit("error", t=0.0, reason=reason, exit_code=code)
+
+
+def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
+              fleet: metrics.Fleet, heartbeat: Callable[[], None]) -> int:
+    """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
+    stream = LockedStream(out)
+    slots: list[metrics.GpuSlot] = []
+    threads: list[threading.Thread] = []
+    stops: list[tuple[threading.Event, threading.Event]] = []
+    ended: list[threading.Event] = []
+    for selector in gpu_selectors(config):
+        slot = fleet.add(selector)
+        gpu_stop, gpu_wake, gpu_ended = threading.Event(), threading.Event(), threading.Event()
+
+        def body(selector: str = selector, slot: metrics.GpuSlot = slot, gpu_stop: threading.Event = gpu_stop,
+                 gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
+            try:
+                run_gpu(dataclasses.replace(config, gpu=selector), slot, stream, gpu_stop, gpu_wake, heartbeat)
+            finally:
+                gpu_ended.set()
+                wake.set()  # the main thread counts the fillers still running
+
+        slots.append(slot)
+        threads.append(threading.Thread(target=body, name=f"gpu-{selector}", daemon=True))
+        stops.append((gpu_stop, gpu_wake))
+        ended.append(gpu_ended)
+    for thread in threads:
+        thread.start()
+    while not all(e.is_set() for e in ended):
+        wake.wait()
+        wake.clear()
+        if stop.is_set():
+            for gpu_stop, gpu_wake in stops:
+                gpu_stop.reason = stop_reason(stop)  # type: ignore[attr-defined]
+                gpu_stop.set()
+                gpu_wake.set()
+            for thread in threads:
+                thread.join(timeout=DRAIN_LIMIT_S + 2.0)
+            break
+    failed = [slot for slot in slots if slot.status == "failed"]
+    if not failed:
+        return EXIT_OK
+    if len(failed) == len(slots) and all(slot.exit_code == EXIT_NO_GPU for slot in failed):
+        reasons = "; ".join((slot.reason or "").removeprefix("no usable GPU: ") for slot in failed)
+        print(f"forge-load: no usable GPU: {reasons}", file=sys.stderr)
+        return EXIT_NO_GPU
+    return EXIT_INTERNAL if any(slot.exit_code == EXIT_INTERNAL for slot in failed) else EXIT_GPU_FAILED
+
+
 # --- the process --------------------------------------------------------------------------------------------
 
 _SIGNAL_NAMES: dict[int, str] = {}
@@ -241,11 +373,29 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None) -> int:
     install_signals(stop, wake)
     beat = health.Heartbeat(health.heartbeat_path())
     error_log = EventLog(config.log_format, out, clock=time.monotonic, start_s=time.monotonic())
+    fleet = metrics.Fleet(config.health_max_age_s, simulated=config.simulate)
+    server: metrics.MetricsServer | None = None
+    if config.metrics_port is not None:
+        try:
+            server = metrics.serve(fleet, config.metrics_addr, config.metrics_port)
+        except ConfigError as error:
+            print(f"forge-load: {error}", file=sys.stderr)
+            return EXIT_CONFIG
+        host = f"[{server.addr}]" if ":" in server.addr else server.addr
+        error_log.emit("metrics", listen=f"{host}:{server.port}", port=server.port, paths="/metrics,/health")
     try:
+        if config.gpus is not None:
+            return run_fleet(config, out, stop, wake, fleet, beat)
+        slot = fleet.add(config.gpu)
+
+        def slot_beat() -> None:
+            slot.beat()
+            beat()
+
         if config.simulate:
-            run_simulated(config, out, stop, heartbeat=beat)
+            run_simulated(config, out, stop, heartbeat=slot_beat, on_start=slot.attach)
         else:
-            run_real(config, out, stop, wake, heartbeat=beat)
+            run_real(config, out, stop, wake, heartbeat=slot_beat, on_start=slot.attach)
     except NoGpuError as error:
         print(f"forge-load: no usable GPU: {error}", file=sys.stderr)
         return EXIT_NO_GPU
@@ -258,4 +408,6 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None) -> int:
         return EXIT_INTERNAL
     finally:
         beat.clear()
+        if server is not None:
+            server.close()
     return EXIT_OK

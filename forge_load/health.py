@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -56,6 +57,8 @@ def main() -> int:
     try:
         max_age_s = float(raw) if raw else DEFAULT_MAX_AGE_S
     except ValueError:
+        max_age_s = math.nan
+    if not (math.isfinite(max_age_s) and max_age_s > 0):
         print(f"FORGE_HEALTH_MAX_AGE={raw!r} is not valid: expected seconds > 0", file=sys.stderr)
         return 2
     ok, message = check(heartbeat_path(), max_age_s)

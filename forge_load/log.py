@@ -54,6 +54,6 @@ def _text_value(value: object, decimals: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{decimals}f}" if abs(value) < 10 or decimals == 2 else f"{value:.1f}"
     text = str(value)
-    if not text or any(c in text for c in ' "=') :
+    if not text or any(c.isspace() or c in '"=' for c in text):
         return json.dumps(text)
     return text

@@ -131,7 +131,9 @@ class Worker:
         self._owed_s = min(self._owed_s + duty * dt_s, self.burst_s + expected_s)
         if not self._in_burst and self._owed_s >= self.burst_s:
             self._in_burst = True
-        while self._in_burst and self._owed_s > 0 and self._queued_s(now_s) < self.queue_s:
+        # Until a launch at this size has been timed, one at a time: it may be longer than the guess.
+        while (self._in_burst and self._owed_s > 0 and self._queued_s(now_s) < self.queue_s
+               and (self.launch_s is not None or not self._queue)):
             self._launch(now_s, expected_s)
         if self._owed_s <= 0:
             self._in_burst = False

@@ -8,6 +8,7 @@ in the step rate. The backend is PyTorch if importable, else CuPy, else numba (i
 
 It prints one JSON object per line on stdout:
   {"event": "backend", "backend": "torch", "version": ..., "size": ..., "batch": ..., "dtype": ...}
+  {"event": "ready", "pid": ...}      with --wait only: imports done, waiting for a line on stdin
   {"event": "context", "wall_time_begin": ..., "wall_time": ..., "pid": ...}   unix seconds around the
       creation of its CUDA context (`wall_time` = the context exists)
   {"event": "done", "steps": N, "elapsed_s": ..., "steps_per_s": ..., "steady_steps_per_s": ..., "wall_time": ...}
@@ -289,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("auto",) + BACKENDS, default="auto")
     parser.add_argument("--size", type=int, default=0, help="layer width; default 4096 (numba: 1024)")
     parser.add_argument("--batch", type=int, default=0, help="batch size; default = size")
+    parser.add_argument("--wait", action="store_true",
+                        help="after the imports, print a `ready` line and wait for a line on stdin before "
+                             "creating the CUDA context (the benchmark times the start this way); EOF = quit")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.size < 0 or args.batch < 0:
         parser.error("--seconds must be > 0, --size and --batch >= 0")
@@ -302,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     batch = args.batch or size
     emit("backend", backend=job.name, version=job.version, size=size, batch=batch, dtype="float32",
          pid=os.getpid())
+    if args.wait:
+        emit("ready", pid=os.getpid())
+        if not sys.stdin.readline():
+            return 0  # the benchmark went away before saying go: never touch the GPU
     begin = time.time()
     try:
         job.open_context()
