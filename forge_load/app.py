@@ -11,6 +11,7 @@ its own: the others keep filling and /health reports it. The process exits when 
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import os
 import signal
 import sys
@@ -228,9 +229,12 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
         thread.join(timeout=1.0)
         log_stop(rt, time.monotonic(), reason)
     finally:
-        if launcher is not None:
-            launcher.close()
-        probe.close()
+        # After a GPU failure these may fail too; the first error is the one to report.
+        with contextlib.suppress(Exception):
+            if launcher is not None:
+                launcher.close()
+        with contextlib.suppress(Exception):
+            probe.close()
 
 
 # --- several GPUs in one process -------------------------------------------------------------------------------
