@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, TextIO
+from typing import Callable, TextIO, cast
 
 from forge_load import __version__, health, metrics
 from forge_load.config import Config, ConfigError, describe, load_config
@@ -296,14 +296,14 @@ def run_gpu(config: Config, slot: metrics.GpuSlot, stream: TextIO, stop: threadi
     if slot.runtime is not None:  # on the filler's own clock, like its other lines
         slot.runtime.log.emit("error", reason=reason, exit_code=code)
     else:
-        static = {"gpu": slot.index, "uuid": slot.uuid or None, "gpu_requested": config.gpu}
+        static: dict[str, object] = {"gpu": slot.index, "uuid": slot.uuid or None, "gpu_requested": config.gpu}
         EventLog(config.log_format, stream, static=static).emit("error", t=0.0, reason=reason, exit_code=code)
 
 
 def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
               fleet: metrics.Fleet, heartbeat: Callable[[], None]) -> int:
     """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
-    stream = LockedStream(out)
+    stream = cast(TextIO, LockedStream(out))  # EventLog needs only write() and flush()
     slots: list[metrics.GpuSlot] = []
     threads: list[threading.Thread] = []
     stops: list[tuple[threading.Event, threading.Event]] = []

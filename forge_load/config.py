@@ -432,8 +432,9 @@ _SETTINGS: tuple[_Setting, ...] = (
              "serve Prometheus /metrics and /health on this port (0 = any free port); default off"),
     _Setting("metrics_addr", "FORGE_METRICS_ADDR", "--metrics-addr", _addr_value,
              "address the metrics server listens on; default 0.0.0.0"),
+    # Plain seconds, as `python -m forge_load.health` (the image's HEALTHCHECK) reads the same variable.
     _Setting("health_max_age_s", "FORGE_HEALTH_MAX_AGE", "--health-max-age",
-             partial(_seconds_value, low=0.0, low_inclusive=False, high=86400.0),
+             partial(_float_value, low=0.0, low_inclusive=False, what="seconds"),
              "seconds without a loop heartbeat before /health reports a GPU stalled; default 30"),
     _Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed",
              partial(_float_value, low=0.0, low_inclusive=True, what="virtual seconds per real second (0 = flat out)"),

@@ -7,6 +7,8 @@ import math
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 DEFAULT_PATH = "/tmp/forge_load.heartbeat"
@@ -61,9 +63,24 @@ def main() -> int:
     if not (math.isfinite(max_age_s) and max_age_s > 0):
         print(f"FORGE_HEALTH_MAX_AGE={raw!r} is not valid: expected seconds > 0", file=sys.stderr)
         return 2
-    ok, message = check(heartbeat_path(), max_age_s)
+    port = os.environ.get("FORGE_METRICS_PORT", "").strip()
+    if port.isdigit() and int(port) > 0:
+        # With the metrics server on, /health knows every GPU's loop; the file only says one is alive.
+        ok, message = check_url(f"http://127.0.0.1:{int(port)}/health")
+    else:
+        ok, message = check(heartbeat_path(), max_age_s)
     print(message)
     return 0 if ok else 1
+
+
+def check_url(url: str, timeout_s: float = 4.0) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return True, response.read().decode(errors="replace").strip()
+    except urllib.error.HTTPError as error:
+        return False, error.read().decode(errors="replace").strip() or f"{url}: HTTP {error.code}"
+    except OSError as error:
+        return False, f"{url}: {error}"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ so forge_load runs without it while FORGE_METRICS_PORT is unset.
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import threading
@@ -22,6 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from forge_load import __version__
 from forge_load.config import ConfigError
+from forge_load.probe import NoGpuError
 
 if TYPE_CHECKING:
     from forge_load.app import Runtime
@@ -35,7 +37,7 @@ GPU_LABELS = ["gpu", "UUID"]
 # name (as exposed) -> (type, help). The README's metric table and the dashboard test read this.
 METRICS: dict[str, tuple[str, str]] = {
     "forge_load_build_info": ("gauge", "Always 1; labels: version, python_version, simulated"),
-    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName"),
+    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, Hostname (the node)"),
     "forge_load_up": ("gauge", "1 while this GPU's filler loop is alive and fresh (what /health checks), else 0"),
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
     "forge_load_target_ratio": ("gauge", "Utilization the filler holds now: the target, the boost target "
@@ -56,9 +58,11 @@ METRICS: dict[str, tuple[str, str]] = {
 class GpuSlot:
     """One GPU's filler as seen from outside the process."""
 
-    def __init__(self, requested: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, requested: str, clock: Callable[[], float] = time.monotonic,
+                 fleet: Fleet | None = None) -> None:
         self.requested = requested  # the index or UUID asked for, until the GPU is open
         self.clock = clock
+        self.fleet = fleet
         self.runtime: Runtime | None = None
         self.index: int | None = int(requested) if requested.isdigit() else None
         self.uuid = "" if requested.isdigit() else requested
@@ -69,6 +73,9 @@ class GpuSlot:
         self.last_beat_s: float | None = None
 
     def attach(self, runtime: Runtime) -> None:
+        """The GPU is open and its filler built. NoGpuError if another slot already fills this GPU."""
+        if self.fleet is not None:
+            self.fleet.claim(self, runtime.info.uuid)
         self.runtime = runtime
         self.index, self.uuid, self.model = runtime.info.index, runtime.info.uuid, runtime.info.name
         self.status = "running"
@@ -123,11 +130,21 @@ class Fleet:
         self.clock = clock
         self.simulated = simulated
         self.slots: list[GpuSlot] = []
+        self._owners: dict[str, GpuSlot] = {}
+        self._lock = threading.Lock()
 
     def add(self, requested: str) -> GpuSlot:
-        slot = GpuSlot(requested, self.clock)
+        slot = GpuSlot(requested, self.clock, self)
         self.slots = [*self.slots, slot]  # replaced, not appended, so readers iterate a stable list
         return slot
+
+    def claim(self, slot: GpuSlot, uuid: str) -> None:
+        """One filler per GPU: an index and a UUID naming the same GPU would each take the other for a job."""
+        with self._lock:
+            owner = self._owners.setdefault(uuid, slot)
+        if owner is not slot:
+            raise NoGpuError(f"{uuid} is named twice ({owner.requested!r} and {slot.requested!r} in "
+                             "FORGE_GPUS): it is filled once, by the first")
 
     def health(self) -> tuple[bool, str]:
         """(every filler alive and fresh, the /health body: a verdict line, then one line per GPU)."""
@@ -143,8 +160,10 @@ class Fleet:
 class FillerCollector:
     """A prometheus_client collector over a Fleet, read at scrape time."""
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, hostname: str | None = None) -> None:
         self.fleet = fleet
+        # dcgm-exporter's Hostname: the node's name (NODE_NAME from the downward API in a pod).
+        self.hostname = hostname or os.environ.get("NODE_NAME") or socket.gethostname()
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -158,7 +177,7 @@ class FillerCollector:
         build = GaugeMetricFamily("forge_load_build_info", METRICS["forge_load_build_info"][1],
                                   labels=["version", "python_version", "simulated"])
         build.add_metric([__version__, platform.python_version(), str(self.fleet.simulated).lower()], 1.0)
-        info = family("forge_load_gpu_info", ["modelName"])
+        info = family("forge_load_gpu_info", ["modelName", "Hostname"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
         own, foreign = family("forge_load_own_utilization_ratio"), family("forge_load_foreign_utilization_ratio")
@@ -175,7 +194,7 @@ class FillerCollector:
             rt = slot.runtime
             if rt is None:
                 continue
-            info.add_metric([*labels, slot.model], 1.0)
+            info.add_metric([*labels, slot.model, self.hostname], 1.0)
             filler = rt.filler
             yields.add_metric(labels, float(filler.yields))
             yielding.add_metric(labels, filler.seconds_yielding(rt.now()))

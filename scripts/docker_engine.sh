@@ -141,6 +141,7 @@ build_image() {
     args+=(--build-arg "PIP_CERT=/etc/ssl/certs/ca-certificates.crt")
     [[ -n "${FORGE_PIP_INDEX_URL:-}" ]] && args+=(--build-arg "PIP_INDEX_URL=$FORGE_PIP_INDEX_URL")
     args+=(--build-arg "REVISION=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)")
+    args+=(--build-arg "VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml" | head -n 1)")
     say "building $IMAGE from $ROOT on $BASE_IMAGE (log $DIR/build.log)"
     if ! docker build "${args[@]}" -t "$IMAGE" "$ROOT" >"$DIR/build.log" 2>&1; then
         tail -n 30 "$DIR/build.log" >&2

@@ -9,8 +9,9 @@ docs/benchmarks/simulated_<YYYY-MM-DD>/ with --simulate):
   *.png         plots of utilization, own and foreign share and multiplier over time (needs matplotlib)
 Nothing in them is typed by hand. What every number means: docs/benchmarks/README.md.
 
-    python scripts/gpu_bench.py --out "$OUT/bench"          # the real GPU 0 (about 9 minutes)
-    python scripts/gpu_bench.py --simulate                  # the simulated GPU, in virtual time (seconds)
+    python3 scripts/gpu_bench.py --out "$OUT/bench" --budget-s 560   # the real GPU 0 (under 10 minutes)
+    python3 scripts/gpu_bench.py --simulate                          # the simulated GPU (seconds)
+    python3 scripts/gpu_bench.py --render DIR --section FILE         # redraw plots/tables from DIR
 
 Exit codes: 0 done; 1 a scenario failed (or, with --strict, a goal was missed); 2 bad arguments;
 3 no usable GPU / NVML (with a hint); 130 interrupted (the results so far are written).
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -57,7 +59,7 @@ JUDGE_FROM_S = 5.0  # the "from 5 s" errors: readings from the settle goal on, w
 HUGE_MIB = "1000000"  # a foreign-memory threshold no job reaches: turns the memory signal off
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
-# Issue 5's goals, for our controller (pi). `kind`: which results they judge.
+# Issue 5's goals, judged on our controller's (pi's) numbers.
 GOALS = (
     {"key": "settle", "goal": "settle time (worst target)", "op": "<=", "limit": 5.0, "unit": "s"},
     {"key": "mae", "goal": "mean abs error after settling (worst target)", "op": "<=", "limit": 0.02,
@@ -120,6 +122,8 @@ def q(value: float | int | None, unit: str, note: str | None = None) -> dict[str
     if isinstance(value, float):
         value = round(value, 6)
     out: dict[str, Any] = {"value": value, "unit": unit}
+    if value is None and not note:
+        note = "not measured"
     if note:
         out["note"] = note
     return out
@@ -676,11 +680,14 @@ class RealBench:
         }
 
     # --- scenarios ---
-    def idle_power(self) -> dict[str, Any]:
+    def idle(self) -> dict[str, Any]:
+        """Board power and device memory in use with nothing of ours on the GPU."""
         a = time.time()
         time.sleep(3.0)
         power = [p for _, p in self.sampler.between("power", a, time.time())]
-        return q(mean(power), "W", None if power else "NVML gave no power reading")
+        memory = [m for _, m in self.sampler.between("memory", a, time.time())]
+        return {"power_w": q(mean(power), "W", None if power else "NVML gave no power reading"),
+                "memory_used_mib": q(mean(memory), "MiB", None if memory else "NVML gave no memory reading")}
 
     def bare_context(self) -> dict[str, Any]:
         self.wait_idle()
@@ -713,6 +720,9 @@ class RealBench:
         metrics["gpu_mem_mib"] = q(max(own_mib) if own_mib else None, "MiB",
                                    None if own_mib else "NVML did not report the filler's process memory")
         metrics["gpu_mem_mib_logged"] = q(start.get("gpu_mem_mib"), "MiB")
+        device = sorted(m for _, m in self.sampler.between("memory", a, b))
+        metrics["device_mem_used_mib"] = q(device[len(device) // 2] if device else None, "MiB",
+                                           None if device else "NVML gave no memory reading")
         metrics["cpu_pct_one_core"] = q(cpu_percent(self.sampler.cpu.get(run.pid, []), a + JUDGE_FROM_S, b),
                                         "% of one core")
         others = self.sampler.foreign_pids({run.pid}, a, b)
@@ -757,10 +767,15 @@ class RealBench:
                 raise BenchError(f"foreign_job.py exited with code {job.proc.returncode}{job.tail()}")
             end_wall = job.exit_wall or time.time()
             start_wall = float((first(filler.events, "start") or {})["wall_time"])
+            yielded = any(e.get("event") == "yield" and start_wall + e["t"] >= float(context["wall_time_begin"])
+                          - YIELD_SLACK_S for e in list(filler.events))
             try:
+                if not yielded:
+                    raise BenchError("the filler never yielded to the foreign job, so there is no resume to "
+                                     "wait for")
                 filler.wait_for(lambda e: e.get("event") == "resume" and start_wall + e["t"] >= end_wall,
                                 args.resume_after + 30.0, "resume line after the foreign job exited")
-                time.sleep(2.0)  # a little filling after the resume, for the plot
+                time.sleep(1.0)  # a little filling after the resume, for the plot
             except BenchError as error:
                 log(str(error))
         finally:
@@ -777,6 +792,10 @@ class RealBench:
         metrics["solo_steps_per_s"] = q(mean(solo), "steps/s", None if solo else "no solo run yet")
         metrics["foreign_throughput_ratio"] = q(done["steps_per_s"] / mean(solo) if solo else None, "ratio",
                                                 None if solo else "no solo run to compare with")
+        # The same as seconds of the job's run lost to us, which does not depend on how long the job ran.
+        metrics["foreign_lost_s"] = q(done["elapsed_s"] - done["steps"] / mean(solo) if solo else None, "s",
+                                      None if solo else "no solo run to compare with")
+        metrics["foreign_elapsed_s"] = q(done["elapsed_s"], "s")
         metrics.update(controller=controller, variant=variant, label=label, target=q(YIELD_TARGET, "ratio"))
         end_t = max(e.get("t") or 0.0 for e in run.events)
         series = self.series(run, end_t, YIELD_TARGET)
@@ -784,11 +803,14 @@ class RealBench:
         return Scenario(f"yield_{controller}_{variant}", metrics, series)
 
 
+PLAN_OVERHEAD_S = 10.0  # seconds a run is assumed to take beyond its own length (imports, CUDA, compiling)
+
+
 def real_plan(args: argparse.Namespace, bench: RealBench, results: dict[str, Any]
               ) -> list[tuple[str, float, Callable[[], Any]]]:
     """(what, estimated seconds, run) in the order they run: the most telling first, so that a run cut
     short by --budget-s (or killed) has already measured what matters most."""
-    overhead = 10.0
+    overhead = PLAN_OVERHEAD_S
     track = args.track_s + overhead
     yield_s = args.warmup_s + args.foreign_s + args.resume_after + overhead + 5.0
     solo = args.foreign_s + overhead
@@ -840,6 +862,7 @@ def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Call
 
     def attempt(what: str, estimate_s: float, fn: Callable[[], Any]) -> Any:
         elapsed = time.monotonic() - began
+        estimate_s += max(bench.overhead_s - PLAN_OVERHEAD_S, 0.0)  # this machine starts processes slower
         if args.budget_s and elapsed + estimate_s > args.budget_s:
             results["skipped"].append(f"{what}: about {estimate_s:.0f} s left out of the --budget-s "
                                       f"{args.budget_s:g} s ({elapsed:.0f} s used)")
@@ -852,6 +875,10 @@ def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Call
             failures.append(f"{what}: {error}")
             log(f"FAILED {what}: {error}")
             return None
+        except Exception as error:  # noqa: BLE001 - a bug here must not cost the other scenarios
+            failures.append(f"{what}: internal error in the benchmark: {type(error).__name__}: {error}")
+            log(f"FAILED {what}:\n{traceback.format_exc()}")
+            return None
         finally:
             CHILDREN.kill_all()  # nothing of a failed scenario may linger into the next
             save()
@@ -859,8 +886,9 @@ def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Call
     try:
         footprint: dict[str, Any] = {"simulated": False}
         results["footprint"] = footprint
-        footprint["idle_power_w"] = attempt("idle board power (3 s)", 5.0, bench.idle_power) or q(
-            None, "W", "not measured")
+        idle = attempt("idle board power and memory (3 s)", 5.0, bench.idle) or {}
+        footprint["idle_power_w"] = idle.get("power_w", q(None, "W", "not measured"))
+        footprint["idle_memory_used_mib"] = idle.get("memory_used_mib", q(None, "MiB", "not measured"))
         bare = attempt("bare CUDA context", 15.0, bench.bare_context) if "footprint" in args.scenarios else None
         for what, estimate, fn in real_plan(args, bench, results):
             attempt(what, estimate, fn)
@@ -873,17 +901,29 @@ def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Call
             results["software"]["foreign_backend"] = results["foreign_solo"][0]["backend"]
         first_controller = results["tracking"].get(args.controllers[0], {})
         at_05 = first_controller.get(f"{FOOTPRINT_TARGET:g}")
-        filler_mib = val(at_05["gpu_mem_mib"]) if at_05 else None
         footprint["cpu_pct_one_core"] = at_05["cpu_pct_one_core"] if at_05 else q(
             None, "% of one core", f"no tracking run at {FOOTPRINT_TARGET:g}")
+        # Per-process memory from NVML where it says (bare metal, --pid=host); else the device's used
+        # memory over the idle GPU's, for the filler and for the bare context alike.
+        filler_mib = val(at_05["gpu_mem_mib"]) if at_05 else None
         bare_mib = bare.get("process_mib") if bare else None
-        if bare:
-            footprint["bare_context_device_delta_mib"] = q(bare.get("device_delta_mib"), "MiB")
+        filler_delta = (val(at_05["device_mem_used_mib"]) - val(footprint["idle_memory_used_mib"])
+                        if at_05 and val(at_05["device_mem_used_mib"]) is not None
+                        and val(footprint["idle_memory_used_mib"]) is not None else None)
+        bare_delta = bare.get("device_delta_mib") if bare else None
+        footprint["filler_device_delta_mib"] = q(filler_delta, "MiB")
+        footprint["bare_context_device_delta_mib"] = q(bare_delta, "MiB")
+        if (filler_mib is None or bare_mib is None) and filler_delta is not None and bare_delta is not None:
+            filler_mib, bare_mib = filler_delta, bare_delta
+            footprint["method"] = "device memory used minus the idle GPU's (NVML gave no per-process memory)"
+        else:
+            footprint["method"] = "NVML per-process used memory"
         footprint["filler_process_mib"] = q(filler_mib, "MiB", None if filler_mib is not None else "not measured")
         footprint["bare_context_mib"] = q(bare_mib, "MiB", None if bare_mib is not None else "not measured")
         both = filler_mib is not None and bare_mib
-        footprint["over_bare_mib"] = q(filler_mib - bare_mib if both else None, "MiB")
-        footprint["over_bare_ratio"] = q(filler_mib / bare_mib if both else None, "x")
+        missing = None if both else "needs both the filler's and the bare context's process memory"
+        footprint["over_bare_mib"] = q(filler_mib - bare_mib if both else None, "MiB", missing)
+        footprint["over_bare_ratio"] = q(filler_mib / bare_mib if both else None, "x", missing)
         footprint["power_w"] = {f"{t:g}": first_controller.get(f"{t:g}", {}).get("power_w", q(None, "W"))
                                 for t in args.targets}
         if bench.start_event:
@@ -953,7 +993,8 @@ def judge_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             ok = value <= goal["limit"] if goal["op"] == "<=" else value >= goal["limit"]
         entry = {"key": goal["key"], "goal": goal["goal"], "limit": q(goal["limit"], goal["unit"]),
-                 "op": goal["op"], "measured": q(value, goal["unit"]), "over": over, "pass": ok}
+                 "op": goal["op"], "measured": q(value, goal["unit"], note if value is None else None),
+                 "over": over, "pass": ok}
         if note:
             entry["note"] = note
         goals.append(entry)
@@ -965,7 +1006,7 @@ def fmt(quantity: dict[str, Any] | None, digits: int = 3, unit: bool = False) ->
         note = (quantity or {}).get("note", "")
         if note.startswith("n/a"):
             return "n/a"
-        return "never" if "never" in note else "—"
+        return "never" if note.startswith("never") else "—"
     value = quantity["value"]
     text = f"{value:.{digits}f}" if isinstance(value, float) else str(value)
     if quantity["unit"] == "x":
@@ -978,7 +1019,7 @@ def fmt(quantity: dict[str, Any] | None, digits: int = 3, unit: bool = False) ->
 def render_markdown(results: dict[str, Any]) -> str:
     simulated = results["mode"] == "simulated"
     gpu = results["gpu"]
-    tag = " (simulated)" if simulated else ""
+    tag = " (simulated)" if simulated and "simulated" not in gpu["name"].lower() else ""
     out = [f"## forge_load benchmark: {gpu['name']}{tag}, {results['date']}", ""]
     if simulated:
         out += ["> **Simulated GPU, virtual time.** These numbers come from forge_load's GPU model "
@@ -1003,7 +1044,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                 "| target | metric | pi | legacy | legacy / pi |", "|---|---|---|---|---|"]
         rows = (("settle_s", "settle time (s)", 1), ("mae", "mean abs error after settling", 4),
                 ("p95_error", "p95 abs error after settling", 4), ("mae_from_5s", "mean abs error from 5 s", 4),
-                ("p95_error_from_5s", "p95 abs error from 5 s", 4), ("mean_util", "mean utilization from 5 s", 3))
+                ("p95_error_from_5s", "p95 abs error from 5 s", 4), ("mean_util", "mean utilization from 5 s", 3),
+                ("yields", "yields (a false alarm if not 0)", 0))
         for target in sorted({t for c in ("pi", "legacy") for t in tr.get(c, {})}, key=float):
             pi, legacy = tr.get("pi", {}).get(target, {}), tr.get("legacy", {}).get(target, {})
             ratio = tr.get("legacy_over_pi", {}).get(target, {})
@@ -1021,9 +1063,10 @@ def render_markdown(results: dict[str, Any]) -> str:
                 "|---|---|---|---|---|---|---|---|"]
         for m in results["yield"].values():
             if simulated:
-                thr = f"n/a (sim; worst case {fmt(m['foreign_worst_case_ratio'], 4)})"
+                thr = (f"n/a (sim; worst case {fmt(m.get('foreign_worst_case_ratio'), 4)}, "
+                       f"{fmt(m.get('foreign_contended_s'), 3)} s shared)")
             else:
-                thr = fmt(m["foreign_throughput_ratio"], 4)
+                thr = f"{fmt(m.get('foreign_throughput_ratio'), 4)} ({fmt(m.get('foreign_lost_s'), 3)} s lost)"
             out.append(f"| {m['controller']} | {m['label']} | {m['signals'] or '—'} | {fmt(m['detect_s'], 3)} | "
                        f"{fmt(m['yield_s'], 3)} | {thr} | {fmt(m['resume_s'], 2)} | {fmt(m['yields'])} |")
         resume_after = next(iter(results["yield"].values()))["resume_after_s"]["value"]
@@ -1037,14 +1080,16 @@ def render_markdown(results: dict[str, Any]) -> str:
     if fp:
         lab = " (simulated)" if fp.get("simulated") else ""
         out += ["", f"### Footprint{lab}", "", "| quantity | value |", "|---|---|",
-                f"| filler process GPU memory | {fmt(fp['filler_process_mib'], 1, True)} |",
-                f"| bare CUDA context, same GPU | {fmt(fp['bare_context_mib'], 1, True)} |",
-                f"| filler over bare context | {fmt(fp['over_bare_mib'], 1, True)} "
-                f"({fmt(fp['over_bare_ratio'], 3)}) |",
-                f"| filler host CPU at {FOOTPRINT_TARGET:g} | {fmt(fp['cpu_pct_one_core'], 2, True)} |",
+                f"| filler process GPU memory | {fmt(fp.get('filler_process_mib'), 1, True)} |",
+                f"| bare CUDA context, same GPU | {fmt(fp.get('bare_context_mib'), 1, True)} |",
+                f"| filler over bare context | {fmt(fp.get('over_bare_mib'), 1, True)} "
+                f"({fmt(fp.get('over_bare_ratio'), 3)}) |",
+                f"| filler host CPU at {FOOTPRINT_TARGET:g} | {fmt(fp.get('cpu_pct_one_core'), 2, True)} |",
                 f"| board power, idle | {fmt(fp.get('idle_power_w'), 1, True)} |"]
         for target, power in fp.get("power_w", {}).items():
             out.append(f"| board power at {target} (pi) | {fmt(power, 1, True)} |")
+        if fp.get("method"):
+            out += ["", f"GPU memory: {fp['method']}."]
 
     if results.get("plots"):
         out += ["", "### Plots", ""] + [f"![{p}]({p})" for p in results["plots"]]
@@ -1056,6 +1101,61 @@ def render_markdown(results: dict[str, Any]) -> str:
         out += ["", "### Failures", ""] + [f"- {f}" for f in results["failures"]]
     if results.get("notes"):
         out += ["", "### Notes", ""] + [f"- {n}" for n in results["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def render_section(results: dict[str, Any], out_dir: Path, section: Path) -> str:
+    """The README's parts, from one run: the tracking table for "How it holds the target" (between the
+    BENCH-TABLE markers) and the Benchmarks section (between the BENCH-SECTION markers)."""
+    try:
+        rel = out_dir.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        rel = out_dir.as_posix()
+    simulated = results["mode"] == "simulated"
+    gpu = results["gpu"]
+    where = (f"{gpu['name']} (virtual time), {results['date']}" if simulated else
+             f"{gpu['name']}, driver {gpu['driver']}, {results['date']}")
+    generated = (f"<!-- generated by scripts/gpu_bench.py --section from {rel}/results.json (the run: "
+                 f"{results['command']}); do not edit by hand -->")
+    tr = results["tracking"]
+    table = ["| target | settle (s), pi / legacy | mean abs error from 5 s, pi / legacy | legacy / pi "
+             "| p95 abs error from 5 s, pi / legacy |", "|---|---|---|---|---|"]
+    for target in sorted(tr.get("pi", {}), key=float):
+        pi, legacy = tr["pi"][target], tr.get("legacy", {}).get(target, {})
+        ratio = tr.get("legacy_over_pi", {}).get(target, {}).get("mae_from_5s")
+        table.append(f"| {target} | {fmt(pi['settle_s'], 1)} / {fmt(legacy.get('settle_s'), 1)} "
+                     f"| {fmt(pi['mae_from_5s'], 4)} / {fmt(legacy.get('mae_from_5s'), 4)} "
+                     f"| {fmt(ratio, 0) if ratio else '—'} "
+                     f"| {fmt(pi['p95_error_from_5s'], 4)} / {fmt(legacy.get('p95_error_from_5s'), 4)} |")
+    d = next(iter(tr["pi"].values()))["duration_s"]["value"] if tr.get("pi") else 0
+    out = ["<!-- BENCH-TABLE -->", generated, "",
+           f"From `scripts/gpu_bench.py` on {where}: 1-s NVML readings over {d:g} s per target"
+           + (" (simulated: a model of the GPU, not a measurement)." if simulated else "."), "", *table, "",
+           "<!-- /BENCH-TABLE -->", "", "<!-- BENCH-SECTION -->", generated, "", "## Benchmarks", "",
+           "`scripts/gpu_bench.py` measures the claims on one GPU: how closely the target is held "
+           "(against the original law, `FORGE_CONTROLLER=legacy`), how fast the filler steps aside when a "
+           "real CUDA job starts and how much that job loses, and what the filler costs in GPU memory, CPU and "
+           "power. [docs/benchmarks/README.md](docs/benchmarks/README.md) says how to run it and what each "
+           "number means. Every number below comes from the run's `results.json`.", ""]
+    if simulated:
+        out += ["> **No real-GPU run yet: these are the simulated GPU's numbers.** They check the control loop "
+                "and the benchmark itself; footprint and the foreign job's slowdown cannot be simulated. "
+                "On a GPU machine: `python3 scripts/gpu_bench.py --out \"$OUT/bench\" --budget-s 560`.", ""]
+    out += [f"**{where}** ([all results]({rel}/results.md)).", "", "| goal | target | measured | result |",
+            "|---|---|---|---|"]
+    for goal in results["goals"]:
+        result = {True: "pass", False: "**FAIL**", None: "n/a"}[goal["pass"]]
+        digits = 4 if goal["limit"]["unit"] == "ratio" else 3
+        measured = fmt(goal["measured"], digits, True)
+        if goal.get("note") and goal["pass"] is not None:
+            measured += f" ({goal['note']})"
+        out.append(f"| {goal['goal']} | {goal['op'].replace('<=', '≤').replace('>=', '≥')} "
+                   f"{fmt(goal['limit'], 2, True)} | {measured} | {result} |")
+    if "tracking.png" in results.get("plots", []):
+        out += ["", f"![Tracking, pi vs legacy]({rel}/tracking.png)"]
+    if "yield_pi_visible.png" in results.get("plots", []):
+        out += ["", f"![A foreign job arrives and leaves]({rel}/yield_pi_visible.png)"]
+    out += ["", "<!-- /BENCH-SECTION -->"]
     return "\n".join(out) + "\n"
 
 
@@ -1167,12 +1267,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scenarios", default="tracking,yield,footprint",
                         help="which to run, comma separated; default all")
     parser.add_argument("--foreign-s", type=float, default=None,
-                        help="seconds the foreign job trains; default 10 (simulated: 20)")
+                        help="seconds the foreign job trains; default 15 (simulated: 20)")
     parser.add_argument("--warmup-s", type=float, default=None,
-                        help="seconds of filling before the foreign job starts; default 5 (simulated: 10)")
-    parser.add_argument("--resume-after", type=float, default=3.0,
+                        help="seconds of filling before the foreign job starts; default 3 (simulated: 10)")
+    parser.add_argument("--resume-after", type=float, default=2.0,
                         help="the filler's --resume-after in every run, seconds (its own default is 60); "
-                             "default 3")
+                             "default 2")
     parser.add_argument("--variants", default=None,
                         help="yield variants, comma separated; default all: visible,hidden,utilization_only "
                              "(simulated: also no_process_list)")
@@ -1188,6 +1288,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sim-window", type=float, default=1 / 6, help="simulated NVML window; default 1/6 s")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed; default 0")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument("--section", type=Path, default=None,
+                        help="also write the README's benchmark section (Markdown) to this file, with "
+                             "links relative to the repository root")
+    parser.add_argument("--render", type=Path, default=None, metavar="DIR",
+                        help="measure nothing: redraw results.md, the plots (and --section) from DIR's "
+                             "results.json and series.json")
     args = parser.parse_args(argv)
     try:
         args.targets = [float(t) for t in args.targets.split(",") if t.strip()]
@@ -1206,9 +1312,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not args.variants or any(v not in known for v in args.variants):
         parser.error(f"--variants: expected some of {', '.join(known)}")
     if args.foreign_s is None:
-        args.foreign_s = 20.0 if args.simulate else 10.0
+        args.foreign_s = 20.0 if args.simulate else 15.0
     if args.warmup_s is None:
-        args.warmup_s = 10.0 if args.simulate else 5.0
+        args.warmup_s = 10.0 if args.simulate else 3.0
     if args.track_s < JUDGE_FROM_S + 5 or args.foreign_s <= 0 or args.warmup_s < 1 or args.resume_after < 0:
         parser.error(f"--track-s must be >= {JUDGE_FROM_S + 5:g}, --foreign-s > 0, --warmup-s >= 1, "
                      "--resume-after >= 0")
@@ -1231,6 +1337,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as exit_:
         return EXIT_USAGE if exit_.code else EXIT_OK
+    if args.render:
+        return render_saved(args)
     today = date.today().isoformat()
     results: dict[str, Any] = {
         "schema": SCHEMA,
@@ -1309,13 +1417,37 @@ def main(argv: list[str] | None = None) -> int:
         CHILDREN.kill_all()
     if results["failures"] and code == EXIT_OK:
         code = EXIT_FAILED
-    assert out_dir is not None
+    if out_dir is None:  # stopped before the GPU was known: nothing was measured
+        return code
+    return finish_outputs(results, out_dir, args, code)
+
+
+def finish_outputs(results: dict[str, Any], out_dir: Path, args: argparse.Namespace, code: int) -> int:
     markdown = write_outputs(results, out_dir, final=True)
     print(markdown)
     log(f"wrote {out_dir}/results.json, results.md" + (", plots" if results.get("plots") else ""))
+    if args.section:
+        args.section.parent.mkdir(parents=True, exist_ok=True)
+        args.section.write_text(render_section(results, out_dir, args.section))
+        log(f"wrote {args.section}")
     if args.strict and any(g["pass"] is False for g in results["goals"]) and code == EXIT_OK:
         code = EXIT_FAILED
     return code
+
+
+def render_saved(args: argparse.Namespace) -> int:
+    """--render DIR: results.md, the plots and --section again from DIR's results.json and series.json,
+    e.g. after a run on a machine without matplotlib. Nothing is measured."""
+    out_dir: Path = args.render
+    try:
+        results = json.loads((out_dir / "results.json").read_text())
+        results["_series"] = json.loads((out_dir / "series.json").read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        print(f"gpu_bench: --render {out_dir}: cannot read results.json and series.json there: {error}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    results.pop("plots_note", None)
+    return finish_outputs(results, out_dir, args, EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_METRICS_ADDR", "::", "metrics_addr", "::"),
     ("FORGE_METRICS_ADDR", "[::1]", "metrics_addr", "::1"),
     ("FORGE_HEALTH_MAX_AGE", "30", "health_max_age_s", 30.0),
-    ("FORGE_HEALTH_MAX_AGE", "2m", "health_max_age_s", 120.0),
+    ("FORGE_HEALTH_MAX_AGE", "90.5", "health_max_age_s", 90.5),
     ("FORGE_SIM_GPUS", "1", "sim.gpus", 1),
     ("FORGE_SIM_GPUS", "8", "sim.gpus", 8),
     ("FORGE_SIM_FOREIGN_GPUS", "all", "sim.foreign_gpus", None),
@@ -501,6 +501,7 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_HEALTH_MAX_AGE", "0"),
     ("FORGE_HEALTH_MAX_AGE", "-5"),
     ("FORGE_HEALTH_MAX_AGE", "never"),
+    ("FORGE_HEALTH_MAX_AGE", "2m"),  # plain seconds, as forge_load.health reads it
     ("FORGE_SIM_GPUS", "0"),
     ("FORGE_SIM_GPUS", "65"),
     ("FORGE_SIM_GPUS", "two"),

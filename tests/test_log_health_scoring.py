@@ -358,3 +358,36 @@ def test_tracking_with_several_samples_per_second() -> None:
     assert result.seconds == 9
     assert result.mae_ratio == pytest.approx(0.0, abs=1e-9)
     assert result.within_005_ratio == 1.0
+
+
+def test_health_command_asks_the_metrics_server_when_one_is_configured(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    codes = {"/health": 503}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(codes.get(self.path, 404))
+            self.end_headers()
+            self.wfile.write(b"unhealthy: 1 of 2 GPUs\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        beat = tmp_path / "beat"
+        beat.write_text("fresh\n")  # a fresh file must not hide an unhealthy server
+        env = {**os.environ, "FORGE_HEARTBEAT_FILE": str(beat), "FORGE_METRICS_PORT": str(server.server_port),
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        result = subprocess.run([sys.executable, "-m", "forge_load.health"], env=env, capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 1 and "unhealthy: 1 of 2 GPUs" in result.stdout
+        codes["/health"] = 200
+        result = subprocess.run([sys.executable, "-m", "forge_load.health"], env=env, capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 0
+    finally:
+        server.shutdown()

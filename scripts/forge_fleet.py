@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""forge_fleet: one forge_load container per GPU on this host, through the Docker engine.
+
+    forge_fleet.py up [--gpus all|0,1|GPU-...] [--target 0.5] [-e KEY=VALUE ...]
+    forge_fleet.py status
+    forge_fleet.py logs 0 [-f] [--tail 50]
+    forge_fleet.py down [--gpus ...]
+
+`up` starts a container named forge_load_gpu_<index> for each GPU, with a device request for exactly that
+GPU (by UUID), the settings as environment, log rotation, a restart policy, --pid=host (so the filler sees
+every process on its GPU and yields at once), and labels. Run it again and it changes nothing that is
+already right: a container whose settings, image and GPU match is left alone (started again if it had
+stopped); one that differs is recreated. `--simulate` runs the filler on simulated GPUs (`--count N` of
+them) with no device request, for hosts without GPUs.
+
+The Docker engine is the one DOCKER_HOST names (else the default socket). Exit codes: 0 done; 1 an error,
+said in one line (engine unreachable, image missing, no such GPU, a container of our name that is not
+ours, ...); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_IMAGE = os.environ.get("FORGE_IMAGE", "forge-load:latest")
+DEFAULT_PREFIX = "forge_load_gpu_"
+LABEL_FLEET = "io.forge_load.fleet"  # value: the name prefix; marks a container as ours
+LABEL_GPU_INDEX = "io.forge_load.gpu.index"
+LABEL_GPU_UUID = "io.forge_load.gpu.uuid"
+LABEL_SPEC = "io.forge_load.spec"  # hash of everything `up` asked for; equal hash = nothing to change
+STOP_TIMEOUT_S = 10
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class FleetError(Exception):
+    """A failure to tell the user in one line; exit code 1."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    mig_enabled: bool = False
+
+
+# --- GPUs ---------------------------------------------------------------------------------------------------
+
+def discover_gpus(simulate: bool, count: int) -> list[Gpu]:
+    """The host's GPUs through NVML (forge_load.nvml), or `count` simulated ones."""
+    if simulate:
+        return [Gpu(i, f"SIM-GPU-{i}", "simulated") for i in range(count)]
+    try:
+        from forge_load.nvml import list_devices
+        from forge_load.probe import NoGpuError
+    except ImportError as error:
+        raise FleetError(f"cannot import forge_load ({error}): run from the repository, or `pip install .`") from error
+    try:
+        devices = list_devices()
+    except NoGpuError as error:
+        raise FleetError(f"no GPU found through NVML: {error} (on a host without GPUs, use --simulate)") from error
+    if not devices:
+        raise FleetError("NVML shows no GPU on this host (on a host without GPUs, use --simulate)")
+    return [Gpu(d.index, d.uuid, d.name, d.mig_enabled) for d in devices]
+
+
+def select_gpus(gpus: Sequence[Gpu], wanted: str) -> list[Gpu]:
+    """`all`, or a comma-separated list of indices and UUIDs, in the order given; a clear error for a GPU
+    that is not there."""
+    if wanted.strip().lower() == "all":
+        return list(gpus)
+    by_index = {str(g.index): g for g in gpus}
+    by_uuid = {g.uuid.lower(): g for g in gpus}
+    chosen: list[Gpu] = []
+    for piece in (p.strip() for p in wanted.split(",")):
+        if not piece:
+            raise FleetError(f"--gpus {wanted!r}: an empty item; expected all, or a list such as 0,1 or GPU-...")
+        gpu = by_index.get(piece) or by_uuid.get(piece.lower())
+        if gpu is None:
+            there = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
+            raise FleetError(f"GPU {piece} does not exist on this host; GPUs here: {there}")
+        if gpu not in chosen:
+            chosen.append(gpu)
+    return chosen
+
+
+# --- the engine ---------------------------------------------------------------------------------------------
+
+def connect() -> Any:
+    """A docker SDK client that has answered a ping, or a FleetError saying where it looked."""
+    try:
+        import docker
+        from docker.errors import DockerException
+    except ImportError as error:
+        raise FleetError(f"the Python docker SDK is missing ({error}): pip install docker") from error
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except DockerException as error:
+        raise FleetError(f"cannot reach the Docker engine at {where}: {_short(error)}") from error
+    return client
+
+
+def require_image(client: Any, image: str) -> Any:
+    from docker.errors import ImageNotFound
+
+    try:
+        return client.images.get(image)
+    except ImageNotFound:
+        raise FleetError(f"image {image} is not on this engine: build it first with "
+                         f"`docker build -t {image.split(':')[0]} .` in the forge_load repository") from None
+
+
+def _short(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+# --- what `up` wants for one GPU ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Options:
+    image: str
+    prefix: str
+    simulate: bool
+    target: str | None
+    env: tuple[tuple[str, str], ...]
+    restart: str
+    log_max_size: str
+    log_max_file: int
+    pid_host: bool
+
+
+def container_name(prefix: str, index: int) -> str:
+    return f"{prefix}{index}"
+
+
+def parse_env(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY_RE.match(key):
+            raise FleetError(f"-e {item!r}: expected KEY=VALUE")
+        pairs[key] = value
+    return tuple(sorted(pairs.items()))
+
+
+def desired(gpu: Gpu, opts: Options, image_id: str) -> dict[str, Any]:
+    """The keyword arguments of containers.run() for this GPU, labels (with the spec hash) included."""
+    env = dict(opts.env)
+    if opts.target is not None:
+        env["FORGE_TARGET"] = opts.target
+    if opts.simulate:
+        env["FORGE_SIMULATE"] = "1"
+        env.setdefault("FORGE_SIM_SEED", str(gpu.index))
+    # Inside a container with one GPU, that GPU is index 0: FORGE_GPU stays at its default.
+    spec: dict[str, Any] = {
+        "image": opts.image,
+        "name": container_name(opts.prefix, gpu.index),
+        "environment": dict(sorted(env.items())),
+        "restart_policy": {"Name": opts.restart} if opts.restart != "no" else None,
+        "log_config": {"Type": "json-file",
+                       "Config": {"max-size": opts.log_max_size, "max-file": str(opts.log_max_file)}},
+        "pid_mode": "host" if opts.pid_host else None,
+        "stop_signal": "SIGTERM",
+        "device_uuid": None if opts.simulate else gpu.uuid,
+    }
+    fingerprint = json.dumps({**spec, "image_id": image_id}, sort_keys=True)
+    spec["labels"] = {
+        LABEL_FLEET: opts.prefix,
+        LABEL_GPU_INDEX: str(gpu.index),
+        LABEL_GPU_UUID: gpu.uuid,
+        LABEL_SPEC: hashlib.sha256(fingerprint.encode()).hexdigest()[:16],
+    }
+    return spec
+
+
+def run_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    from docker.types import DeviceRequest, LogConfig
+
+    kwargs = {k: v for k, v in spec.items() if k not in ("device_uuid", "log_config") and v is not None}
+    kwargs["log_config"] = LogConfig(type=spec["log_config"]["Type"], config=spec["log_config"]["Config"])
+    if spec["device_uuid"] is not None:
+        kwargs["device_requests"] = [DeviceRequest(device_ids=[spec["device_uuid"]], capabilities=[["gpu"]])]
+    kwargs["detach"] = True
+    return kwargs
+
+
+def plan(existing: Any | None, spec: dict[str, Any]) -> str:
+    """What `up` does for one GPU: create, keep, start or recreate (or raise: not our container)."""
+    if existing is None:
+        return "create"
+    labels = existing.labels or {}
+    if LABEL_FLEET not in labels:
+        raise FleetError(f"a container named {spec['name']} exists and was not started by forge_fleet (it has no "
+                         f"{LABEL_FLEET} label): remove or rename it, or use --prefix")
+    if labels.get(LABEL_SPEC) != spec["labels"][LABEL_SPEC]:
+        return "recreate"
+    return "keep" if existing.status == "running" else "start"
+
+
+# --- the commands -------------------------------------------------------------------------------------------
+
+def find_container(client: Any, name: str) -> Any | None:
+    from docker.errors import NotFound
+
+    try:
+        return client.containers.get(name)
+    except NotFound:
+        return None
+
+
+def ours(client: Any, prefix: str) -> list[Any]:
+    found = client.containers.list(all=True, filters={"label": f"{LABEL_FLEET}={prefix}"})
+    return sorted(found, key=lambda c: int((c.labels or {}).get(LABEL_GPU_INDEX, "0") or 0))
+
+
+def cmd_up(args: argparse.Namespace, out: Any) -> int:
+    client = connect()
+    image = require_image(client, args.image)
+    gpus = select_gpus(discover_gpus(args.simulate, args.count), args.gpus)
+    opts = Options(image=args.image, prefix=args.prefix, simulate=args.simulate, target=args.target,
+                   env=parse_env(args.env), restart=args.restart, log_max_size=args.log_max_size,
+                   log_max_file=args.log_max_file, pid_host=args.pid_host)
+    for gpu in gpus:
+        if gpu.mig_enabled:
+            print(f"warning: GPU {gpu.index} ({gpu.uuid}) is in MIG mode: NVML reports no utilization there",
+                  file=sys.stderr)
+    # Decide everything before changing anything: a name collision stops the whole `up`.
+    steps = []
+    for gpu in gpus:
+        spec = desired(gpu, opts, image.id)
+        existing = find_container(client, spec["name"])
+        steps.append((gpu, spec, existing, plan(existing, spec)))
+    for gpu, spec, existing, action in steps:
+        if action == "recreate":
+            existing.stop(timeout=STOP_TIMEOUT_S)
+            existing.remove(force=True)
+        if action in ("create", "recreate"):
+            container = client.containers.run(**run_kwargs(spec))
+        else:
+            container = existing
+            if action == "start":
+                container.start()
+        done = {"create": "created", "recreate": "recreated", "start": "started", "keep": "unchanged"}[action]
+        print(f"gpu {gpu.index:<3} {spec['name']:<24} {done:<10} {container.short_id}", file=out)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace, out: Any) -> int:
+    client = connect()
+    containers = ours(client, args.prefix)
+    if args.gpus.strip().lower() != "all":
+        wanted = {p.strip().lower() for p in args.gpus.split(",")}
+        containers = [c for c in containers if {c.labels.get(LABEL_GPU_INDEX, ""),
+                                                c.labels.get(LABEL_GPU_UUID, "").lower()} & wanted]
+    if not containers:
+        print("no forge_load containers to remove", file=out)
+    for container in containers:
+        started = time.monotonic()
+        container.stop(timeout=STOP_TIMEOUT_S)
+        container.reload()
+        code = container.attrs.get("State", {}).get("ExitCode")
+        container.remove(force=True)
+        print(f"gpu {container.labels.get(LABEL_GPU_INDEX, '?'):<3} {container.name:<24} removed    "
+              f"(exit code {code}, stopped in {time.monotonic() - started:.1f} s)", file=out)
+    return 0
+
+
+def last_status_line(container: Any) -> str:
+    """The last status (or start/yield/resume/error/stop) line the filler logged, from `docker logs`."""
+    try:
+        raw = container.logs(tail=200, stdout=True, stderr=True).decode(errors="replace")
+    except Exception as error:  # the engine may refuse logs for a container being removed
+        return f"(no logs: {_short(error)})"
+    lines = [line for line in raw.splitlines() if line.strip()]
+    for wanted in ("status", None):
+        for line in reversed(lines):
+            if wanted is None or _event(line) == wanted:
+                return line.strip()
+    return "(no log lines yet)"
+
+
+def _event(line: str) -> str | None:
+    if line.lstrip().startswith("{"):
+        try:
+            return str(json.loads(line).get("event"))
+        except (ValueError, AttributeError):
+            return None
+    m = re.search(r"(?:^|\s)event=(\S+)", line)
+    return m.group(1) if m else None
+
+
+def cmd_status(args: argparse.Namespace, out: Any) -> int:
+    client = connect()
+    containers = ours(client, args.prefix)
+    known = {c.labels.get(LABEL_GPU_INDEX) for c in containers}
+    rows = []
+    for c in containers:
+        state = c.attrs.get("State", {})
+        health = (state.get("Health") or {}).get("Status", "-")
+        status = c.status if c.status != "exited" else f"exited({state.get('ExitCode')})"
+        rows.append((c.labels.get(LABEL_GPU_INDEX, "?"), c.name, status, health, last_status_line(c)))
+    if not args.simulate:
+        try:  # GPUs with no container yet, where NVML answers; status works without it too
+            for gpu in discover_gpus(False, 0):
+                if str(gpu.index) not in known:
+                    rows.append((str(gpu.index), container_name(args.prefix, gpu.index), "absent", "-", ""))
+        except FleetError:
+            pass
+    if not rows:
+        print("no forge_load containers (start them with: forge_fleet.py up)", file=out)
+        return 0
+    rows.sort(key=lambda r: int(r[0]) if r[0].isdigit() else 1 << 30)
+    print(f"{'GPU':<4} {'CONTAINER':<24} {'STATE':<12} {'HEALTH':<10} LAST STATUS", file=out)
+    for gpu, name, status, health, line in rows:
+        print(f"{gpu:<4} {name:<24} {status:<12} {health:<10} {line}", file=out)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, out: Any) -> int:
+    client = connect()
+    name = args.gpu if not args.gpu.isdigit() else container_name(args.prefix, int(args.gpu))
+    container = find_container(client, name)
+    if container is None:
+        raise FleetError(f"no container {name}: start it with `forge_fleet.py up --gpus {args.gpu}`")
+    tail: Any = args.tail if args.tail >= 0 else "all"
+    if not args.follow:
+        out.write(container.logs(tail=tail).decode(errors="replace"))
+        return 0
+    try:
+        for chunk in container.logs(stream=True, follow=True, tail=tail):
+            out.write(chunk.decode(errors="replace"))
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+# --- the command line ---------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge_fleet.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--image", default=DEFAULT_IMAGE, help=f"image to run (default {DEFAULT_IMAGE}; env FORGE_IMAGE)")
+    common.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"container name prefix (default {DEFAULT_PREFIX})")
+    common.add_argument("--simulate", action="store_true", help="simulated GPUs, no device requests")
+    common.add_argument("--count", type=int, default=2, help="how many simulated GPUs with --simulate (default 2)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status,logs}")
+
+    up = sub.add_parser("up", parents=[common], help="start (or bring up to date) one container per GPU")
+    up.add_argument("--gpus", default="all", help="all (default), or a list of indices/UUIDs such as 0,1")
+    up.add_argument("--target", help="FORGE_TARGET for every container, e.g. 0.5 or 50%% (default: the image's, 0.5)")
+    up.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="more environment for the filler (repeatable), e.g. -e FORGE_LOG_FORMAT=json")
+    up.add_argument("--restart", default="unless-stopped", choices=["no", "on-failure", "always", "unless-stopped"],
+                    help="restart policy (default unless-stopped)")
+    up.add_argument("--log-max-size", default="3m", help="json-file log rotation: size per file (default 3m)")
+    up.add_argument("--log-max-file", type=int, default=3, help="json-file log rotation: files kept (default 3)")
+    up.add_argument("--no-pid-host", dest="pid_host", action="store_false",
+                    help="do not share the host's PID namespace (the filler then sees foreign jobs only by "
+                         "their memory and utilization, not in the process list)")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", parents=[common], help="stop and remove the containers")
+    down.add_argument("--gpus", default="all", help="all (default), or a list of indices/UUIDs")
+    down.set_defaults(func=cmd_down)
+
+    status = sub.add_parser("status", parents=[common], help="one row per GPU: state, health, last status line")
+    status.set_defaults(func=cmd_status)
+
+    logs = sub.add_parser("logs", parents=[common], help="a GPU's container logs")
+    logs.add_argument("gpu", help="GPU index (or container name)")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow the logs")
+    logs.add_argument("--tail", type=int, default=-1, help="only the last N lines")
+    logs.set_defaults(func=cmd_logs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.count < 1:
+        print("forge_fleet: --count must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args, out or sys.stdout))
+    except FleetError as error:
+        print(f"forge_fleet: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        from docker.errors import DockerException
+
+        if not isinstance(error, DockerException):
+            raise
+        text = getattr(error, "explanation", None) or _short(error)
+        hint = ""
+        if "device driver" in str(text) and "gpu" in str(text):
+            hint = (" (no GPU support in this engine: install the NVIDIA Container Toolkit and run "
+                    "`nvidia-ctk runtime configure --runtime=docker`, or use --simulate)")
+        print(f"forge_fleet: the Docker engine refused: {text}{hint}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # forge_load from this checkout when it is not installed
+    raise SystemExit(main())

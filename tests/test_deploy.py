@@ -1,0 +1,269 @@
+"""deploy/: the Kubernetes manifests pass `kubernetes-validate --strict` and yamllint, and say what the product
+needs (no GPU request, every GPU visible, host PIDs, lowest priority, no privileges, probes on /health); the
+Grafana dashboard names only metrics forge_load exports.
+
+kubernetes-validate and yamllint come from scripts/install_test_tools.sh; their tests skip without them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forge_load import metrics
+from forge_load.app import run_simulated
+from forge_load.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBE = ROOT / "deploy" / "kubernetes"
+MANIFESTS = sorted(KUBE.glob("*.yaml"))
+DASHBOARD = ROOT / "deploy" / "grafana" / "forge_load_dashboard.json"
+DCGM_METRICS = {"DCGM_FI_DEV_GPU_UTIL"}  # the dcgm-exporter series the dashboard may join with
+
+
+def tool(name: str) -> str:
+    """A console script from this venv (or PATH), or skip saying how to get it."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if found is None:
+        pytest.skip(f"needs `{name}` (scripts/install_test_tools.sh installs it)")
+    return found
+
+
+# --- the manifests, as the tools see them ------------------------------------------------------------------
+
+
+def test_there_are_manifests() -> None:
+    assert [p.name for p in MANIFESTS] == ["00-namespace.yaml", "10-priorityclass.yaml", "20-daemonset.yaml",
+                                           "30-service.yaml"]
+
+
+def test_manifests_pass_kubernetes_validate_strict() -> None:
+    result = subprocess.run([tool("kubernetes-validate"), "--strict", *map(str, MANIFESTS)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("passed") == len(MANIFESTS), result.stdout
+
+
+def test_kubernetes_validate_strict_rejects_an_unknown_field(tmp_path: Path) -> None:
+    # The check above can fail: a misspelt field is an error under --strict.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((KUBE / "20-daemonset.yaml").read_text().replace("hostPID: true", "hostPid: true"))
+    result = subprocess.run([tool("kubernetes-validate"), "--strict", str(bad)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0 and "hostPid" in result.stdout + result.stderr
+
+
+def test_manifests_pass_yamllint() -> None:
+    result = subprocess.run([tool("yamllint"), "--strict", "-c", str(ROOT / "deploy" / "yamllint.yaml"),
+                             str(KUBE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- what they say -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[str, dict[str, Any]]:
+    """kind -> the one manifest of that kind."""
+    yaml = pytest.importorskip("yaml", reason="needs PyYAML (it comes with yamllint)")
+    out: dict[str, dict[str, Any]] = {}
+    for path in MANIFESTS:
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert doc["kind"] not in out, doc["kind"]
+            out[doc["kind"]] = doc
+    return out
+
+
+def container(docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    (only,) = docs["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env_of(docs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container(docs)["env"]}
+
+
+def test_the_daemonset_requests_no_gpu_and_sees_them_all(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    text = json.dumps(docs["DaemonSet"])
+    assert "nvidia.com/gpu\":" not in text and "nvidia.com/gpu'" not in text
+    for kind in ("requests", "limits"):
+        assert not [r for r in container(docs)["resources"][kind] if "gpu" in r]
+    env = env_of(docs)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["FORGE_GPUS"] == "all"
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["hostPID"] is True
+
+
+def test_hostpid_says_why() -> None:
+    lines = (KUBE / "20-daemonset.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == "hostPID: true")
+    comment = " ".join(line for line in lines[at - 6:at] if line.strip().startswith("#"))
+    assert "PID namespace" in comment and "process" in comment
+
+
+def test_the_forge_settings_in_the_daemonset_are_valid(docs: dict[str, dict[str, Any]]) -> None:
+    env = {k: v for k, v in env_of(docs).items() if k.startswith("FORGE_") and v is not None}
+    try:
+        config = load_config([], env)
+    except ConfigError as error:
+        pytest.fail(f"the DaemonSet's FORGE_* settings do not load: {error}")
+    assert config.gpus == "all" and config.metrics_port is not None
+    port = container(docs)["ports"][0]
+    assert port["containerPort"] == config.metrics_port and port["name"] == "metrics"
+
+
+def test_it_never_displaces_real_work(docs: dict[str, dict[str, Any]]) -> None:
+    priority = docs["PriorityClass"]
+    assert docs["DaemonSet"]["spec"]["template"]["spec"]["priorityClassName"] == priority["metadata"]["name"]
+    assert priority["value"] < 0  # below every pod without a class
+    assert priority["preemptionPolicy"] == "Never"
+    assert priority["globalDefault"] is False
+
+
+def test_it_runs_where_nvidias_daemonsets_run(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    gpu_keys = {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
+    assert {e["key"] for term in terms for e in term["matchExpressions"]} - {"forge-load/enabled"} == gpu_keys
+    for term in terms:  # each way of finding a GPU node honours the opt-out label
+        assert {"key": "forge-load/enabled", "operator": "NotIn", "values": ["false"]} in term["matchExpressions"]
+
+
+def test_it_has_no_privileges_it_does_not_need(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    security = container(docs)["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["runAsNonRoot"] is True and pod["securityContext"]["runAsNonRoot"] is True
+    assert "privileged" not in security
+    assert pod["automountServiceAccountToken"] is False
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    # The image's user: the Dockerfile's USER must be the uid the pod runs as.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(rf"^USER {pod['securityContext']['runAsUser']}\b", dockerfile, re.MULTILINE)
+
+
+def test_what_it_writes_goes_to_a_writable_volume(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in container(docs)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    env = env_of(docs)
+    for var in ("NUMBA_CACHE_DIR", "CUDA_CACHE_PATH", "FORGE_HEARTBEAT_FILE"):
+        assert env[var].startswith("/tmp/"), var
+
+
+def test_probes_ask_health_on_the_metrics_port(docs: dict[str, dict[str, Any]]) -> None:
+    c = container(docs)
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "metrics"}, probe
+    # The startup probe allows minutes for CUDA start-up; liveness restarts a stalled filler within a minute or so.
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
+    live = c["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] <= 120
+
+
+def test_resources_are_limited(docs: dict[str, dict[str, Any]]) -> None:
+    resources = container(docs)["resources"]
+    assert set(resources["limits"]) == {"cpu", "memory"} and set(resources["requests"]) == {"cpu", "memory"}
+
+
+def test_the_service_finds_the_pods_for_prometheus(docs: dict[str, dict[str, Any]]) -> None:
+    service, daemonset = docs["Service"], docs["DaemonSet"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    annotations = service["metadata"]["annotations"]
+    port = container(docs)["ports"][0]["containerPort"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                           "prometheus.io/path": "/metrics"}
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert service["spec"]["clusterIP"] == "None"
+
+
+def test_everything_is_in_the_namespace(docs: dict[str, dict[str, Any]]) -> None:
+    namespace = docs["Namespace"]["metadata"]["name"]
+    for kind in ("DaemonSet", "Service"):
+        assert docs[kind]["metadata"]["namespace"] == namespace
+    # hostPID needs the privileged Pod Security level in that namespace, or the pods are refused.
+    assert docs["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+# --- the Grafana dashboard -----------------------------------------------------------------------------------
+
+
+def exported_names() -> set[str]:
+    """Every sample name a live registry exposes, a simulated filler behind it (stopped, so all series show)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    config = load_config("--simulate --sim-speed 0 --duration 3 --sim-foreign 1-2".split(), env={})
+    fleet = metrics.Fleet(simulated=True)
+    slot = fleet.add("0")
+    run_simulated(config, io.StringIO(), heartbeat=slot.beat, on_start=slot.attach)
+    text = generate_latest(metrics.make_registry(fleet)).decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in dashboard["annotations"]["list"] if "expr" in a]
+    exprs += [v["query"]["query"] for v in dashboard["templating"]["list"] if isinstance(v.get("query"), dict)]
+    return exprs
+
+
+def test_the_dashboard_names_only_exported_metrics() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    names = {n for expr in dashboard_exprs(dashboard) for n in re.findall(r"\b(?:forge_load|DCGM)_\w+", expr)}
+    exported = exported_names()
+    assert exported >= set(metrics.METRICS)
+    ours = {n for n in names if n.startswith("forge_load_")}
+    assert ours and ours <= exported, ours - exported
+    assert names - ours <= DCGM_METRICS, names - ours - DCGM_METRICS
+    # What the dashboard must show: target, device utilization, own and foreign share per GPU.
+    for needed in ("forge_load_target_ratio", "forge_load_device_utilization_ratio",
+                   "forge_load_own_utilization_ratio", "forge_load_foreign_utilization_ratio", "forge_load_state"):
+        assert needed in ours, needed
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    for panel in dashboard["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        for target in panel["targets"]:
+            used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval"}
+            assert used <= variables, (panel["title"], used - variables)
+    # Per-GPU panels select with the UUID variable and label their series by GPU.
+    per_gpu = [t for p in dashboard["panels"] if p["type"] in ("timeseries", "state-timeline")
+               for t in p["targets"]]
+    assert per_gpu and all('UUID=~"$UUID"' in t["expr"] and "gpu" in t["legendFormat"] for t in per_gpu)
+
+
+def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
+    promtool = tool("promtool")
+    exprs = dashboard_exprs(json.loads(DASHBOARD.read_text()))
+    rules = [{"record": f"dashboard:query{i}", "expr": e.replace("$UUID", ".*").replace("$__rate_interval", "1m")}
+             for i, e in enumerate(exprs) if not e.startswith("label_values(")]
+    path = tmp_path / "rules.json"  # JSON is YAML
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(rules)} rules found" in result.stdout
