@@ -15,6 +15,17 @@ FROM ${BASE_IMAGE}
 # bundle it trusts (a build behind an intercepting proxy passes /etc/ssl/certs/ca-certificates.crt).
 ARG PIP_INDEX_URL
 ARG PIP_CERT
+ARG BASE_IMAGE
+ARG VERSION=0.1.0
+
+# The image's settings come first, while its filesystem is small: every instruction after the big pip layer
+# costs a full copy of it on some storage drivers (vfs). The revision label is added by
+# `docker build --label org.opencontainers.image.revision=...`, so a new commit does not void the cache.
+LABEL org.opencontainers.image.title="forge-load" \
+      org.opencontainers.image.description="Keeps a GPU at a target utilization and steps aside the instant real work arrives" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"
 
 ENV PATH=/opt/forge/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
@@ -26,8 +37,18 @@ ENV PATH=/opt/forge/bin:${PATH} \
     NUMBA_CACHE_DIR=/tmp/numba-cache \
     FORGE_HEARTBEAT_FILE=/tmp/forge_load.heartbeat
 
-# The dependencies first, in a layer of their own: they change far less often than the code. The
-# packages' own test suites (numpy, numba: ~40 MB) are never imported at run time and are left out.
+# Fails when the filler's loop has not written its heartbeat for FORGE_HEALTH_MAX_AGE seconds (default 30).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-m", "forge_load.health"]
+
+# Exec form: the filler is PID 1 and gets docker stop's SIGTERM itself (it exits 0 within a second).
+ENTRYPOINT ["forge-load"]
+
+# A non-root user, with no home and no shell.
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin forge
+
+# The dependencies next, in a layer of their own: they change far less often than the code. The packages'
+# own test suites (numpy, numba: ~35 MB) are never imported at run time and are left out.
 COPY requirements.txt /tmp/forge-requirements.txt
 RUN python3 -m venv /opt/forge \
     && pip install --no-cache-dir -r /tmp/forge-requirements.txt \
@@ -36,26 +57,6 @@ RUN python3 -m venv /opt/forge \
 
 COPY . /tmp/forge-src
 RUN pip install --no-cache-dir --no-deps /tmp/forge-src \
-    && rm -rf /tmp/forge-src \
-    && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin forge
+    && rm -rf /tmp/forge-src
 
 USER 10001:10001
-WORKDIR /tmp
-
-# Fails when the filler's loop has not written its heartbeat for FORGE_HEALTH_MAX_AGE seconds (default 30).
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-m", "forge_load.health"]
-
-# Exec form: the filler is PID 1 and gets docker stop's SIGTERM itself (it exits 0 within a second).
-ENTRYPOINT ["forge-load"]
-
-# Last, so that a new revision does not invalidate the layers above.
-ARG BASE_IMAGE
-ARG VERSION=0.1.0
-ARG REVISION=unknown
-LABEL org.opencontainers.image.title="forge-load" \
-      org.opencontainers.image.description="Keeps a GPU at a target utilization and steps aside the instant real work arrives" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}"

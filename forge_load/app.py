@@ -74,13 +74,14 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     """The first poll happens before any launch, so a foreign job already there is seen first."""
+    wall_start_s = time.time() - (rt.now() - rt.start_s)  # the unix time of t=0, for lining logs up
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
     fields: dict[str, object] = dict(describe(rt.config))
     fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
     fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
-                  wall_time=round(time.time(), 3), version=__version__, gpu_name=rt.info.name, driver=rt.info.driver_version,
-                  sm_count=rt.launcher.sm_count, **extra)
+                  wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
+                  driver=rt.info.driver_version, sm_count=rt.launcher.sm_count, **extra)
     rt.log.emit("start", t=0.0, **fields)
 
 

@@ -7,7 +7,11 @@
 #                                    bookworm minbase + python3, python3-venv, ca-certificates, `docker import`),
 #                                    build the project image on it. Prints `export DOCKER_HOST=...` on stdout
 #                                    (all progress goes to stderr), so:  out=$(scripts/docker_engine.sh start) && eval "$out"
-#   scripts/docker_engine.sh stop    prune dangling images, stop the dockerd this script started (by its PID)
+#                                    It also prints FORGE_IMAGE, FORGE_REQUIRE_DOCKER=1 (the container tests then
+#                                    fail rather than skip if the engine or image goes missing) and
+#                                    FORGE_ENGINE_STARTED (1 if this call started dockerd, 0 if it was running).
+#   scripts/docker_engine.sh stop    prune dangling images, stop the dockerd this script started (by its PID);
+#                                    with FORGE_ENGINE_STARTED=0 in the environment it leaves the engine running
 #   scripts/docker_engine.sh env     print the `export DOCKER_HOST=...` line
 #   scripts/docker_engine.sh status  say whether our engine runs; exit 0 if it answers
 #   scripts/docker_engine.sh build   (re)build the project image on the running engine
@@ -73,10 +77,12 @@ install_tools() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
 }
 
+STARTED_HERE=0
+
 start_engine() {
     mkdir -p "$DIR"
     if our_pid >/dev/null && engine_up; then
-        say "engine already running (pid $(our_pid)) at $DOCKER_HOST"
+        say "engine already running (pid $(our_pid)) at $DOCKER_HOST: using it, and leaving it running at stop"
         return 0
     fi
     [[ $(id -u) == 0 ]] || die "dockerd needs root"
@@ -87,10 +93,11 @@ start_engine() {
         --storage-driver=vfs --iptables=false --ip-masq=false --bridge=none \
         --data-root="$DIR/data" --exec-root="$DIR/exec" --pidfile="$PIDFILE" \
         --host="$DOCKER_HOST" --log-level=warn \
-        >"$LOG" 2>&1 </dev/null &
+        >"$LOG" 2>&1 </dev/null 9>&- & # 9>&-: dockerd must not inherit (and hold) our lock
     local started=$! i
     for ((i = 0; i < 120; i++)); do
         if engine_up; then
+            STARTED_HERE=1
             say "engine up after ~$((i / 2)) s: $(docker version --format 'server {{.Server.Version}}, client {{.Client.Version}}')"
             return 0
         fi
@@ -140,7 +147,7 @@ build_image() {
     local t0=$SECONDS args=(--network host --build-arg "BASE_IMAGE=$BASE_IMAGE")
     args+=(--build-arg "PIP_CERT=/etc/ssl/certs/ca-certificates.crt")
     [[ -n "${FORGE_PIP_INDEX_URL:-}" ]] && args+=(--build-arg "PIP_INDEX_URL=$FORGE_PIP_INDEX_URL")
-    args+=(--build-arg "REVISION=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)")
+    args+=(--label "org.opencontainers.image.revision=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)")
     args+=(--build-arg "VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml" | head -n 1)")
     say "building $IMAGE from $ROOT on $BASE_IMAGE (log $DIR/build.log)"
     if ! docker build "${args[@]}" -t "$IMAGE" "$ROOT" >"$DIR/build.log" 2>&1; then
@@ -153,6 +160,10 @@ build_image() {
 
 stop_engine() {
     local pid i
+    if [[ "${FORGE_ENGINE_STARTED:-}" == 0 ]]; then
+        say "the engine was already running when 'start' ran (FORGE_ENGINE_STARTED=0): leaving it running"
+        return 0
+    fi
     if ! pid=$(our_pid); then
         say "no engine of ours is running (pidfile $PIDFILE)"
         return 0
@@ -173,13 +184,24 @@ stop_engine() {
 
 print_env() { printf 'export DOCKER_HOST=%q\n' "$DOCKER_HOST"; }
 
+lock() {
+    # One `start` or `build` at a time on this engine (two test runs at once would build twice).
+    mkdir -p "$DIR"
+    exec 9>"$DIR/lock"
+    if ! flock -w 900 9; then die "another docker_engine.sh held $DIR/lock for 15 minutes"; fi
+}
+
 case "${1:-}" in
 start)
+    lock
     install_tools
     start_engine
     build_base
     build_image
     print_env
+    # For the tests: an engine and an image are here, so a container test that cannot find them must fail,
+    # not skip; and `stop` stops the engine only if this `start` started it.
+    printf 'export FORGE_IMAGE=%q FORGE_REQUIRE_DOCKER=1 FORGE_ENGINE_STARTED=%s\n' "$IMAGE" "$STARTED_HERE"
     ;;
 stop) stop_engine ;;
 env) print_env ;;
@@ -193,6 +215,7 @@ status)
     ;;
 build)
     engine_up || die "no engine at $DOCKER_HOST: run '$0 start'"
+    lock
     build_image
     ;;
 clean)
@@ -201,7 +224,7 @@ clean)
     rm -rf "$DIR"
     ;;
 *)
-    sed -n '2,20p' "$0" >&2
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2
     exit 2
     ;;
 esac

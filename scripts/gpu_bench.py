@@ -1033,9 +1033,9 @@ def render_markdown(results: dict[str, Any]) -> str:
     for goal in results["goals"]:
         result = {True: "pass", False: "**FAIL**", None: "n/a"}[goal["pass"]]
         note = f" ({goal['note']})" if goal.get("note") and goal["pass"] is not None else ""
+        digits = 4 if goal["limit"]["unit"] == "ratio" else 3
         out.append(f"| {goal['goal']} | {goal['op'].replace('<=', '≤').replace('>=', '≥')} "
-                   f"{fmt(goal['limit'], 2, True)} | {fmt(goal['measured'], 4 if goal['limit']['unit'] == 'ratio' else 3, True)}"
-                   f"{note} | {result} |")
+                   f"{fmt(goal['limit'], 2, True)} | {fmt(goal['measured'], digits, True)}{note} | {result} |")
 
     tr = results["tracking"]
     if tr.get("pi") or tr.get("legacy"):
@@ -1171,7 +1171,8 @@ def write_plots(results: dict[str, Any], series: dict[str, Any], out_dir: Path) 
                                  "matplotlib`, then rerun); results.json, results.md and series.json are complete")
         log(results["plots_note"])
         return []
-    tag = " (simulated)" if results["mode"] == "simulated" else ""
+    simulated_name = "simulated" in results["gpu"]["name"].lower()
+    tag = " (simulated)" if results["mode"] == "simulated" and not simulated_name else ""
     names: list[str] = []
 
     def save(fig: Any, name: str) -> None:
