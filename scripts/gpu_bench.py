@@ -1159,6 +1159,20 @@ def render_section(results: dict[str, Any], out_dir: Path, section: Path) -> str
     return "\n".join(out) + "\n"
 
 
+def write_section(path: Path, text: str) -> None:
+    """Write the section to `path`; where `path` already holds the markers (the README), replace the
+    marked blocks in place and keep the rest."""
+    current = path.read_text() if path.exists() else ""
+    if "<!-- BENCH-TABLE -->" not in current or "<!-- /BENCH-SECTION -->" not in current:
+        path.write_text(text)
+        return
+    for name in ("BENCH-TABLE", "BENCH-SECTION"):
+        block = re.search(rf"<!-- {name} -->.*?<!-- /{name} -->", text, re.S)
+        assert block is not None, name
+        current = re.sub(rf"<!-- {name} -->.*?<!-- /{name} -->", lambda _m: block.group(0), current, flags=re.S)
+    path.write_text(current)
+
+
 def write_plots(results: dict[str, Any], series: dict[str, Any], out_dir: Path) -> list[str]:
     """One PNG per scenario and a tracking overview; [] (and a note in results) without matplotlib."""
     try:
@@ -1429,7 +1443,7 @@ def finish_outputs(results: dict[str, Any], out_dir: Path, args: argparse.Namesp
     log(f"wrote {out_dir}/results.json, results.md" + (", plots" if results.get("plots") else ""))
     if args.section:
         args.section.parent.mkdir(parents=True, exist_ok=True)
-        args.section.write_text(render_section(results, out_dir, args.section))
+        write_section(args.section, render_section(results, out_dir, args.section))
         log(f"wrote {args.section}")
     if args.strict and any(g["pass"] is False for g in results["goals"]) and code == EXIT_OK:
         code = EXIT_FAILED
