@@ -7,7 +7,10 @@
 # builds on a local debootstrap'd bookworm (scripts/docker_engine.sh; Python 3.11 at /usr/bin/python3).
 # The driver's libcuda and libnvidia-ml are NOT in the image: the NVIDIA Container Toolkit mounts them from
 # the host at `docker run --gpus ...`. The CUDA 12 user-space parts (NVVM, NVRTC, nvJitLink, the runtime)
-# come as wheels with numba-cuda[cu12]; any CUDA 12 driver (>= 525.60.13) runs them.
+# come as wheels with numba-cuda[cu12]; any CUDA 12 driver (>= 525.60.13) runs them, and NVIDIA_REQUIRE_CUDA
+# makes the toolkit refuse older drivers at `docker run` with a clear message. No NVIDIA_VISIBLE_DEVICES
+# here: which GPU a container gets is said at `docker run` (--gpus device=N, or NV_GPU=N with nvidia-docker);
+# an image that defaulted to "all" would quietly take every GPU on hosts whose default runtime is nvidia.
 ARG BASE_IMAGE=python:3.12-slim
 FROM ${BASE_IMAGE}
 
@@ -32,8 +35,8 @@ ENV PATH=/opt/forge/bin:${PATH} \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=12.0" \
     NUMBA_CACHE_DIR=/tmp/numba-cache \
     FORGE_HEARTBEAT_FILE=/tmp/forge_load.heartbeat
 

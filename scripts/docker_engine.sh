@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A private Docker engine for forge_load's container tests, and the images they run.
 #
-#   scripts/docker_engine.sh start   install docker.io + debootstrap if missing (apt-get), start dockerd in the
-#                                    background (vfs, no iptables, no bridge; its own socket, pidfile and
-#                                    data-root under $FORGE_DOCKER_DIR), build the base image once (debootstrap
-#                                    bookworm minbase + python3, python3-venv, ca-certificates, `docker import`),
-#                                    build the project image on it. Prints `export DOCKER_HOST=...` on stdout
-#                                    (all progress goes to stderr), so:  out=$(scripts/docker_engine.sh start) && eval "$out"
-#                                    It also prints FORGE_IMAGE, FORGE_REQUIRE_DOCKER=1 (the container tests then
-#                                    fail rather than skip if the engine or image goes missing) and
-#                                    FORGE_ENGINE_STARTED (1 if this call started dockerd, 0 if it was running).
+#   scripts/docker_engine.sh start   install docker.io + debootstrap if missing (apt-get); start dockerd in the
+#                                    background (overlay2 or vfs, no iptables, no bridge; its own socket,
+#                                    pidfile and data-root under $FORGE_DOCKER_DIR); build the base image once
+#                                    (debootstrap bookworm minbase + python3, python3-venv, ca-certificates,
+#                                    `docker import`); build the project image on it. All progress goes to
+#                                    stderr; stdout gets `export DOCKER_HOST=...`, FORGE_IMAGE,
+#                                    FORGE_REQUIRE_DOCKER=1 (the container tests then fail rather than skip if
+#                                    the engine or image goes missing) and FORGE_ENGINE_STARTED (1 if this call
+#                                    started dockerd, 0 if it was already running). Use it as:
+#                                        out=$(scripts/docker_engine.sh start) && eval "$out"
 #   scripts/docker_engine.sh stop    prune dangling images, stop the dockerd this script started (by its PID);
 #                                    with FORGE_ENGINE_STARTED=0 in the environment it leaves the engine running
 #   scripts/docker_engine.sh env     print the `export DOCKER_HOST=...` line
@@ -19,7 +20,8 @@
 #
 # Settings (environment): FORGE_DOCKER_DIR (default /var/tmp/forge_load-docker), FORGE_BASE_IMAGE (default
 # forge-base:bookworm), FORGE_IMAGE (default forge-load:latest, the README's `docker build -t forge-load .`),
-# FORGE_DEBIAN_MIRROR (default: the Debian mirror apt uses here), FORGE_PIP_INDEX_URL (optional).
+# FORGE_DEBIAN_MIRROR (default: the Debian mirror apt uses here), FORGE_PIP_INDEX_URL (optional),
+# FORGE_DOCKER_STORAGE_DRIVER (default: overlay2 where overlay mounts work, else vfs).
 # Exit codes: 0 done; 1 a step failed (the message says which); 2 usage.
 set -euo pipefail
 
@@ -27,6 +29,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DIR=${FORGE_DOCKER_DIR:-/var/tmp/forge_load-docker}
 BASE_IMAGE=${FORGE_BASE_IMAGE:-forge-base:bookworm}
 IMAGE=${FORGE_IMAGE:-forge-load:latest}
+# Storage driver: overlay2 where this kernel can mount overlayfs under $DIR, else vfs. vfs works everywhere
+# but copies the whole ~0.9 GB image for every container and build step (~9 s each); on the CI machine the
+# image builds in ~35 s instead of ~110 s and the container tests run in ~20 s instead of ~150 s on overlay2.
+# FORGE_DOCKER_STORAGE_DRIVER=vfs (or overlay2) forces one.
+STORAGE_DRIVER=${FORGE_DOCKER_STORAGE_DRIVER:-}
 SOCK="$DIR/docker.sock"
 PIDFILE="$DIR/dockerd.pid"
 LOG="$DIR/dockerd.log"
@@ -79,6 +86,49 @@ install_tools() {
 
 STARTED_HERE=0
 
+overlay_works() {
+    # Can this kernel mount overlayfs on the filesystem under $DIR? (Not inside many containers, for one.)
+    local probe="$DIR/overlay-probe" ok=1
+    mkdir -p "$probe/lower" "$probe/upper" "$probe/work" "$probe/merged"
+    if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
+        "$probe/merged" 2>/dev/null; then
+        umount "$probe/merged" && ok=0
+    fi
+    rm -rf "$probe"
+    return "$ok"
+}
+
+launch_dockerd() {
+    # Start dockerd with storage driver $1; 0 once it answers, 1 if it exits or stays silent for 60 s.
+    local driver=$1 started i
+    rm -f "$SOCK"
+    say "starting dockerd ($driver, no iptables, no bridge) at $DOCKER_HOST, log $LOG"
+    # setsid: its own session, so it outlives this script and a Ctrl-C in the caller's terminal.
+    setsid dockerd \
+        --storage-driver="$driver" --iptables=false --ip-masq=false --bridge=none \
+        --data-root="$DIR/data" --exec-root="$DIR/exec" --pidfile="$PIDFILE" \
+        --host="$DOCKER_HOST" --log-level=warn \
+        >"$LOG" 2>&1 </dev/null 9>&- & # 9>&-: dockerd must not inherit (and hold) our lock
+    started=$!
+    for ((i = 0; i < 120; i++)); do
+        if engine_up; then
+            STARTED_HERE=1
+            say "engine up after ~$((i / 2)) s: $(docker version --format 'server {{.Server.Version}}, client {{.Client.Version}}')"
+            return 0
+        fi
+        if ! kill -0 "$started" 2>/dev/null; then
+            tail -n 20 "$LOG" >&2
+            say "dockerd ($driver) exited at start (log above)"
+            return 1
+        fi
+        sleep 0.5
+    done
+    tail -n 20 "$LOG" >&2
+    kill "$started" 2>/dev/null || true
+    say "dockerd ($driver) did not answer within 60 s"
+    return 1
+}
+
 start_engine() {
     mkdir -p "$DIR"
     if our_pid >/dev/null && engine_up; then
@@ -86,27 +136,13 @@ start_engine() {
         return 0
     fi
     [[ $(id -u) == 0 ]] || die "dockerd needs root"
-    rm -f "$SOCK"
-    say "starting dockerd (vfs, no iptables, no bridge) at $DOCKER_HOST, log $LOG"
-    # setsid: its own session, so it outlives this script and a Ctrl-C in the caller's terminal.
-    setsid dockerd \
-        --storage-driver=vfs --iptables=false --ip-masq=false --bridge=none \
-        --data-root="$DIR/data" --exec-root="$DIR/exec" --pidfile="$PIDFILE" \
-        --host="$DOCKER_HOST" --log-level=warn \
-        >"$LOG" 2>&1 </dev/null 9>&- & # 9>&-: dockerd must not inherit (and hold) our lock
-    local started=$! i
-    for ((i = 0; i < 120; i++)); do
-        if engine_up; then
-            STARTED_HERE=1
-            say "engine up after ~$((i / 2)) s: $(docker version --format 'server {{.Server.Version}}, client {{.Client.Version}}')"
-            return 0
-        fi
-        kill -0 "$started" 2>/dev/null || { tail -n 20 "$LOG" >&2; die "dockerd exited at start (log above)"; }
-        sleep 0.5
-    done
-    tail -n 20 "$LOG" >&2
-    kill "$started" 2>/dev/null || true
-    die "dockerd did not answer within 60 s"
+    if [[ -n "$STORAGE_DRIVER" ]]; then
+        launch_dockerd "$STORAGE_DRIVER" || die "could not start dockerd with --storage-driver=$STORAGE_DRIVER"
+    elif overlay_works && launch_dockerd overlay2; then
+        :
+    else
+        launch_dockerd vfs || die "could not start dockerd"
+    fi
 }
 
 build_base() {
@@ -221,6 +257,10 @@ build)
 clean)
     stop_engine
     say "removing $DIR"
+    # dockerd leaves its network namespace mount behind (exec/netns/default): unmount what is under $DIR.
+    findmnt -rn -o TARGET | grep -F "$DIR/" | sort -r | while read -r target; do
+        umount -l "$target" || true
+    done
     rm -rf "$DIR"
     ;;
 *)

@@ -27,9 +27,10 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = os.environ.get("FORGE_IMAGE", "forge-load:latest")
@@ -68,7 +69,8 @@ def discover_gpus(simulate: bool, count: int) -> list[Gpu]:
     try:
         devices = list_devices()
     except NoGpuError as error:
-        raise FleetError(f"no GPU found through NVML: {error} (on a host without GPUs, use --simulate)") from error
+        hint = "" if "--simulate" in str(error) else " (on a host without GPUs, use --simulate)"
+        raise FleetError(f"no GPU found through NVML: {error}{hint}") from error
     if not devices:
         raise FleetError("NVML shows no GPU on this host (on a host without GPUs, use --simulate)")
     return [Gpu(d.index, d.uuid, d.name, d.mig_enabled) for d in devices]
@@ -270,11 +272,12 @@ def cmd_down(args: argparse.Namespace, out: Any) -> int:
     for container in containers:
         started = time.monotonic()
         container.stop(timeout=STOP_TIMEOUT_S)
+        took_s = time.monotonic() - started
         container.reload()
         code = container.attrs.get("State", {}).get("ExitCode")
         container.remove(force=True)
         print(f"gpu {container.labels.get(LABEL_GPU_INDEX, '?'):<3} {container.name:<24} removed    "
-              f"(exit code {code}, stopped in {time.monotonic() - started:.1f} s)", file=out)
+              f"(exit code {code}, stopped in {took_s:.1f} s)", file=out)
     return 0
 
 
@@ -354,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forge_fleet.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--image", default=DEFAULT_IMAGE, help=f"image to run (default {DEFAULT_IMAGE}; env FORGE_IMAGE)")
+    common.add_argument("--image", default=DEFAULT_IMAGE,
+                        help=f"image to run (default {DEFAULT_IMAGE}; env FORGE_IMAGE)")
     common.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"container name prefix (default {DEFAULT_PREFIX})")
     common.add_argument("--simulate", action="store_true", help="simulated GPUs, no device requests")
     common.add_argument("--count", type=int, default=2, help="how many simulated GPUs with --simulate (default 2)")

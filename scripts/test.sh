@@ -25,9 +25,9 @@ say "installing Python requirements"
 
 engine_started=0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 && [[ "${FORGE_SKIP_SYSTEM_TOOLS:-0}" != 1 ]]; then
-    if [[ -x scripts/install_test_tools.sh ]]; then
-        scripts/install_test_tools.sh "$VENV" || say "WARNING: some test tools did not install; their tests will skip"
-    fi
+    for tools in scripts/install_test_tools.sh scripts/install_container_tools.sh; do
+        "$tools" "$VENV" || say "WARNING: $tools did not finish; the tests that need those tools will skip"
+    done
     if engine_env=$(scripts/docker_engine.sh start); then
         eval "$engine_env"
         engine_started=1

@@ -1,0 +1,231 @@
+"""scripts/forge_fleet.py: the plan it makes (no engine needed), then `--simulate up/status/logs/down` for real
+against the Docker engine that DOCKER_HOST names (tests marked `docker`; skipped without one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+from docker_support import ROOT, docker_client, forge_image, remove_containers, unique_name
+
+__all__ = ["docker_client", "forge_image"]  # fixtures, imported for pytest
+
+SCRIPT = ROOT / "scripts" / "forge_fleet.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("forge_fleet", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["forge_fleet"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fleet = _load()
+GPUS = [fleet.Gpu(0, "GPU-aaaa", "A"), fleet.Gpu(1, "GPU-bbbb", "B")]
+
+
+def _opts(**changes: Any) -> Any:
+    base = dict(image="forge-load:latest", prefix="forge_load_gpu_", simulate=False, target=None, env=(),
+                restart="unless-stopped", log_max_size="3m", log_max_file=3, pid_host=True)
+    base.update(changes)
+    return fleet.Options(**base)
+
+
+def run_fleet(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+# --- the plan, without an engine ----------------------------------------------------------------------------
+
+def test_select_gpus_all_list_and_uuid() -> None:
+    assert fleet.select_gpus(GPUS, "all") == GPUS
+    assert fleet.select_gpus(GPUS, "1,0") == [GPUS[1], GPUS[0]]
+    assert fleet.select_gpus(GPUS, "gpu-BBBB") == [GPUS[1]]
+    assert fleet.select_gpus(GPUS, "0,0") == [GPUS[0]]
+
+
+@pytest.mark.parametrize("wanted", ["2", "GPU-cccc", "0,,1", "-1"])
+def test_select_gpus_names_what_is_there(wanted: str) -> None:
+    with pytest.raises(fleet.FleetError) as error:
+        fleet.select_gpus(GPUS, wanted)
+    if wanted != "0,,1":
+        assert "does not exist" in str(error.value) and "0 (GPU-aaaa), 1 (GPU-bbbb)" in str(error.value)
+
+
+def test_spec_requests_exactly_its_gpu_with_rotation_restart_and_labels() -> None:
+    spec = fleet.desired(GPUS[1], _opts(target="0.3", env=fleet.parse_env(["FORGE_LOG_FORMAT=json"])), "sha256:1")
+    assert spec["name"] == "forge_load_gpu_1"
+    assert spec["environment"] == {"FORGE_TARGET": "0.3", "FORGE_LOG_FORMAT": "json"}
+    assert "FORGE_GPU" not in spec["environment"]  # inside the container its one GPU is index 0
+    kwargs = fleet.run_kwargs(spec)
+    [request] = kwargs["device_requests"]
+    assert request["DeviceIDs"] == ["GPU-bbbb"] and request["Capabilities"] == [["gpu"]]
+    assert kwargs["log_config"]["Config"] == {"max-size": "3m", "max-file": "3"}
+    assert kwargs["restart_policy"] == {"Name": "unless-stopped"}
+    assert kwargs["pid_mode"] == "host"
+    assert kwargs["labels"][fleet.LABEL_GPU_UUID] == "GPU-bbbb"
+    assert kwargs["labels"][fleet.LABEL_FLEET] == "forge_load_gpu_"
+
+
+def test_simulated_spec_has_no_device_request() -> None:
+    gpu = fleet.discover_gpus(True, 3)[2]
+    kwargs = fleet.run_kwargs(fleet.desired(gpu, _opts(simulate=True), "sha256:1"))
+    assert "device_requests" not in kwargs
+    assert kwargs["environment"]["FORGE_SIMULATE"] == "1"
+
+
+def test_spec_hash_is_stable_and_tracks_what_matters() -> None:
+    h = lambda gpu, opts, image="sha256:1": fleet.desired(gpu, opts, image)["labels"][fleet.LABEL_SPEC]
+    assert h(GPUS[0], _opts()) == h(GPUS[0], _opts())
+    assert h(GPUS[0], _opts()) != h(GPUS[0], _opts(target="0.4"))
+    assert h(GPUS[0], _opts()) != h(GPUS[0], _opts(), image="sha256:2")  # a rebuilt image is rolled out
+    assert h(GPUS[0], _opts()) != h(GPUS[0], _opts(pid_host=False))
+    assert h(GPUS[0], _opts()) != h(GPUS[1], _opts())
+
+
+def test_plan_create_keep_start_recreate_and_collision() -> None:
+    spec = fleet.desired(GPUS[0], _opts(), "sha256:1")
+    mine = lambda status, labels=spec["labels"]: SimpleNamespace(labels=dict(labels), status=status)
+    assert fleet.plan(None, spec) == "create"
+    assert fleet.plan(mine("running"), spec) == "keep"
+    assert fleet.plan(mine("exited"), spec) == "start"
+    assert fleet.plan(mine("running", {**spec["labels"], fleet.LABEL_SPEC: "old"}), spec) == "recreate"
+    with pytest.raises(fleet.FleetError, match="not started by forge_fleet"):
+        fleet.plan(SimpleNamespace(labels={"com.example": "x"}, status="running"), spec)
+
+
+@pytest.mark.parametrize("item", ["NOEQUALS", "1BAD=x", "=x"])
+def test_bad_env_item(item: str) -> None:
+    with pytest.raises(fleet.FleetError, match="KEY=VALUE"):
+        fleet.parse_env([item])
+
+
+def test_engine_unreachable_is_one_clear_line(tmp_path: Any) -> None:
+    sock = f"unix://{tmp_path}/no-engine.sock"
+    proc = run_fleet("up", "--simulate", env={"DOCKER_HOST": sock}, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"forge_fleet: cannot reach the Docker engine at {sock}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_no_nvml_without_simulate_says_use_simulate() -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this host has NVML: GPUs are found, nothing to report")
+    except Exception:
+        pass
+    with pytest.raises(fleet.FleetError, match="--simulate"):
+        fleet.discover_gpus(False, 0)
+
+
+def test_usage_errors_exit_2() -> None:
+    assert run_fleet("up", "--count", "0", "--simulate").returncode == 2
+    assert run_fleet("frobnicate").returncode == 2
+
+
+def test_last_status_line_text_and_json() -> None:
+    text = b"t=0.00 event=start target=0.5\nt=1.00 event=status util=0.5\nt=1.5 event=yield\n"
+    json_ = b'{"t": 0, "event": "start"}\n{"t": 1, "event": "status", "util": 0.5}\n'
+    assert fleet.last_status_line(SimpleNamespace(logs=lambda **_: text)) == "t=1.00 event=status util=0.5"
+    assert '"util": 0.5' in fleet.last_status_line(SimpleNamespace(logs=lambda **_: json_))
+    assert fleet.last_status_line(SimpleNamespace(logs=lambda **_: b"t=0 event=start\n")) == "t=0 event=start"
+
+
+# --- for real, on the engine --------------------------------------------------------------------------------
+
+@pytest.fixture
+def prefix(docker_client: Any, forge_image: Any) -> Iterator[str]:
+    name_prefix = unique_name("fleet") + "_gpu_"
+    yield name_prefix
+    remove_containers(docker_client, name_prefix=name_prefix)
+
+
+def _ids(client: Any, prefix: str) -> dict[str, str]:
+    return {c.name: c.id for c in client.containers.list(all=True) if c.name.startswith(prefix)}
+
+
+@pytest.mark.docker
+def test_simulated_fleet_up_status_logs_down(docker_client: Any, prefix: str) -> None:
+    common = ["--simulate", "--count", "2", "--prefix", prefix]
+    up = run_fleet("up", *common, "--target", "0.4", "-e", "FORGE_LOG_INTERVAL=1")
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.count("created") == 2, up.stdout
+    first = _ids(docker_client, prefix)
+    assert sorted(first) == [f"{prefix}0", f"{prefix}1"]
+    container = docker_client.containers.get(f"{prefix}1")
+    assert container.attrs["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
+    assert container.attrs["HostConfig"]["LogConfig"]["Config"] == {"max-size": "3m", "max-file": "3"}
+    assert container.attrs["HostConfig"]["PidMode"] == "host"
+    assert not container.attrs["HostConfig"].get("DeviceRequests")  # simulated: no GPU asked for
+    assert "FORGE_TARGET=0.4" in container.attrs["Config"]["Env"]
+
+    # A second `up` with the same settings changes nothing.
+    again = run_fleet("up", *common, "--target", "0.4", "-e", "FORGE_LOG_INTERVAL=1")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("unchanged") == 2, again.stdout
+    assert _ids(docker_client, prefix) == first
+
+    # status: one row per GPU, running, with the last status line each filler logged.
+    deadline = time.monotonic() + 60
+    while True:
+        status = run_fleet("status", *common)
+        assert status.returncode == 0, status.stderr
+        rows = [line for line in status.stdout.splitlines()[1:] if line.strip()]
+        if len(rows) == 2 and all("event=status" in row for row in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(rows) == 2, status.stdout
+    for index, row in enumerate(rows):
+        assert row.split()[:3] == [str(index), f"{prefix}{index}", "running"], row
+        assert "event=status" in row and "target=0.400" in row, row
+
+    logs = run_fleet("logs", "0", *common, "--tail", "3")
+    assert logs.returncode == 0 and "event=" in logs.stdout, logs.stdout + logs.stderr
+
+    # A changed setting recreates the containers (new IDs); the rest is left as it was.
+    changed = run_fleet("up", *common, "--gpus", "1", "--target", "0.3", "-e", "FORGE_LOG_INTERVAL=1")
+    assert changed.returncode == 0, changed.stderr
+    assert "recreated" in changed.stdout
+    now = _ids(docker_client, prefix)
+    assert now[f"{prefix}0"] == first[f"{prefix}0"] and now[f"{prefix}1"] != first[f"{prefix}1"]
+
+    down = run_fleet("down", *common)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.count("removed") == 2 and down.stdout.count("exit code 0") == 2, down.stdout
+    assert _ids(docker_client, prefix) == {}
+    assert "no forge_load containers" in run_fleet("status", *common).stdout
+
+
+@pytest.mark.docker
+def test_up_refuses_a_container_that_is_not_ours(docker_client: Any, prefix: str) -> None:
+    docker_client.containers.create("forge-load:latest", name=f"{prefix}1", command=["--simulate"])
+    proc = run_fleet("up", "--simulate", "--count", "2", "--prefix", prefix)
+    assert proc.returncode == 1
+    assert f"a container named {prefix}1 exists and was not started by forge_fleet" in proc.stderr, proc.stderr
+    assert sorted(_ids(docker_client, prefix)) == [f"{prefix}1"], "nothing may be started when one name collides"
+
+
+@pytest.mark.docker
+def test_up_errors_image_missing_and_bad_gpu(docker_client: Any, prefix: str) -> None:
+    proc = run_fleet("up", "--simulate", "--prefix", prefix, "--image", "forge-load:no-such-tag")
+    assert proc.returncode == 1
+    assert "image forge-load:no-such-tag is not on this engine" in proc.stderr, proc.stderr
+    proc = run_fleet("up", "--simulate", "--count", "2", "--prefix", prefix, "--gpus", "0,5")
+    assert proc.returncode == 1
+    assert "GPU 5 does not exist" in proc.stderr, proc.stderr
+    assert _ids(docker_client, prefix) == {}
+    proc = run_fleet("logs", "7", "--prefix", prefix)
+    assert proc.returncode == 1 and f"no container {prefix}7" in proc.stderr
