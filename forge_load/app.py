@@ -350,9 +350,6 @@ def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threadin
 
 # --- the process --------------------------------------------------------------------------------------------
 
-_SIGNAL_NAMES: dict[int, str] = {}
-
-
 def stop_reason(stop: threading.Event) -> str:
     return getattr(stop, "reason", "signal")
 
@@ -389,24 +386,10 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None) -> int:
         host = f"[{server.addr}]" if ":" in server.addr else server.addr
         error_log.emit("metrics", listen=f"{host}:{server.port}", port=server.port, paths="/metrics,/health")
     try:
-        if config.gpus is not None:
-            return run_fleet(config, out, stop, wake, fleet, beat)
-        slot = fleet.add(config.gpu)
-
-        def slot_beat() -> None:
-            slot.beat()
-            beat()
-
-        if config.simulate:
-            run_simulated(config, out, stop, heartbeat=slot_beat, on_start=slot.attach)
-        else:
-            run_real(config, out, stop, wake, heartbeat=slot_beat, on_start=slot.attach)
-    except NoGpuError as error:
+        return run_fleet(config, out, stop, wake, fleet, beat)  # one GPU is a fleet of one
+    except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none
         print(f"forge-load: no usable GPU: {error}", file=sys.stderr)
         return EXIT_NO_GPU
-    except GpuFailedError as error:
-        error_log.emit("error", reason=str(error), exit_code=EXIT_GPU_FAILED)
-        return EXIT_GPU_FAILED
     except Exception as error:  # a bug: say so in one line, keep the traceback out of docker logs
         error_log.emit("error", reason=f"internal error, please report: {type(error).__name__}: {error}",
                        exit_code=EXIT_INTERNAL)
@@ -415,4 +398,3 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None) -> int:
         beat.clear()
         if server is not None:
             server.close()
-    return EXIT_OK
