@@ -86,7 +86,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
-    fields = rt.filler._fields()
+    fields = rt.filler.fields()
     fields.update(reason=reason, yields=rt.filler.yields,
                   yielding_s=round(rt.filler.seconds_yielding(now_s), 3),
                   own_busy_s=round(rt.worker.busy_log.total_busy_s, 3))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from forge_load.controller import IDLE_PLAN, Controller
@@ -21,7 +21,6 @@ class IntervalStats:
     own_sum: float = 0.0
     foreign_sum: float = 0.0
     count: int = 0
-    events: dict[str, int] = field(default_factory=dict)
 
     def mean(self, total: float) -> float | None:
         return total / self.count if self.count else None
@@ -69,7 +68,7 @@ class Filler:
         due_s = self.worker.step(now_s)
         if self._draining and not self.worker.in_flight:
             self._draining = False
-            self.log.emit("drained", t=now_s - self.start_s, **self._fields(),
+            self.log.emit("drained", t=now_s - self.start_s, **self.fields(),
                           last_kernel_end_t=round(self.worker.busy_log.last_end_s - self.start_s, 6))
         if now_s >= self._next_status_s:
             self._status(now_s)
@@ -108,11 +107,10 @@ class Filler:
             self._yield_since_s = None
         if transition.event == "resume":
             self.controller.start(now_s)
-        self._stats.events[transition.event] = self._stats.events.get(transition.event, 0) + 1
         extra: dict[str, object] = {}
         if reading is not None and reading.signals:
             extra["signals"] = ",".join(reading.signals)
-        fields = self._fields()
+        fields = self.fields()
         fields.update(reason=transition.reason, **extra)
         self.log.emit(transition.event, t=now_s - self.start_s, **fields)
 
@@ -125,7 +123,7 @@ class Filler:
         extra: dict[str, object] = {}
         if self.last is not None and self.last.power_w is not None:
             extra["power_w"] = round(self.last.power_w, 1)
-        fields = self._fields()
+        fields = self.fields()
         fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
                       foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
         self.log.emit("status", t=now_s - self.start_s, **fields)
@@ -133,7 +131,8 @@ class Filler:
         while self._next_status_s <= now_s:
             self._next_status_s += self.log_interval_s
 
-    def _fields(self) -> dict[str, object]:
+    def fields(self) -> dict[str, object]:
+        """The fields every event line of this GPU carries: state, target, latest shares, multiplier, memory."""
         last, share = self.last, self.last_share
         return {
             "state": self.policy.state.value,

@@ -9,7 +9,7 @@ Foreign activity is any of three signals (DESIGN.md, fact 3), each enough on its
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
@@ -47,7 +47,6 @@ class Reading:
     reason: str | None  # what fired, for the log; None when every signal is clear
     power_w: float | None = None
     temperature_c: float | None = None
-    errors: tuple[str, ...] = field(default=())
 
     @property
     def foreign(self) -> bool:
@@ -80,7 +79,6 @@ class Monitor:
         self._pending: list[UtilSample] = []
         self._gaps_s: list[float] = []
         self._over_count = 0
-        self._errors: list[str] = []
 
     @property
     def window_s(self) -> float:
