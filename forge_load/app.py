@@ -33,6 +33,7 @@ from forge_load.worker import BusyLog, Launcher, Worker
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED = 0, 1, 2, 3, 4
 DRAIN_LIMIT_S = 0.5
+MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
 
 
 @dataclass
@@ -52,15 +53,15 @@ class Runtime:
 
 
 def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], float], stream: TextIO,
-          baseline_mem_mib: float, own_mem_fallback_mib: float, start_s: float,
+          baseline_mem_mib: float, own_mem_context_mib: float, start_s: float,
           on_reading: Callable[[], None] | None = None,
           heartbeat: Callable[[], None] | None = None) -> Runtime:
     busy_log = BusyLog()
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
-                      own_mem_fallback_mib=own_mem_fallback_mib, poll_interval_s=config.poll_interval_s,
+                      own_mem_context_mib=own_mem_context_mib, poll_interval_s=config.poll_interval_s,
                       foreign_mem_mib=config.foreign_mem_mib, foreign_util_ratio=config.foreign_util_ratio,
                       foreign_util_samples=config.foreign_util_samples,
-                      use_process_list=config.use_process_list, on_reading=on_reading)
+                      use_process_list=config.use_process_list, on_reading=on_reading, start_s=start_s)
     worker = Worker(launcher, busy_log)
     policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
                     config.boost_after_s, now_s=start_s)
@@ -80,8 +81,11 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     fields: dict[str, object] = dict(describe(rt.config))
     fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
     fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
+                  gpu_mem_context_mib=round(rt.monitor.own_mem_context_mib, 1),
+                  gpu_mem_process_mib=reading.own_mem_process_mib if reading else None,
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
-                  driver=rt.info.driver_version, sm_count=rt.launcher.sm_count, **extra)
+                  driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
+                  nvml_clock=rt.probe.sample_clock, **extra)
     rt.log.emit("start", t=0.0, **fields)
 
 
@@ -194,6 +198,7 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
 
     probe = open_probe(config)
     launcher: Launcher | None = None
+    monitor_thread: threading.Thread | None = None
     try:
         baseline_mib = probe.memory_used_mib() or 0.0
         launcher = open_launcher(probe.info)
@@ -205,9 +210,9 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
             on_start(rt)
         note = mig_note(probe.info)
         log_start(rt, {"note": note} if note else {})
-        thread = threading.Thread(target=rt.monitor.run, args=(time.monotonic, stop), name="monitor",
-                                  daemon=True)
-        thread.start()
+        monitor_thread = threading.Thread(target=rt.monitor.run, args=(time.monotonic, stop), name="monitor",
+                                          daemon=True)
+        monitor_thread.start()
         end_s = start_s + config.duration_s if config.duration_s > 0 else float("inf")
         reason = "duration reached"
         try:
@@ -227,9 +232,13 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
             while rt.worker.in_flight and time.monotonic() < deadline_s:
                 due_s = rt.worker.drain(time.monotonic())
                 time.sleep(max(min(due_s, deadline_s) - time.monotonic(), 0.0))
-        thread.join(timeout=1.0)
+        monitor_thread.join(timeout=MONITOR_JOIN_S)
         log_stop(rt, time.monotonic(), reason)
     finally:
+        # The Monitor may be inside an NVML call: NVML is shut down only once it has stopped.
+        stop.set()
+        if monitor_thread is not None:
+            monitor_thread.join(timeout=MONITOR_JOIN_S)
         # After a GPU failure these may fail too; the first error is the one to report.
         with contextlib.suppress(Exception):
             if launcher is not None:

@@ -63,6 +63,8 @@ class Config:
     sim: SimConfig = field(default_factory=SimConfig)
 
 
+CONTROLLER_NAMES = ("pi", "legacy")  # controller.make_controller makes each of these
+
 # Boost target used when none is given; a target above it means "no boost" rather than an error.
 DEFAULT_BOOST_TARGET = 0.6
 LEGACY_TARGET_ENV = "TARGET"
@@ -412,7 +414,7 @@ _SETTINGS: tuple[_Setting, ...] = (
              "text or json; default text"),
     _Setting("duration_s", "FORGE_DURATION", "--duration", _seconds_value,
              "seconds to run, 0 = until stopped; default 0"),
-    _Setting("controller", "FORGE_CONTROLLER", "--controller", partial(_choice_value, choices=("pi", "legacy")),
+    _Setting("controller", "FORGE_CONTROLLER", "--controller", partial(_choice_value, choices=CONTROLLER_NAMES),
              "pi or legacy; default pi"),
     _Setting("poll_interval_s", "FORGE_POLL_INTERVAL", "--poll-interval",
              partial(_seconds_value, low=0.01, high=1.0), "seconds between GPU polls, 0.01 to 1; default 0.1"),

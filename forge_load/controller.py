@@ -2,7 +2,7 @@
 
 Pure Python on purpose: no numba, no pynvml, no clock of its own. Time arrives with the samples.
 
-NVML utilization is the share of time during which any kernel ran (DESIGN.md, fact 1), so the quantity
+NVML utilization is the share of time during which any kernel ran (docs/DESIGN.md §1), so the quantity
 we steer is our own busy share of time (the duty). The multiplier only sizes each launch: the PI law
 keeps every launch near `slice_s` so that stopping and yielding take at most a few milliseconds.
 """
@@ -145,7 +145,13 @@ class LegacyController:
             self._run_start_s = self._idle_until_s
 
 
+CONTROLLERS: dict[str, type[PiController] | type[LegacyController]] = {
+    PiController.name: PiController, LegacyController.name: LegacyController}
+
+
 def make_controller(name: str) -> Controller:
-    if name == "legacy":
-        return LegacyController()
-    return PiController()
+    """A fresh controller of that name (config.py accepts exactly these names)."""
+    try:
+        return CONTROLLERS[name]()
+    except KeyError:
+        raise ValueError(f"no controller {name!r}: expected one of {', '.join(CONTROLLERS)}") from None

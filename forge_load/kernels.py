@@ -17,7 +17,7 @@ THREADS_PER_BLOCK: int = 256
 
 # 4096 iterations: each one is a dependent FFMA (~4 cycles latency), so a
 # lone block runs ~10 us; a full SM (8 resident blocks of 256) is throughput
-# bound at ~0.1 ms. Small enough that launches of a few ms (DESIGN fact 5)
+# bound at ~0.1 ms. Small enough that launches of a few ms (docs/DESIGN.md §6)
 # are sized in fine steps by the grid, large enough that launch overhead
 # (~5 us) is not most of the kernel.
 BURN_ITERS: int = 4096

@@ -1,6 +1,6 @@
 """Monitor: reads the probe on a monotonic schedule and publishes a Reading with the foreign verdict.
 
-Foreign activity is any of three signals (DESIGN.md, fact 3), each enough on its own:
+Foreign activity is any of three signals (docs/DESIGN.md §4), each enough on its own:
   process      a compute or graphics process on the GPU other than ours (needs the host PID namespace);
   memory       device memory beyond our own and the baseline (a job's context appears before its kernels);
   utilization  device utilization beyond our own busy share, for `foreign_util_samples` samples running.
@@ -40,7 +40,8 @@ class Reading:
     window_s: float
     samples: tuple[ShareSample, ...]  # new since the previous reading
     memory_used_mib: float | None
-    own_mem_mib: float | None
+    own_mem_mib: float | None  # the larger of the two estimates below
+    own_mem_process_mib: float | None  # NVML's per-process count for our PID; None where not listed
     foreign_mem_mib: float | None
     foreign_pids: tuple[int, ...]
     signals: tuple[str, ...]  # which of process / memory / utilization fired
@@ -54,22 +55,27 @@ class Reading:
 
 
 class Monitor:
+    """`own_mem_context_mib` is what our context added to the device's memory when it was created;
+    `start_s` is when we started: samples of windows that began earlier only teach the window length."""
+
     def __init__(self, probe: Probe, busy_log: BusyLog, own_pid: int, baseline_mem_mib: float,
-                 own_mem_fallback_mib: float, poll_interval_s: float = 0.1, foreign_mem_mib: float = 64.0,
+                 own_mem_context_mib: float, poll_interval_s: float = 0.1, foreign_mem_mib: float = 64.0,
                  foreign_util_ratio: float = 0.1, foreign_util_samples: int = 2,
-                 use_process_list: bool = True, on_reading: Callable[[], None] | None = None) -> None:
+                 use_process_list: bool = True, on_reading: Callable[[], None] | None = None,
+                 start_s: float = float("-inf")) -> None:
         self.probe = probe
         self.busy_log = busy_log
         self.own_pid = own_pid
         self.baseline_mem_mib = baseline_mem_mib
-        self.own_mem_fallback_mib = own_mem_fallback_mib
+        self.own_mem_context_mib = own_mem_context_mib
+        self.start_s = start_s
         self.poll_interval_s = poll_interval_s
         self.foreign_mem_mib = foreign_mem_mib
         self.foreign_util_ratio = foreign_util_ratio
         self.foreign_util_samples = foreign_util_samples
         self.use_process_list = use_process_list
         self.on_reading = on_reading
-        self.failure: GpuFailedError | None = None
+        self.failure: Exception | None = None  # what ended run(): a GpuFailedError, or a bug
         self._lock = threading.Lock()
         self._latest: Reading | None = None
         self._seq = 0
@@ -107,7 +113,7 @@ class Monitor:
             while not stop.is_set():
                 due_s = self.step(now())
                 stop.wait(max(due_s - now(), 0.0))
-        except GpuFailedError as error:
+        except Exception as error:  # the filler raises it: a lost GPU exits 4, a bug 1, never silently
             self.failure = error
             if self.on_reading is not None:
                 self.on_reading()
@@ -117,12 +123,15 @@ class Monitor:
         samples = self._new_samples(now_s)
         shares = self._split(samples)
         processes = self.probe.processes()
-        own_mem_mib = self.own_mem_fallback_mib
+        own_process_mib: float | None = None
         foreign_pids: tuple[int, ...] = ()
         if processes is not None:
             foreign_pids = tuple(sorted(p.pid for p in processes if p.pid != self.own_pid))
-            own_mem_mib = next((p.used_mib for p in processes if p.pid == self.own_pid
-                                and p.used_mib is not None), own_mem_mib)
+            own_process_mib = next((p.used_mib for p in processes if p.pid == self.own_pid
+                                    and p.used_mib is not None), None)
+        # The per-process count can miss part of our context; under-counting ourselves would read as
+        # foreign memory on every poll, so the larger estimate wins.
+        own_mem_mib = max(self.own_mem_context_mib, own_process_mib or 0.0)
         used_mib = self.probe.memory_used_mib()
         foreign_mem_mib = None
         if used_mib is not None:
@@ -148,7 +157,8 @@ class Monitor:
             reasons.append(f"utilization{detail} for {self._over_count} samples")
         return Reading(
             seq=self._seq, t_s=now_s, window_s=self.window_s, samples=tuple(shares),
-            memory_used_mib=used_mib, own_mem_mib=own_mem_mib, foreign_mem_mib=foreign_mem_mib,
+            memory_used_mib=used_mib, own_mem_mib=own_mem_mib, own_mem_process_mib=own_process_mib,
+            foreign_mem_mib=foreign_mem_mib,
             foreign_pids=foreign_pids, signals=tuple(signals),
             reason="; ".join(reasons) if reasons else None,
             power_w=self.probe.power_w(), temperature_c=self.probe.temperature_c(),
@@ -169,11 +179,12 @@ class Monitor:
             if ratio is not None:
                 self._pending.append(UtilSample(now_s, ratio))
                 self._last_sample_s = now_s
-        # A window can be split into ours and foreign only once every kernel of ours in it is logged.
+        # A window can be split into ours and foreign only once every kernel of ours in it is logged, and
+        # only if it began after we started: our share of anything earlier is unknown.
         ready_until_s = self.busy_log.complete_until_s
         ready = [s for s in self._pending if s.t_s <= ready_until_s]
         self._pending = self._pending[len(ready):]
-        return ready
+        return [s for s in ready if s.t_s - self.window_s >= self.start_s]
 
     def _split(self, samples: list[UtilSample]) -> list[ShareSample]:
         window_s = self.window_s

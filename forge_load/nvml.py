@@ -12,6 +12,7 @@ Errors: every query goes through `_call`, which maps NVML's errors in one place:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -35,6 +36,11 @@ INSTALL_HINT: str = (
     "the NVML Python bindings are missing: `pip install nvidia-ml-py` (module pynvml), "
     "or run with --simulate to try forge_load without a GPU"
 )
+# A sample stamp is on a clock when it is at most this far behind it (an idle GPU may add no samples for a
+# long while) and at most this far ahead of it (clock reads race the driver).
+STAMP_MAX_AGE_S: float = 7 * 86400.0
+STAMP_AHEAD_S: float = 1.0
+
 MIG_NOTE: str = (
     "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
     "utilization, and foreign-job detection falls back to processes and memory"
@@ -62,6 +68,11 @@ class _NeverRaised(Exception):
 
 _NOT_GIVEN: Any = object()  # `_call` without a value for NOT_FOUND: NOT_FOUND is an error
 _NO_SAMPLES: Any = object()  # nvmlDeviceGetSamples answered NOT_FOUND: nothing new in the buffer
+
+
+def _boot_clock() -> float:
+    """Seconds since boot, suspend included (Linux); elsewhere the monotonic clock stands in."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
 
 
 def _load_nvml(nvml: ModuleType | None) -> ModuleType:
@@ -277,10 +288,19 @@ class NvmlProbe:
         *,
         wall_clock: Callable[[], float] = time.time,
         mono_clock: Callable[[], float] = time.monotonic,
+        boot_clock: Callable[[], float] = _boot_clock,
     ) -> None:
         self._nvml: ModuleType = _load_nvml(nvml)
-        self._wall_clock = wall_clock
         self._mono_clock = mono_clock
+        # The clocks NVML may stamp samples with, in the order preferred when two fit equally well.
+        self._stamp_clocks: dict[str, Callable[[], float]] = {
+            "unix": wall_clock, "boot": boot_clock, "monotonic": mono_clock}
+        self._stamp_clock: Callable[[], float] | None = None
+        self._relative_offset_s = 0.0
+        self._last_stamp_us = -1
+        # Which clock the sample stamps are on: unix, boot, monotonic, relative (none fits: anchored on
+        # the newest sample), or pending (no sample seen yet).
+        self.sample_clock = "pending"
         self._close_lock = threading.Lock()
         self._closed = False
         _nvml_init(self._nvml)
@@ -290,6 +310,10 @@ class NvmlProbe:
             _nvml_shutdown(self._nvml)  # balance nvmlInit's reference count
             self._closed = True
             raise
+        with contextlib.suppress(GpuFailedError):  # the first poll reports a failing GPU
+            buffered = self._raw_samples(0)
+            if buffered:
+                self._calibrate(stamp_us for stamp_us, _ in buffered)
 
     def _open(self, gpu: str) -> tuple[Any, DeviceInfo]:
         lib = self._nvml
@@ -331,16 +355,30 @@ class NvmlProbe:
 
     # --- Probe ---
 
-    def _wall_minus_mono_s(self) -> float:
-        # Recomputed per call: the wall clock can be stepped (NTP) while monotonic time cannot.
-        return self._wall_clock() - self._mono_clock()
+    def _stamp_offset_s(self) -> float:
+        """Seconds to subtract from a sample stamp to land on the monotonic clock.
 
-    def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
-        offset_s = self._wall_minus_mono_s()
-        # NVML returns samples stamped strictly after last_seen; flooring only widens that, the filter
-        # below is exact. A since_s before the epoch (or -inf) asks for the whole buffer.
-        since_wall_s = since_s + offset_s
-        last_seen_us = max(0, math.floor(since_wall_s * 1e6)) if math.isfinite(since_wall_s) else 0
+        Recomputed per call: the wall clock can be stepped (NTP) while monotonic time cannot.
+        """
+        if self._stamp_clock is None:
+            return self._relative_offset_s
+        return self._stamp_clock() - self._mono_clock()
+
+    def _calibrate(self, stamps_us: Iterable[int]) -> None:
+        """Find which CPU clock NVML stamps its samples with (docs/DESIGN.md §2): the one the newest stamp is
+        a little behind of. Where none fits, anchor the newest sample at now."""
+        newest_s = max(stamps_us) / 1e6
+        ages = {name: clock() - newest_s for name, clock in self._stamp_clocks.items()}
+        fitting = [(age_s, name) for name, age_s in ages.items() if -STAMP_AHEAD_S <= age_s <= STAMP_MAX_AGE_S]
+        if fitting:
+            self.sample_clock = min(fitting)[1]
+            self._stamp_clock = self._stamp_clocks[self.sample_clock]
+        else:
+            self.sample_clock = "relative"
+            self._relative_offset_s = newest_s - self._mono_clock()
+
+    def _raw_samples(self, last_seen_us: int) -> list[tuple[int, float]] | None:
+        """(stamp in µs, percent) of the buffered samples stamped after `last_seen_us`; None: unsupported."""
         result = self._query(
             "nvmlDeviceGetSamples",
             self._handle,
@@ -353,15 +391,28 @@ class NvmlProbe:
         if result is _NO_SAMPLES:
             return []
         value_type, raw_samples = result
-        samples: list[UtilSample] = []
-        for raw in raw_samples:
-            t_s = int(raw.timeStamp) / 1e6 - offset_s
-            if t_s <= since_s:
-                continue
-            percent = _sample_value(raw.sampleValue, value_type)
-            samples.append(UtilSample(t_s=t_s, ratio=min(1.0, max(0.0, percent / 100.0))))
-        samples.sort(key=lambda s: s.t_s)
-        return samples
+        return [(int(raw.timeStamp), _sample_value(raw.sampleValue, value_type)) for raw in raw_samples]
+
+    def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
+        # The cursor is NVML's own stamp of the newest sample returned, never a stamp rebuilt from
+        # converted times: a rebuilt one jitters below it, and NVML hands the same sample back.
+        since_us = -1
+        if self.sample_clock != "pending" and math.isfinite(since_s):
+            since_us = math.floor((since_s + self._stamp_offset_s()) * 1e6)
+        last_seen_us = max(self._last_stamp_us, since_us, 0)
+        raw = self._raw_samples(last_seen_us)
+        if raw is None:
+            return None
+        fresh = [(stamp_us, percent) for stamp_us, percent in raw if stamp_us > self._last_stamp_us]
+        if not fresh:
+            return []
+        if self.sample_clock == "pending":
+            self._calibrate(stamp_us for stamp_us, _ in fresh)
+        self._last_stamp_us = max(stamp_us for stamp_us, _ in fresh)
+        offset_s = self._stamp_offset_s()
+        samples = [UtilSample(t_s=stamp_us / 1e6 - offset_s, ratio=min(1.0, max(0.0, percent / 100.0)))
+                   for stamp_us, percent in fresh]
+        return sorted((s for s in samples if s.t_s > since_s), key=lambda s: s.t_s)
 
     def utilization_ratio(self) -> float | None:
         rates = self._query("nvmlDeviceGetUtilizationRates", self._handle)

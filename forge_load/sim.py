@@ -153,6 +153,8 @@ class SimGpu:
 class SimProbe:
     """The Probe protocol on the simulated GPU."""
 
+    sample_clock = "virtual"
+
     def __init__(self, gpu: SimGpu, own_pid: int | None = None) -> None:
         self.gpu = gpu
         self.info = gpu.info

@@ -173,14 +173,15 @@ class Worker:
         except Exception as error:
             raise GpuFailedError(f"waiting for a kernel failed: {error}") from error
         for kernel in done:
-            busy_s = kernel.end_s - kernel.start_s
-            self.busy_log.add(kernel.start_s, kernel.end_s)
+            # A launcher's times can cross by a hair (clock anchoring); never log or learn a negative span.
+            busy_s = max(kernel.end_s - kernel.start_s, 0.0)
+            self.busy_log.add(kernel.end_s - busy_s, kernel.end_s)
             charged_s = self._queue.popleft()[1] if self._queue else busy_s
             if self.plan.gap_s > 0:
                 self._gap_until_s = now_s + self.plan.gap_s
             else:
                 self._owed_s -= busy_s - charged_s  # pay for what the kernel really took
-            if kernel.multiplier == self.plan.multiplier:
+            if kernel.multiplier == self.plan.multiplier and busy_s > 0:
                 w = self._ema_weight
                 self.launch_s = busy_s if self.launch_s is None else (1 - w) * self.launch_s + w * busy_s
         if not self._queue:

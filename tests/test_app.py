@@ -16,7 +16,7 @@ import pytest
 
 from forge_load.app import run_real
 from forge_load.config import load_config
-from forge_load.probe import GpuFailedError
+from forge_load.probe import GpuFailedError, GpuProcess
 from forge_load.sim import SimGpu, SimLauncher, SimProbe, WallClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,3 +143,76 @@ def test_threaded_loop_ends_with_the_gpu_failure() -> None:
     events, error = _threaded("--duration 10", fail_after_s=0.5)
     assert isinstance(error, GpuFailedError)
     assert "was lost" in str(error)
+
+
+class SlowProbe(SimProbe):
+    """Every query takes `query_s`; notes any query made after close() or still running when close() came."""
+
+    def __init__(self, gpu: SimGpu, query_s: float = 0.1) -> None:
+        super().__init__(gpu)
+        self.query_s = query_s
+        self.closed = False
+        self.in_query = 0
+        self.misuse: list[str] = []
+
+    def _query(self, name: str) -> None:
+        if self.closed:
+            self.misuse.append(f"{name} after close")
+        self.in_query += 1
+        time.sleep(self.query_s)
+        self.in_query -= 1
+
+    def memory_used_mib(self) -> float | None:
+        self._query("memory_used_mib")
+        return super().memory_used_mib()
+
+    def processes(self) -> list[GpuProcess] | None:
+        self._query("processes")
+        return super().processes()
+
+    def close(self) -> None:
+        if self.in_query:
+            self.misuse.append("close during a query")
+        self.closed = True
+
+
+class FailingLauncher(SimLauncher):
+    def __init__(self, gpu: SimGpu, fail_after_s: float) -> None:
+        super().__init__(gpu)
+        self.fail_at_s = time.monotonic() + fail_after_s
+
+    def launch(self, multiplier: int, now_s: float) -> None:
+        if time.monotonic() > self.fail_at_s:
+            raise GpuFailedError("GPU 0 (GPU-test) failed: launch failed")
+        super().launch(multiplier, now_s)
+
+
+def test_after_a_gpu_failure_nvml_is_closed_only_once_the_monitor_has_stopped() -> None:
+    config = load_config("--log-format json --duration 10".split(), env={})
+    gpu = SimGpu(config.sim, WallClock())
+    probe = SlowProbe(gpu)
+    with pytest.raises(GpuFailedError):
+        run_real(config, io.StringIO(), threading.Event(), threading.Event(), open_probe=lambda _c: probe,
+                 open_launcher=lambda _i: FailingLauncher(gpu, fail_after_s=0.5))
+    time.sleep(0.2)  # a Monitor thread left running would query again by now
+    assert probe.closed
+    assert probe.misuse == []
+
+
+def test_a_crash_in_the_monitor_thread_ends_the_run_with_that_error() -> None:
+    config = load_config("--log-format json --duration 5".split(), env={})
+    gpu = SimGpu(config.sim, WallClock())
+    probe = SimProbe(gpu)
+    crash_at_s = time.monotonic() + 0.5
+
+    def processes() -> list[GpuProcess] | None:
+        if time.monotonic() > crash_at_s:
+            raise KeyError("a bug in a poll")
+        return SimProbe.processes(probe)
+
+    probe.processes = processes  # type: ignore[method-assign]
+    started_s = time.monotonic()
+    with pytest.raises(KeyError):
+        run_real(config, io.StringIO(), threading.Event(), threading.Event(), open_probe=lambda _c: probe,
+                 open_launcher=lambda _i: SimLauncher(gpu))
+    assert time.monotonic() - started_s < 2.0  # at once, not at the end of the run

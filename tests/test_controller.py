@@ -369,3 +369,14 @@ def test_make_controller() -> None:
 def test_idle_plan_launches_nothing() -> None:
     assert IDLE_PLAN.duty_ratio == 0.0
     assert IDLE_PLAN.multiplier >= 1
+
+
+def test_make_controller_refuses_a_name_it_does_not_know() -> None:
+    with pytest.raises(ValueError, match="'pid'.*pi, legacy"):
+        make_controller("pid")
+
+
+def test_every_controller_the_config_accepts_can_be_made() -> None:
+    from forge_load.config import CONTROLLER_NAMES
+
+    assert {make_controller(name).name for name in CONTROLLER_NAMES} == set(CONTROLLER_NAMES)

@@ -69,7 +69,7 @@ def monitor(probe: FakeProbe, busy_log: BusyLog | None = None, baseline_mib: flo
     if complete:
         log.mark_complete_until(1e9)  # every kernel of ours is logged: no sample is held back
     return Monitor(probe, log, own_pid=OWN_PID, baseline_mem_mib=baseline_mib,
-                   own_mem_fallback_mib=OWN_MIB, **kwargs)  # type: ignore[arg-type]
+                   own_mem_context_mib=OWN_MIB, **kwargs)  # type: ignore[arg-type]
 
 
 def poll(m: Monitor, t_s: float) -> Reading:
@@ -151,6 +151,18 @@ def test_memory_signal_uses_own_memory_from_the_process_list() -> None:
     r = poll(monitor(probe, baseline_mib=100.0), 1.0)
     assert r.own_mem_mib == 800.0
     assert r.signals == ()
+
+
+def test_own_memory_is_never_less_than_what_our_context_added_to_the_device() -> None:
+    # The process list under-counts us (100 MiB) next to the 500 MiB our context added at start: trusting it
+    # would call 400 MiB of our own foreign on every poll, for ever.
+    probe = FakeProbe(memory_mib=OWN_MIB + 100, procs=[own_proc(100.0)])
+    m = monitor(probe, baseline_mib=100.0)
+    for t_s in (1.0, 1.1, 5.0):
+        r = poll(m, t_s)
+        assert r.signals == (), r.reason
+    assert r.own_mem_mib == OWN_MIB
+    assert r.own_mem_process_mib == 100.0
 
 
 def test_memory_signal_uses_fallback_own_memory_without_process_list() -> None:
@@ -308,6 +320,25 @@ def test_nothing_is_judged_before_the_busy_log_is_complete() -> None:
     assert len(r.samples) == 2 and r.signals == ("utilization",)
 
 
+# --- history from before we started --------------------------------------------------------------------
+
+
+def test_history_from_before_start_is_not_judged_but_teaches_the_window() -> None:
+    # NVML's buffer holds ~15 s from before our context existed (a predecessor's filling, say): our share of
+    # it reads 0, so judging it would yield at once.
+    history = [UtilSample(85.0 + k * 0.2, 0.8) for k in range(76)]  # up to 100.0, every 0.2 s
+    probe = FakeProbe(samples=history)
+    m = monitor(probe, start_s=100.0)
+    r = poll(m, 100.0)
+    assert r.samples == () and r.signals == ()
+    assert m.window_s == pytest.approx(0.2)
+    probe.samples = history + [UtilSample(100.1, 0.8), UtilSample(100.3, 0.8), UtilSample(100.5, 0.8)]
+    r = poll(m, 100.6)
+    # 100.1 covers 99.9-100.1, partly before the start: not judged either; the two after it are.
+    assert [s.t_s for s in r.samples] == [100.3, 100.5]
+    assert r.signals == ("utilization",)
+
+
 # --- fallbacks and the sample window --------------------------------------------------------------------
 
 
@@ -429,6 +460,16 @@ def test_run_thread_records_gpu_failure_and_stops() -> None:
     m = monitor(probe, on_reading=called.set)
     m.run(lambda: 0.0, threading.Event())  # returns: the failure ends the loop
     assert isinstance(m.failure, GpuFailedError)
+    assert called.is_set()
+
+
+def test_run_thread_records_any_crash_and_stops() -> None:
+    # A bug in a poll must not end the thread silently while the filler goes on with stale readings.
+    probe = FakeProbe(fail_with=ZeroDivisionError("division by zero"))
+    called = threading.Event()
+    m = monitor(probe, on_reading=called.set)
+    m.run(lambda: 0.0, threading.Event())
+    assert isinstance(m.failure, ZeroDivisionError)
     assert called.is_set()
 
 

@@ -20,18 +20,30 @@ UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 WALL_MINUS_MONO_S = 1_700_000_000.0  # wall clock = monotonic clock + this, in the default test clocks
 
 
-class Clocks:
-    """A monotonic clock the test sets, and a wall clock `offset_s` ahead of it (steppable like NTP)."""
+BOOT_MINUS_MONO_S = 12.5  # the boot clock also counts time suspended
 
-    def __init__(self, mono_s: float = 1000.0, offset_s: float = WALL_MINUS_MONO_S) -> None:
+
+class Clocks:
+    """A monotonic clock the test sets, a wall clock `offset_s` ahead of it (steppable like NTP), and a
+    boot clock `boot_offset_s` ahead of it."""
+
+    def __init__(self, mono_s: float = 1000.0, offset_s: float = WALL_MINUS_MONO_S,
+                 boot_offset_s: float = BOOT_MINUS_MONO_S) -> None:
         self.mono_s = mono_s
         self.offset_s = offset_s
+        self.boot_offset_s = boot_offset_s
 
     def mono(self) -> float:
         return self.mono_s
 
     def wall(self) -> float:
         return self.mono_s + self.offset_s
+
+    def boot(self) -> float:
+        return self.mono_s + self.boot_offset_s
+
+    def probe(self, fake: FakeNvml, gpu: str = "0") -> NvmlProbe:
+        return NvmlProbe(gpu, nvml=fake.module, wall_clock=self.wall, mono_clock=self.mono, boot_clock=self.boot)
 
 
 def wall_us(mono_s: float, offset_s: float = WALL_MINUS_MONO_S) -> int:
@@ -58,7 +70,7 @@ def fake() -> FakeNvml:
 
 @pytest.fixture
 def probe(fake: FakeNvml, clocks: Clocks) -> NvmlProbe:
-    return NvmlProbe("0", nvml=fake.module, wall_clock=clocks.wall, mono_clock=clocks.mono)
+    return clocks.probe(fake)
 
 
 # --- construction ---
@@ -217,15 +229,19 @@ def test_samples_are_converted_to_monotonic_time_filtered_and_sorted(
     assert [s.t_s for s in samples] == pytest.approx([998.5, 999.0, 999.5], abs=1e-6)
     assert [s.ratio for s in samples] == pytest.approx([0.2, 0.3, 0.4])
     assert all(isinstance(s, UtilSample) for s in samples)
-    # since_s went to NVML as the last-seen wall-clock timestamp in µs
+    # Next time NVML is asked for what is newer than the newest stamp it gave, exactly ...
+    assert probe.utilization_samples(since_s=999.5) == []
     (args, _kwargs) = fake.called("nvmlDeviceGetSamples")[-1]
     assert args[1] == pynvml.NVML_GPU_UTILIZATION_SAMPLES
-    assert abs(args[2] - wall_us(998.2)) <= 1
+    assert args[2] == wall_us(999.5)
+    # ... or than since_s, as a wall-clock stamp in µs, where that is later.
+    probe.utilization_samples(since_s=1000.2)
+    assert abs(fake.called("nvmlDeviceGetSamples")[-1][0][2] - wall_us(1000.2)) <= 1
 
 
 def test_samples_are_filtered_even_when_nvml_returns_older_ones(clocks: Clocks) -> None:
     fake = FakeNvml(two_devices(), honor_last_seen=False)
-    probe = NvmlProbe("0", nvml=fake.module, wall_clock=clocks.wall, mono_clock=clocks.mono)
+    probe = clocks.probe(fake)
     fake.devices[0].samples = [(wall_us(998.0), 20), (wall_us(999.0), 30), (wall_us(999.5), 40)]
     samples = probe.utilization_samples(since_s=999.0)  # since_s itself is excluded
     assert [s.t_s for s in samples] == pytest.approx([999.5], abs=1e-6)
@@ -238,6 +254,59 @@ def test_samples_use_the_wall_clock_offset_of_each_call(
     fake.devices[0].samples = [(wall_us(999.5, clocks.offset_s), 50)]
     samples = probe.utilization_samples(since_s=999.0)
     assert [s.t_s for s in samples] == pytest.approx([999.5], abs=1e-6)
+
+
+def test_the_newest_sample_is_never_returned_twice_when_the_clocks_jitter(
+    fake: FakeNvml, clocks: Clocks, probe: NvmlProbe
+) -> None:
+    # wall - monotonic moves by fractions of a µs between two reads of the clocks; the same NVML sample
+    # must still come back once only (two copies of one noisy window would meet FORGE_FOREIGN_SAMPLES=2).
+    fake.devices[0].samples = [(wall_us(999.0), 30)]
+    first = probe.utilization_samples(since_s=float("-inf"))
+    assert [s.ratio for s in first] == [0.3]
+    for jitter_s in (-4e-7, 3e-7, -9e-7, 6e-7, -2e-7):
+        clocks.offset_s = WALL_MINUS_MONO_S + jitter_s
+        assert probe.utilization_samples(since_s=first[-1].t_s) == []
+    fake.devices[0].samples.append((wall_us(999.0) + 166_667, 40))
+    assert [s.ratio for s in probe.utilization_samples(since_s=first[-1].t_s)] == [0.4]
+
+
+def test_sample_stamps_on_the_wall_clock_are_found_at_open(fake: FakeNvml, clocks: Clocks) -> None:
+    fake.devices[0].samples = [(wall_us(999.8), 10)]
+    probe = clocks.probe(fake)
+    assert probe.sample_clock == "unix"
+    assert [s.t_s for s in probe.utilization_samples(float("-inf"))] == pytest.approx([999.8], abs=1e-6)
+
+
+def test_boot_relative_sample_stamps_are_found_and_converted(fake: FakeNvml, clocks: Clocks) -> None:
+    # NVML documents the stamp only as a CPU timestamp in µs; some platforms count from boot.
+    boot_us = round((999.8 + BOOT_MINUS_MONO_S) * 1e6)
+    fake.devices[0].samples = [(boot_us - 500_000, 20), (boot_us, 40)]
+    probe = clocks.probe(fake)
+    assert probe.sample_clock == "boot"
+    samples = probe.utilization_samples(float("-inf"))
+    assert [s.t_s for s in samples] == pytest.approx([999.3, 999.8], abs=1e-6)
+    clocks.mono_s += 0.5
+    fake.devices[0].samples.append((boot_us + 500_000, 60))
+    assert [s.t_s for s in probe.utilization_samples(samples[-1].t_s)] == pytest.approx([1000.3], abs=1e-6)
+
+
+def test_sample_stamps_on_no_known_clock_are_anchored_on_the_newest_sample(fake: FakeNvml, clocks: Clocks) -> None:
+    far_us = 4_000_000_000 * 10**6  # ahead of every clock we know: an epoch we cannot name
+    fake.devices[0].samples = [(far_us - 500_000, 20), (far_us, 30)]
+    probe = clocks.probe(fake)
+    assert probe.sample_clock == "relative"
+    assert [s.t_s for s in probe.utilization_samples(float("-inf"))] == pytest.approx([999.5, 1000.0], abs=1e-6)
+
+
+def test_sample_clock_is_found_from_the_first_samples_when_the_buffer_starts_empty(
+    fake: FakeNvml, clocks: Clocks
+) -> None:
+    probe = clocks.probe(fake)
+    assert probe.sample_clock == "pending"
+    fake.devices[0].samples = [(round((1000.0 + BOOT_MINUS_MONO_S) * 1e6), 50)]
+    assert [s.t_s for s in probe.utilization_samples(float("-inf"))] == pytest.approx([1000.0], abs=1e-6)
+    assert probe.sample_clock == "boot"
 
 
 def test_sample_ratio_is_clamped(fake: FakeNvml, probe: NvmlProbe) -> None:

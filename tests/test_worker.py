@@ -330,3 +330,31 @@ def test_first_kernel_of_a_new_size_is_measured_alone() -> None:
     r.drive(0.5 + 0.011)
     # The 5-ms kernels that finished after the change did not enter the new size's measurement.
     assert r.worker.launch_s == pytest.approx(kernel_s(8), rel=0.05)
+
+
+class LateAnchorLauncher(SimLauncher):
+    """Reports kernels as a launcher whose event timeline is anchored `late_s` late would: shifted later, and
+    the end capped at the poll's `now_s` (the start not), so a kernel that just ended can read as negative."""
+
+    def __init__(self, gpu: SimGpu, late_s: float) -> None:
+        super().__init__(gpu)
+        self.late_s = late_s
+
+    def poll(self, now_s: float) -> list[Completed]:
+        return [Completed(k.start_s + self.late_s, min(k.end_s + self.late_s, now_s), k.multiplier)
+                for k in super().poll(now_s)]
+
+
+@pytest.mark.parametrize("multiplier", [1, 4, 16])
+def test_a_kernel_measured_with_a_negative_duration_does_not_stall_the_worker(multiplier: int) -> None:
+    clock = VirtualClock()
+    gpu = RecordingGpu(SimConfig(), clock)
+    worker = Worker(LateAnchorLauncher(gpu, late_s=0.002), BusyLog())
+    worker.set_plan(Plan(multiplier, 0.5))
+    r = Rig(clock, gpu, worker.busy_log, worker)
+    r.drive(1.0)
+    assert worker.launch_s is None or worker.launch_s > 0
+    assert all(end_s >= start_s for start_s, end_s in zip(worker.busy_log._starts, worker.busy_log._ends))
+    launched = len(gpu.runs)
+    r.drive(2.0)
+    assert len(gpu.runs) > launched + 10  # still launching
