@@ -183,9 +183,9 @@ def open_nvml(config: Config) -> Probe:
 
 
 def open_cuda(info: DeviceInfo) -> Launcher:
-    from forge_load.worker import CudaLauncher
+    from forge_load.launcher import CudaLauncher
 
-    return CudaLauncher(info.index)
+    return CudaLauncher(info.uuid)
 
 
 def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,

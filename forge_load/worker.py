@@ -1,18 +1,17 @@
 """Worker: paces our kernel launches to the Plan and records exactly when our kernels ran.
 
-The pacing and the busy log are pure; what touches CUDA is the Launcher. `CudaLauncher` (below) owns the
-CUDA context on a real GPU; sim.py provides the simulated one. Either way the Worker never blocks on the
-GPU: it polls events and sleeps until the next launch is due, so no CPU core spins.
+The pacing and the busy log are pure; what touches CUDA is the Launcher: launcher.py on a real GPU, sim.py on
+the simulated one. Either way the Worker never blocks on the GPU: it polls events and sleeps until the next
+launch is due, so no CPU core spins.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from forge_load.controller import IDLE_PLAN, Plan
 from forge_load.probe import GpuFailedError
@@ -198,76 +197,3 @@ class Worker:
         # Wake when one kernel is left queued, so the GPU never waits on us inside a burst.
         due_s = self._queue[-2][0] if len(self._queue) >= 2 and self._in_burst else self._queue[0][0]
         return max(due_s, now_s + 0.0002)
-
-
-class CudaLauncher:
-    """Our CUDA context on one GPU: a 4-byte buffer, one stream, and events around every launch."""
-
-    def __init__(self, cuda_index: int, stack_bytes: int = 1024) -> None:
-        # Load only the kernels we use, and number devices the way NVML does.
-        os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
-        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        try:
-            import numpy as np
-            from numba import cuda
-
-            from forge_load import kernels
-
-            cuda.select_device(cuda_index)
-            _set_stack_limit(stack_bytes)
-            self._cuda = cuda
-            self._kernels = kernels
-            self._stream = cuda.stream()
-            self._out = cuda.to_device(np.zeros(1, dtype=np.float32), stream=self._stream)
-            self.sm_count = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-            self._pending: deque[tuple[Any, Any, int]] = deque()
-            self._anchor: tuple[Any, float] | None = None
-            # Compile and load now, so the first real launch is not a long one.
-            self._kernels.launch_burn(self._out, 1, self._stream)
-            self._stream.synchronize()
-        except Exception as error:
-            raise GpuFailedError(f"could not start CUDA on device {cuda_index}: {error}") from error
-
-    def launch(self, multiplier: int, now_s: float) -> None:
-        start = self._cuda.event(timing=True)
-        end = self._cuda.event(timing=True)
-        start.record(self._stream)
-        self._kernels.launch_burn(self._out, multiplier * self.sm_count, self._stream)
-        end.record(self._stream)
-        if not self._pending:
-            # An idle GPU starts our kernel at once: this host time anchors the event timeline.
-            self._anchor = (start, now_s)
-        self._pending.append((start, end, multiplier))
-
-    def poll(self, now_s: float) -> list[Completed]:
-        done: list[Completed] = []
-        while self._pending and self._pending[0][1].query():
-            start, end, multiplier = self._pending.popleft()
-            assert self._anchor is not None
-            anchor_event, anchor_s = self._anchor
-            begin_s = anchor_s + self._cuda.event_elapsed_time(anchor_event, start) / 1e3
-            finish_s = anchor_s + self._cuda.event_elapsed_time(anchor_event, end) / 1e3
-            done.append(Completed(begin_s, min(finish_s, now_s), multiplier))
-        return done
-
-    def close(self) -> None:
-        if self._pending:
-            self._stream.synchronize()
-        self._pending.clear()
-        self._cuda.close()
-
-
-def _set_stack_limit(stack_bytes: int) -> None:
-    """Shrink the per-thread stack reservation; our kernels use no local memory (tests prove it).
-
-    Best effort: a driver that refuses keeps its default, and the memory logged at start shows it.
-    """
-    from numba.cuda.cudadrv import driver as drv
-
-    try:
-        if getattr(drv, "USE_NV_BINDING", True):  # numba-cuda always uses NVIDIA's bindings
-            drv.driver.cuCtxSetLimit(drv.binding.CUlimit.CU_LIMIT_STACK_SIZE, stack_bytes)
-        else:
-            drv.driver.cuCtxSetLimit(0, stack_bytes)  # CU_LIMIT_STACK_SIZE
-    except Exception:
-        pass

@@ -27,13 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gpu", type=int, default=0, help="NVML / CUDA (PCI bus order) index; default 0")
+    parser.add_argument("--gpu", type=int, default=0, help="NVML index; default 0 (CUDA's device is found by UUID)")
     parser.add_argument("--settle-s", type=float, default=0.5, help="wait before reading NVML; default 0.5")
     args = parser.parse_args(argv)
-    # As forge_load.worker.CudaLauncher does, before CUDA is touched.
-    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-
+    from forge_load.launcher import find_device, prepare_process
     from forge_load.nvml import NvmlProbe
     from forge_load.probe import NoGpuError
 
@@ -45,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         before_mib = probe.memory_used_mib()
         try:
+            prepare_process()  # as the filler's launcher does, before CUDA is touched
             from numba import cuda
 
-            cuda.select_device(args.gpu)  # creates the primary context, nothing else
+            cuda.select_device(find_device(cuda, probe.info.uuid).id)  # the primary context, nothing else
             cuda.synchronize()
         except Exception as error:  # noqa: BLE001 - one line for the benchmark's log
             print(f"bare_context: cannot create a CUDA context on GPU {args.gpu}: {type(error).__name__}: "

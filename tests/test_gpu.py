@@ -13,11 +13,23 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
+def nvml_gpu0_uuid() -> str:
+    """The GPU the filler takes by default (NVML index 0); CUDA's numbering may differ."""
+    from forge_load.nvml import NvmlProbe
+
+    with NvmlProbe("0") as probe:
+        return probe.info.uuid
+
+
 def test_burn_computes_the_reference_value_on_hardware() -> None:
+    from forge_load.launcher import find_device, prepare_process
+
+    prepare_process()
     from numba import cuda
 
     from forge_load import kernels
 
+    cuda.select_device(find_device(cuda, nvml_gpu0_uuid()).id)
     out = cuda.to_device(np.zeros(1, dtype=np.float32))
     kernels.launch_burn(out, 1, sentinel=kernels.reference_value(0, kernels.BURN_ITERS))
     cuda.synchronize()
@@ -25,9 +37,9 @@ def test_burn_computes_the_reference_value_on_hardware() -> None:
 
 
 def test_launcher_times_its_kernels_with_events() -> None:
-    from forge_load.worker import CudaLauncher
+    from forge_load.launcher import CudaLauncher
 
-    launcher = CudaLauncher(0)
+    launcher = CudaLauncher(nvml_gpu0_uuid())
     try:
         for _ in range(3):
             launcher.launch(16, time.monotonic())
