@@ -37,14 +37,17 @@ ENV PATH=/opt/forge/bin:${PATH} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA="cuda>=12.0" \
-    NUMBA_CACHE_DIR=/tmp/numba-cache \
-    FORGE_HEARTBEAT_FILE=/tmp/forge_load.heartbeat
+    NUMBA_CACHE_DIR=/tmp/numba-cache
 
-# Fails when the filler's loop has not written its heartbeat for FORGE_HEALTH_MAX_AGE seconds (default 30).
+# Fails when the filler's loop has not written its heartbeat for FORGE_HEALTH_MAX_AGE seconds (default 30), or
+# (with FORGE_METRICS_PORT) when its /health says so; it reads the same settings as the filler. The heartbeat
+# is at its default place, /tmp/forge_load-10001/heartbeat: a directory of the filler's user, mode 0700.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-m", "forge_load.health"]
 
-# Exec form: the filler is PID 1 and gets docker stop's SIGTERM itself (it exits 0 within a second).
+# Exec form: the filler is PID 1 and gets docker stop's SIGTERM itself (it exits 0 within a second). Its
+# handlers are installed before anything else it imports; `docker run --init` closes the last gap (the
+# interpreter's own start-up, during which the kernel drops a signal to a PID 1 without a handler).
 ENTRYPOINT ["forge-load"]
 
 # A non-root user, with no home and no shell.

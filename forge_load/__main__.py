@@ -1,3 +1,3 @@
-from forge_load.app import main
+from forge_load.cli import main
 
 raise SystemExit(main())

@@ -1,7 +1,8 @@
 """main(): configuration, wiring, the run loop, signals, logging to stdout, exit codes.
 
-Exit codes: 0 stopped normally; 1 internal error (a bug: the line says so); 2 bad configuration;
-3 no usable GPU or NVML (with a hint); 4 the GPU failed while running.
+Exit codes: 0 stopped normally (a signal, or FORGE_DURATION); 1 internal error (a bug: the line says so);
+2 bad configuration; 3 no usable GPU or NVML (with a hint); 4 the GPU failed while running; 5 the log could
+not be written (stdout closed or full): the fillers stopped as for a signal, and stderr says so in one line.
 
 With FORGE_GPUS (several GPUs), each GPU runs its own filler in its own thread and a failing GPU stops only
 its own: the others keep filling and /health reports it. The process exits when every filler has ended:
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
@@ -21,17 +21,18 @@ from dataclasses import dataclass
 from typing import Callable, TextIO, cast
 
 from forge_load import __version__, health, metrics
-from forge_load.config import Config, ConfigError, describe, load_config
+from forge_load.cli import StopSignals
+from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
 from forge_load.filler import Filler
-from forge_load.log import EventLog
+from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
 from forge_load.policy import Policy
 from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
 from forge_load.sim import SimGpu, SimLauncher, SimProbe, VirtualClock
 from forge_load.worker import BusyLog, Launcher, Worker
 
-EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
 
@@ -266,11 +267,23 @@ class LockedStream:
 
 
 def gpu_selectors(config: Config) -> list[str]:
-    """The GPUs FORGE_GPUS names: `all` is every GPU NVML (or the simulator) shows, in index order."""
+    """The GPUs FORGE_GPUS names: `all` is every GPU NVML (or the simulator) shows, in index order.
+
+    A GPU named both by index and by UUID is filled once (by its first name): the names are resolved to
+    UUIDs before any filler starts, rather than two fillers taking each other for a foreign job.
+    """
     if config.gpus is None:
         return [config.gpu]
     if config.gpus != "all":
-        return list(config.gpus)
+        named = list(config.gpus)
+        if all(n.isdigit() for n in named) or not any(n.isdigit() for n in named):
+            return named  # config refuses a name given twice; only an index and a UUID can meet
+        uuid_of = _uuids_by_index(config)
+        selectors: list[str] = []
+        for name in named:
+            if uuid_of.get(name, name) not in {uuid_of.get(s, s) for s in selectors}:
+                selectors.append(name)
+        return selectors
     if config.simulate:
         return [str(i) for i in range(config.sim.gpus)]
     from forge_load.nvml import list_devices
@@ -280,6 +293,14 @@ def gpu_selectors(config: Config) -> list[str]:
         raise NoGpuError("FORGE_GPUS=all but NVML shows no GPU: in Kubernetes, set NVIDIA_VISIBLE_DEVICES=all "
                          "with runtimeClassName: nvidia; in Docker, --gpus all")
     return selectors
+
+
+def _uuids_by_index(config: Config) -> dict[str, str]:
+    if config.simulate:
+        return {str(i): SimGpu(config.sim, VirtualClock(), i).info.uuid for i in range(config.sim.gpus)}
+    from forge_load.nvml import list_devices
+
+    return {str(info.index): info.uuid for info in list_devices()}
 
 
 def run_gpu(config: Config, slot: metrics.GpuSlot, stream: TextIO, stop: threading.Event,
@@ -363,47 +384,104 @@ def stop_reason(stop: threading.Event) -> str:
     return getattr(stop, "reason", "signal")
 
 
-def install_signals(stop: threading.Event, wake: threading.Event) -> None:
-    def handle(signum: int, _frame: object) -> None:
-        stop.reason = f"signal {signal.Signals(signum).name}"  # type: ignore[attr-defined]
-        stop.set()
-        wake.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, handle)
+_stop_lock = threading.Lock()
 
 
-def main(argv: list[str] | None = None, stream: TextIO | None = None) -> int:
-    out = stream or sys.stdout
+def request_stop(stop: threading.Event, wake: threading.Event, reason: str) -> None:
+    """Stop every filler; the first reason is the one logged (a second signal changes nothing)."""
+    with _stop_lock:
+        if not stop.is_set():
+            stop.reason = reason  # type: ignore[attr-defined]
+            stop.set()
+    wake.set()
+
+
+def install_signals(stop: threading.Event, wake: threading.Event,
+                    signals: StopSignals | None = None) -> StopSignals:
+    """SIGTERM, SIGINT and SIGHUP stop the fillers (see forge_load.cli); `signals` when already installed."""
+    signals = signals or StopSignals.install()
+    signals.watch(lambda name: request_stop(stop, wake, f"signal {name}"))
+    return signals
+
+
+def say(text: str) -> None:
+    """One line on stderr, escaped; a closed stderr is no reason to fail."""
+    try:
+        print(escape_controls(text), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _to_devnull(sys.stderr)
+
+
+def _to_devnull(stream: TextIO) -> None:
+    """Point a broken standard stream at /dev/null, so that the interpreter's last flush cannot fail."""
+    with contextlib.suppress(Exception):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
+def main(argv: list[str] | None = None, stream: TextIO | None = None, signals: StopSignals | None = None) -> int:
+    """The process: `signals` are the stop signals forge_load.cli caught first; without them (main() called
+    on its own) they are installed here and put back on return."""
+    stop, wake = threading.Event(), threading.Event()
+    installed = install_signals(stop, wake, signals)
+    try:
+        return _main(argv, stream or sys.stdout, stop, wake)
+    finally:
+        if signals is None:
+            installed.restore()
+
+
+def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: threading.Event) -> int:
     try:
         config = load_config(argv)
     except ConfigError as error:
-        print(f"forge-load: {error}", file=sys.stderr)
+        say(f"forge-load: {error}")
         return EXIT_CONFIG
-    stop, wake = threading.Event(), threading.Event()
-    install_signals(stop, wake)
-    beat = health.Heartbeat(health.heartbeat_path())
-    error_log = EventLog(config.log_format, out, clock=time.monotonic, start_s=time.monotonic())
+    for warning in unknown_variables(os.environ):
+        say(f"forge-load: {warning}")
+    # Every line goes through one LogStream: a write that fails stops the fillers instead of raising in them.
+    log_stream = LogStream(out, lambda error: request_stop(stop, wake, "stdout could not be written"))
+    log_out = cast(TextIO, log_stream)
+    path, private = health.heartbeat_location(config)
+    beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
+        f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
+    error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     fleet = metrics.Fleet(config.health_max_age_s, simulated=config.simulate)
     server: metrics.MetricsServer | None = None
     if config.metrics_port is not None:
         try:
             server = metrics.serve(fleet, config.metrics_addr, config.metrics_port)
         except ConfigError as error:
-            print(f"forge-load: {error}", file=sys.stderr)
+            say(f"forge-load: {error}")
             return EXIT_CONFIG
         host = f"[{server.addr}]" if ":" in server.addr else server.addr
         error_log.emit("metrics", listen=f"{host}:{server.port}", port=server.port, paths="/metrics,/health")
     try:
-        return run_fleet(config, out, stop, wake, fleet, beat)  # one GPU is a fleet of one
+        if stop.is_set():  # a signal (or a dead stdout) during start-up: no GPU is opened at all
+            error_log.emit("stop", state="starting", reason=stop_reason(stop))
+            code = EXIT_OK
+        else:
+            code = run_fleet(config, log_out, stop, wake, fleet, beat)  # one GPU is a fleet of one
     except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none
-        print(f"forge-load: no usable GPU: {error}", file=sys.stderr)
-        return EXIT_NO_GPU
+        say(f"forge-load: no usable GPU: {error}")
+        code = EXIT_NO_GPU
     except Exception as error:  # a bug: say so in one line, keep the traceback out of docker logs
         error_log.emit("error", reason=f"internal error, please report: {type(error).__name__}: {error}",
                        exit_code=EXIT_INTERNAL)
-        return EXIT_INTERNAL
+        code = EXIT_INTERNAL
     finally:
         beat.clear()
         if server is not None:
             server.close()
+    return _log_checked(code, log_stream, out)
+
+
+def _log_checked(code: int, log_stream: LogStream, out: TextIO) -> int:
+    """`code`, or EXIT_LOG_LOST (said in one line on stderr) when the log could not be written."""
+    if log_stream.failure is None:
+        return code
+    _to_devnull(out)
+    why = log_stream.failure.strerror or str(log_stream.failure)
+    say(f"forge-load: stdout could not be written ({why}): the fillers were stopped, their kernels finished")
+    return EXIT_LOG_LOST if code == EXIT_OK else code

@@ -1,12 +1,17 @@
 """The daemon's settings: read from the environment, overridden by command-line flags, every value checked.
 
 A bad value is a ConfigError whose message is one line naming the variable (and its flag), the value as
-given and what is accepted; app.py prints it and exits 2. Nothing here touches the GPU.
+given (escaped, and shortened when long) and what is accepted; app.py prints it and exits 2. Every value is
+refused, never guessed at, when it holds a control character, is longer than MAX_VALUE_CHARS, or has digits
+other than ASCII ones. Nothing here touches the GPU. `python -m forge_load.health` and scripts/forge_fleet.py
+read and check settings through load_config too, so all three accept and refuse the same values.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import ipaddress
 import math
 import os
@@ -18,6 +23,7 @@ from functools import partial
 from typing import Literal, NoReturn
 
 from forge_load import __version__
+from forge_load.log import escape_controls
 
 
 class ConfigError(Exception):
@@ -60,6 +66,7 @@ class Config:
     metrics_port: int | None = None  # None: no metrics/health server; 0: any free port
     metrics_addr: str = "0.0.0.0"
     health_max_age_s: float = 30.0
+    heartbeat_file: str | None = None  # None: forge_load.health's default, in a directory only we own
     sim: SimConfig = field(default_factory=SimConfig)
 
 
@@ -71,6 +78,24 @@ LEGACY_TARGET_ENV = "TARGET"
 # NVML's shortest sample window is 1/6 s; accept values written with a few digits, like 0.1666.
 _WINDOW_MIN_S = 1 / 6
 _WINDOW_TOLERANCE_S = 1e-3
+# Longer than any sensible value (64 GPU UUIDs, 100 foreign jobs), short enough that no parser can be slow.
+MAX_VALUE_CHARS = 4096
+# A whole number with more digits than this is out of every range here (and int() of thousands of digits fails).
+_MAX_INT_DIGITS = 18
+MAX_GPU_INDEX = 1023
+# The simulated GPU's UUID carries the seed in 6 digits.
+MAX_SIM_SEED = 999_999
+MAX_SIM_FOREIGN_JOBS = 100  # the simulator walks every job for every sample
+# Floors that keep the loop sane: status lines at most 10 a second; a simulation at least a tenth of real time,
+# so that its loop (and heartbeat) steps at least every 20 s of wall time.
+MIN_LOG_INTERVAL_S = 0.1
+MIN_SIM_SPEED = 0.1
+# The loop beats its heartbeat once a second of its clock, on the first step after that (filler.py), and
+# steps at least once per poll interval. /health and the health command allow twice the longest gap, and never
+# less than this: under a second, /health would flap between polls.
+HEARTBEAT_EVERY_S = 1.0
+MIN_HEALTH_MAX_AGE_S = 2.0
+DEFAULT_HEALTH_MAX_AGE_S = 30.0
 
 
 # --- value parsers -------------------------------------------------------------------------------------
@@ -85,16 +110,18 @@ class _Rejected(Exception):
         self.detail = detail
 
 
-# Plain decimal numbers only: float() would also take "nan", "inf" and "1_000".
-_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-_INT_RE = re.compile(r"[+-]?\d+")
-_SECONDS_RE = re.compile(r"(?P<num>.*?)\s*(?P<unit>ms|s|m|h)?", re.IGNORECASE)
+# Plain decimal numbers with ASCII digits only: float() would also take "nan", "inf", "1_000" and "١".
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_UNITS = ("ms", "s", "m", "h")  # "ms" before "s" and "m": the first suffix that matches is the unit
 _UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _HEX = "[0-9a-f]"
 _UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
-_GPU_UUID_RE = re.compile(rf"(GPU|MIG)-({_UUID})", re.IGNORECASE)
+_GPU_UUID_RE = re.compile(rf"(GPU|MIG)-({_UUID})", re.IGNORECASE | re.ASCII)
 # MIG devices under drivers before R470 were named MIG-GPU-<uuid>/<gi>/<ci>.
-_OLD_MIG_RE = re.compile(rf"MIG-GPU-({_UUID})/(\d+)/(\d+)", re.IGNORECASE)
+_OLD_MIG_RE = re.compile(rf"MIG-GPU-({_UUID})/([0-9]{{1,4}})/([0-9]{{1,4}})", re.IGNORECASE | re.ASCII)
+# An IPv6 zone is an interface name (at most 15 characters on Linux) or number.
+_ZONE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -118,7 +145,9 @@ def _in_range(value: float, low: float | None, low_inclusive: bool, high: float 
 
 
 def _stripped(raw: str, accepted: str) -> str:
-    text = raw.strip()
+    # Spaces and tabs around a value are forgiven; any other control character (a newline too) is refused
+    # by _apply before a parser sees the value.
+    text = raw.strip(" \t")
     if not text:
         raise _Rejected(accepted, "empty")
     return text
@@ -130,7 +159,15 @@ def _float_of(text: str, accepted: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise _Rejected(accepted, "not a finite number")
-    return value
+    return value + 0.0  # -0 is 0
+
+
+def _int_of(text: str, accepted: str, what: str = "not a whole number") -> int:
+    if not _INT_RE.fullmatch(text):
+        raise _Rejected(accepted, what)
+    if len(text.lstrip("+-").lstrip("0")) > _MAX_INT_DIGITS:
+        raise _Rejected(accepted, "out of range")
+    return int(text)
 
 
 def _ratio_value(
@@ -185,10 +222,9 @@ def _seconds_value(
         f"seconds {_interval(low, low_inclusive, high, high_inclusive)}, a number optionally with ms, s, m or h"
     )
     text = _stripped(raw, accepted)
-    match = _SECONDS_RE.fullmatch(text)
-    assert match is not None  # the pattern matches any string
-    unit = match["unit"].lower() if match["unit"] else None
-    value = _float_of(match["num"], accepted) * _UNIT_S[unit]
+    unit = next((u for u in _UNITS if text.lower().endswith(u)), None)
+    number = text[:-len(unit)].rstrip(" \t") if unit else text
+    value = _float_of(number, accepted) * _UNIT_S[unit]
     if not math.isfinite(value) or not _in_range(value, low, low_inclusive, high, high_inclusive):
         raise _Rejected(accepted, "out of range")
     return value
@@ -202,12 +238,17 @@ def _float_value(raw: str, *, low: float, low_inclusive: bool, high: float | Non
     return value
 
 
+def _speed_value(raw: str) -> float:
+    accepted = f"0 (as fast as possible) or virtual seconds per real second >= {_num(MIN_SIM_SPEED)}"
+    value = _float_of(_stripped(raw, accepted), accepted)
+    if value != 0 and value < MIN_SIM_SPEED:
+        raise _Rejected(accepted, "out of range")
+    return value
+
+
 def _int_value(raw: str, *, low: int, high: int | None = None) -> int:
     accepted = f"a whole number {_interval(low, True, high, True)}"
-    text = _stripped(raw, accepted)
-    if not _INT_RE.fullmatch(text):
-        raise _Rejected(accepted, "not a whole number")
-    value = int(text)
+    value = _int_of(_stripped(raw, accepted), accepted)
     if not _in_range(value, low, True, high, True):
         raise _Rejected(accepted, "out of range")
     return value
@@ -232,12 +273,15 @@ def _choice_value(raw: str, *, choices: tuple[str, ...]) -> str:
 
 
 def _gpu_value(raw: str) -> str:
-    accepted = "a GPU index such as 0, or a UUID such as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or MIG-..."
+    accepted = (f"a GPU index from 0 to {MAX_GPU_INDEX}, or a UUID such as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
+                "or MIG-...")
     text = _stripped(raw, accepted)
     if _INT_RE.fullmatch(text):
-        index = int(text)
+        index = _int_of(text, accepted)
         if index < 0:
             raise _Rejected(accepted, "negative index")
+        if index > MAX_GPU_INDEX:
+            raise _Rejected(accepted, "index out of range")
         return str(index)
     # NVML reports UUIDs as an upper-case prefix and lower-case hex; compare in that form.
     if m := _GPU_UUID_RE.fullmatch(text):
@@ -257,7 +301,7 @@ def _gpus_value(raw: str) -> Literal["all"] | tuple[str, ...]:
         try:
             gpu = _gpu_value(piece)
         except _Rejected as rejected:
-            raise _Rejected(accepted, f"{piece.strip()!r} is not a GPU index or UUID") from rejected
+            raise _Rejected(accepted, f"{_shown(piece.strip())} is not a GPU index or UUID") from rejected
         if gpu in gpus:
             raise _Rejected(accepted, f"GPU {gpu} is listed twice")
         gpus.append(gpu)
@@ -272,12 +316,26 @@ def _port_value(raw: str) -> int:
 
 
 def _addr_value(raw: str) -> str:
-    accepted = "an IP address to listen on, such as 0.0.0.0, 127.0.0.1 or ::"
+    # An IP literal only: a host name would resolve differently for the filler and the health check.
+    accepted = ("an IP address (not a host name) to listen on, such as 0.0.0.0, 127.0.0.1, :: or ::1; "
+                "a link-local IPv6 address may name its interface, fe80::1%eth0")
     text = _stripped(raw, accepted)
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    _, percent, zone = inner.partition("%")
+    if percent and not _ZONE_RE.fullmatch(zone):
+        raise _Rejected(accepted, "the zone after % is not an interface name or number")
     try:
-        return str(ipaddress.ip_address(text.removeprefix("[").removesuffix("]")))
+        return str(ipaddress.ip_address(inner))
     except ValueError:
         raise _Rejected(accepted) from None
+
+
+def _path_value(raw: str) -> str:
+    accepted = "an absolute path, such as /run/forge_load/heartbeat"
+    text = _stripped(raw, accepted)
+    if not text.startswith("/"):
+        raise _Rejected(accepted, "not an absolute path")
+    return text
 
 
 def _indices_value(raw: str) -> tuple[int, ...] | None:
@@ -287,11 +345,12 @@ def _indices_value(raw: str) -> tuple[int, ...] | None:
         return None
     indices: list[int] = []
     for piece in text.split(","):
-        if not _INT_RE.fullmatch(piece.strip()) or int(piece) < 0:
-            raise _Rejected(accepted, f"{piece.strip()!r} is not a device index")
-        if int(piece) in indices:
-            raise _Rejected(accepted, f"device {int(piece)} is listed twice")
-        indices.append(int(piece))
+        index = _int_of(piece.strip(" \t"), accepted, f"{_shown(piece.strip())} is not a device index")
+        if index < 0:
+            raise _Rejected(accepted, f"{_shown(piece.strip())} is not a device index")
+        if index in indices:
+            raise _Rejected(accepted, f"device {index} is listed twice")
+        indices.append(index)
     return tuple(sorted(indices))
 
 
@@ -303,16 +362,17 @@ def _failures_value(raw: str) -> tuple[tuple[int, float], ...]:
     failures: dict[int, float] = {}
     for piece in text.split(","):
         device_text, at, time_text = piece.strip().partition("@")
-        device_text = device_text.strip()
-        if not at or not _INT_RE.fullmatch(device_text) or int(device_text) < 0:
-            raise _Rejected(accepted, f"{piece.strip()!r} is not DEVICE@SECONDS")
+        not_this = f"{_shown(piece.strip())} is not DEVICE@SECONDS"
+        device = _int_of(device_text.strip(" \t"), accepted, not_this) if at else -1
+        if device < 0:
+            raise _Rejected(accepted, not_this)
         try:
             at_s = _seconds_value(time_text)
         except _Rejected:
-            raise _Rejected(accepted, f"{piece.strip()!r} does not have SECONDS >= 0") from None
-        if int(device_text) in failures:
-            raise _Rejected(accepted, f"device {int(device_text)} is listed twice")
-        failures[int(device_text)] = at_s
+            raise _Rejected(accepted, f"{_shown(piece.strip())} does not have SECONDS >= 0") from None
+        if device in failures:
+            raise _Rejected(accepted, f"device {device} is listed twice")
+        failures[device] = at_s
     return tuple(sorted(failures.items()))
 
 
@@ -326,19 +386,23 @@ def _window_value(raw: str) -> float:
 
 
 def _intervals_value(raw: str) -> tuple[tuple[float, float], ...]:
-    accepted = "START-END[,START-END...] in virtual seconds, 0 <= START < END, not overlapping, or none"
+    accepted = (f"START-END[,START-END...] in virtual seconds, 0 <= START < END, not overlapping, at most "
+                f"{MAX_SIM_FOREIGN_JOBS} jobs, or none")
     text = _stripped(raw, accepted)
     if text.lower() == "none":
         return ()
+    pieces = text.split(",")
+    if len(pieces) > MAX_SIM_FOREIGN_JOBS:
+        raise _Rejected(accepted, f"{len(pieces)} jobs")
     spans: list[tuple[float, float]] = []
-    for piece in text.split(","):
-        start_text, dash, end_text = piece.strip().partition("-")
+    for piece in pieces:
+        start_text, dash, end_text = piece.strip(" \t").partition("-")
         if not dash:
-            raise _Rejected(accepted, f"{piece.strip()!r} is not START-END")
-        start = _float_of(start_text.strip(), accepted)
-        end = _float_of(end_text.strip(), accepted)
+            raise _Rejected(accepted, f"{_shown(piece.strip())} is not START-END")
+        start = _float_of(start_text.strip(" \t"), accepted)
+        end = _float_of(end_text.strip(" \t"), accepted)
         if start < 0 or end <= start:
-            raise _Rejected(accepted, f"{piece.strip()!r} does not have 0 <= START < END")
+            raise _Rejected(accepted, f"{_shown(piece.strip())} does not have 0 <= START < END")
         spans.append((start, end))
     spans.sort()
     for (_, end), (start, _) in zip(spans, spans[1:]):
@@ -364,21 +428,42 @@ def parse_ratio(
     return _apply(name, raw, parser)
 
 
+def _shown(raw: str) -> str:
+    """The value for a one-line message: repr escapes every control character and shows stray spaces; a long
+    value is cut short, so a 100 kB variable is not echoed back whole."""
+    if len(raw) <= 80:
+        return repr(raw)
+    return f"{raw[:40]!r}... ({len(raw)} characters)"
+
+
+def _unusable(raw: str) -> str | None:
+    """Why no parser should see `raw` at all, or None."""
+    if len(raw) > MAX_VALUE_CHARS:
+        return f"longer than {MAX_VALUE_CHARS} characters"
+    if not raw.isprintable() and any(not (c.isprintable() or c in " \t") for c in raw):
+        return "contains a control character"
+    return None
+
+
 def _apply(name: str, raw: str, parser: Callable[[str], object], also: str = "") -> object:
+    why = _unusable(raw)
     try:
-        return parser(raw)
+        if why is None:
+            return parser(raw)
+        parser("")  # only for the wording of what is accepted: every parser refuses the empty string
+        accepted = "a value of printable characters"
     except _Rejected as rejected:
-        detail = f"{rejected.detail}; " if rejected.detail else ""
-        suffix = f" ({also})" if also else ""
-        # repr keeps a value with newlines or odd characters on one line and shows stray spaces.
-        raise ConfigError(f"{name}={raw!r} is not valid: {detail}expected {rejected.accepted}{suffix}") from None
+        why, accepted = why or rejected.detail, rejected.accepted
+    detail = f"{why}; " if why else ""
+    suffix = f" ({also})" if also else ""
+    raise ConfigError(f"{name}={_shown(raw)} is not valid: {detail}expected {accepted}{suffix}")
 
 
 # --- the settings table --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _Setting:
+class Setting:
     key: str  # Config field, or "sim.<field>"
     env: str
     flag: str  # for booleans, the positive form; argparse adds --no-...
@@ -395,80 +480,87 @@ class _Setting:
         return "--[no-]" + self.flag[2:] if self.boolean else self.flag
 
 
-_SETTINGS: tuple[_Setting, ...] = (
-    _Setting("target_ratio", "FORGE_TARGET", "--target", partial(_ratio_value, example=0.5),
-             "utilization to hold, 0.5 or 50% (legacy env TARGET=50 also read); default 0.5"),
-    _Setting("gpu", "FORGE_GPU", "--gpu", _gpu_value, "GPU index or UUID; default 0"),
-    _Setting("gpus", "FORGE_GPUS", "--gpus", _gpus_value,
-             "fill several GPUs from one process: all, or a list such as 0,1 (not with FORGE_GPU); default unset"),
-    _Setting("boost_target_ratio", "FORGE_BOOST_TARGET", "--boost-target", partial(_ratio_value, example=0.6),
-             "utilization to hold after a long quiet spell, >= target; default 0.6 (or the target if higher)"),
-    _Setting("boost_after_s", "FORGE_BOOST_AFTER", "--boost-after", _seconds_value,
-             "seconds without foreign work before boosting, 0 disables; default 3600"),
-    _Setting("resume_after_s", "FORGE_RESUME_AFTER", "--resume-after", _seconds_value,
-             "seconds the GPU must be free of foreign work before resuming; default 60"),
-    _Setting("log_interval_s", "FORGE_LOG_INTERVAL", "--log-interval",
-             partial(_seconds_value, low=0.0, low_inclusive=False, high=86400.0),
-             "seconds between status lines; default 10"),
-    _Setting("log_format", "FORGE_LOG_FORMAT", "--log-format", partial(_choice_value, choices=("text", "json")),
-             "text or json; default text"),
-    _Setting("duration_s", "FORGE_DURATION", "--duration", _seconds_value,
-             "seconds to run, 0 = until stopped; default 0"),
-    _Setting("controller", "FORGE_CONTROLLER", "--controller", partial(_choice_value, choices=CONTROLLER_NAMES),
-             "pi or legacy; default pi"),
-    _Setting("poll_interval_s", "FORGE_POLL_INTERVAL", "--poll-interval",
-             partial(_seconds_value, low=0.01, high=1.0), "seconds between GPU polls, 0.01 to 1; default 0.1"),
-    _Setting("foreign_mem_mib", "FORGE_FOREIGN_MEM_MIB", "--foreign-mem-mib",
-             partial(_float_value, low=0.0, low_inclusive=False, what="MiB"),
-             "device memory beyond baseline and our own that means a foreign job; default 64"),
-    _Setting("foreign_util_ratio", "FORGE_FOREIGN_UTIL", "--foreign-util",
-             partial(_ratio_value, high_inclusive=False, example=0.1),
-             "utilization beyond our own share that means a foreign job; default 0.1"),
-    _Setting("foreign_util_samples", "FORGE_FOREIGN_SAMPLES", "--foreign-samples",
-             partial(_int_value, low=1, high=100), "consecutive samples over that needed; default 2"),
-    _Setting("use_process_list", "FORGE_USE_PROCESS_LIST", "--process-list", _bool_value,
-             "treat other processes on the GPU as foreign jobs; default on", boolean=True),
-    _Setting("simulate", "FORGE_SIMULATE", "--simulate", _bool_value,
-             "run against a simulated GPU; default off", boolean=True),
-    _Setting("metrics_port", "FORGE_METRICS_PORT", "--metrics-port", _port_value,
-             "serve Prometheus /metrics and /health on this port (0 = any free port); default off"),
-    _Setting("metrics_addr", "FORGE_METRICS_ADDR", "--metrics-addr", _addr_value,
-             "address the metrics server listens on; default 0.0.0.0"),
-    # Plain seconds, as `python -m forge_load.health` (the image's HEALTHCHECK) reads the same variable.
-    _Setting("health_max_age_s", "FORGE_HEALTH_MAX_AGE", "--health-max-age",
-             partial(_float_value, low=0.0, low_inclusive=False, what="seconds"),
-             "seconds without a loop heartbeat before /health reports a GPU stalled; default 30"),
-    _Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed",
-             partial(_float_value, low=0.0, low_inclusive=True, what="virtual seconds per real second (0 = flat out)"),
-             "simulator: virtual seconds per real second, 0 = as fast as possible; default 1"),
-    _Setting("sim.window_s", "FORGE_SIM_WINDOW", "--sim-window", _window_value,
-             "simulator: NVML sample window in seconds, 1/6 to 1; default 1/6"),
-    _Setting("sim.sms", "FORGE_SIM_SMS", "--sim-sms", partial(_int_value, low=1, high=1024),
-             "simulator: SM count; default 132"),
-    _Setting("sim.foreign_s", "FORGE_SIM_FOREIGN", "--sim-foreign", _intervals_value,
-             "simulator: foreign jobs as START-END[,START-END...] virtual seconds; default none"),
-    _Setting("sim.foreign_load_ratio", "FORGE_SIM_FOREIGN_LOAD", "--sim-foreign-load",
-             partial(_ratio_value, example=0.9), "simulator: busy ratio of a foreign job; default 0.9"),
-    _Setting("sim.foreign_mem_mib", "FORGE_SIM_FOREIGN_MEM", "--sim-foreign-mem",
-             partial(_float_value, low=0.0, low_inclusive=True, what="MiB"),
-             "simulator: MiB a foreign job takes; default 2048"),
-    _Setting("sim.hide_foreign", "FORGE_SIM_HIDE_FOREIGN", "--sim-hide-foreign", _bool_value,
-             "simulator: hide foreign jobs from the process list; default off", boolean=True),
-    _Setting("sim.seed", "FORGE_SIM_SEED", "--sim-seed", partial(_int_value, low=0), "simulator: random seed; default 0"),
-    _Setting("sim.gpus", "FORGE_SIM_GPUS", "--sim-gpus", partial(_int_value, low=1, high=64),
-             "simulator: number of simulated GPUs (indices 0..N-1; pick with --gpu or --gpus); default 1"),
-    _Setting("sim.foreign_gpus", "FORGE_SIM_FOREIGN_GPUS", "--sim-foreign-gpus", _indices_value,
-             "simulator: devices the --sim-foreign jobs run on, all or a list such as 1,2; default all"),
-    _Setting("sim.fail_gpus", "FORGE_SIM_FAIL_GPU", "--sim-fail-gpu", _failures_value,
-             "simulator: lose devices while running, DEVICE@SECONDS[,...] such as 2@30; default none"),
+SETTINGS: tuple[Setting, ...] = (
+    Setting("target_ratio", "FORGE_TARGET", "--target", partial(_ratio_value, example=0.5),
+            "utilization to hold, 0.5 or 50% (legacy env TARGET=50 also read); default 0.5"),
+    Setting("gpu", "FORGE_GPU", "--gpu", _gpu_value, "GPU index or UUID; default 0"),
+    Setting("gpus", "FORGE_GPUS", "--gpus", _gpus_value,
+            "fill several GPUs from one process: all, or a list such as 0,1 (not with FORGE_GPU); default unset"),
+    Setting("boost_target_ratio", "FORGE_BOOST_TARGET", "--boost-target", partial(_ratio_value, example=0.6),
+            "utilization to hold after a long quiet spell, >= target; default 0.6 (or the target if higher)"),
+    Setting("boost_after_s", "FORGE_BOOST_AFTER", "--boost-after", _seconds_value,
+            "seconds without foreign work before boosting, 0 disables; default 3600"),
+    Setting("resume_after_s", "FORGE_RESUME_AFTER", "--resume-after", _seconds_value,
+            "seconds the GPU must be free of foreign work before resuming; default 60"),
+    Setting("log_interval_s", "FORGE_LOG_INTERVAL", "--log-interval",
+            partial(_seconds_value, low=MIN_LOG_INTERVAL_S, high=86400.0),
+            "seconds between status lines, 0.1 to 86400; default 10"),
+    Setting("log_format", "FORGE_LOG_FORMAT", "--log-format", partial(_choice_value, choices=("text", "json")),
+            "text or json; default text"),
+    Setting("duration_s", "FORGE_DURATION", "--duration", _seconds_value,
+            "seconds to run, 0 = until stopped; default 0"),
+    Setting("controller", "FORGE_CONTROLLER", "--controller", partial(_choice_value, choices=CONTROLLER_NAMES),
+            "pi or legacy; default pi"),
+    Setting("poll_interval_s", "FORGE_POLL_INTERVAL", "--poll-interval",
+            partial(_seconds_value, low=0.01, high=1.0), "seconds between GPU polls, 0.01 to 1; default 0.1"),
+    Setting("foreign_mem_mib", "FORGE_FOREIGN_MEM_MIB", "--foreign-mem-mib",
+            partial(_float_value, low=0.0, low_inclusive=False, what="MiB"),
+            "device memory beyond baseline and our own that means a foreign job; default 64"),
+    Setting("foreign_util_ratio", "FORGE_FOREIGN_UTIL", "--foreign-util",
+            partial(_ratio_value, high_inclusive=False, example=0.1),
+            "utilization beyond our own share that means a foreign job; default 0.1"),
+    Setting("foreign_util_samples", "FORGE_FOREIGN_SAMPLES", "--foreign-samples",
+            partial(_int_value, low=1, high=100), "consecutive samples over that needed; default 2"),
+    Setting("use_process_list", "FORGE_USE_PROCESS_LIST", "--process-list", _bool_value,
+            "treat other processes on the GPU as foreign jobs; default on", boolean=True),
+    Setting("simulate", "FORGE_SIMULATE", "--simulate", _bool_value,
+            "run against a simulated GPU; default off", boolean=True),
+    Setting("metrics_port", "FORGE_METRICS_PORT", "--metrics-port", _port_value,
+            "serve Prometheus /metrics and /health on this port (0 = any free port); default off"),
+    Setting("metrics_addr", "FORGE_METRICS_ADDR", "--metrics-addr", _addr_value,
+            "IP address (not a host name) the metrics server listens on; default 0.0.0.0"),
+    # load_config also holds it to twice the heartbeat's longest gap (heartbeat_period_s).
+    Setting("health_max_age_s", "FORGE_HEALTH_MAX_AGE", "--health-max-age",
+            partial(_seconds_value, low=MIN_HEALTH_MAX_AGE_S),
+            "seconds without a loop heartbeat before /health and the health command report a GPU stalled, "
+            ">= 2; default 30"),
+    Setting("heartbeat_file", "FORGE_HEARTBEAT_FILE", "--heartbeat-file", _path_value,
+            "file the loop touches and `python -m forge_load.health` checks; default "
+            "/tmp/forge_load-<uid>/heartbeat"),
+    Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed", _speed_value,
+            "simulator: virtual seconds per real second, 0 = as fast as possible, else >= 0.1; default 1"),
+    Setting("sim.window_s", "FORGE_SIM_WINDOW", "--sim-window", _window_value,
+            "simulator: NVML sample window in seconds, 1/6 to 1; default 1/6"),
+    Setting("sim.sms", "FORGE_SIM_SMS", "--sim-sms", partial(_int_value, low=1, high=1024),
+            "simulator: SM count; default 132"),
+    Setting("sim.foreign_s", "FORGE_SIM_FOREIGN", "--sim-foreign", _intervals_value,
+            "simulator: foreign jobs as START-END[,START-END...] virtual seconds; default none"),
+    Setting("sim.foreign_load_ratio", "FORGE_SIM_FOREIGN_LOAD", "--sim-foreign-load",
+            partial(_ratio_value, example=0.9), "simulator: busy ratio of a foreign job; default 0.9"),
+    Setting("sim.foreign_mem_mib", "FORGE_SIM_FOREIGN_MEM", "--sim-foreign-mem",
+            partial(_float_value, low=0.0, low_inclusive=True, what="MiB"),
+            "simulator: MiB a foreign job takes; default 2048"),
+    Setting("sim.hide_foreign", "FORGE_SIM_HIDE_FOREIGN", "--sim-hide-foreign", _bool_value,
+            "simulator: hide foreign jobs from the process list; default off", boolean=True),
+    Setting("sim.seed", "FORGE_SIM_SEED", "--sim-seed", partial(_int_value, low=0, high=MAX_SIM_SEED),
+            "simulator: random seed, 0 to 999999; default 0"),
+    Setting("sim.gpus", "FORGE_SIM_GPUS", "--sim-gpus", partial(_int_value, low=1, high=64),
+            "simulator: number of simulated GPUs (indices 0..N-1; pick with --gpu or --gpus); default 1"),
+    Setting("sim.foreign_gpus", "FORGE_SIM_FOREIGN_GPUS", "--sim-foreign-gpus", _indices_value,
+            "simulator: devices the --sim-foreign jobs run on, all or a list such as 1,2; default all"),
+    Setting("sim.fail_gpus", "FORGE_SIM_FAIL_GPU", "--sim-fail-gpu", _failures_value,
+            "simulator: lose devices while running, DEVICE@SECONDS[,...] such as 2@30; default none"),
 )
-_BY_KEY: dict[str, _Setting] = {s.key: s for s in _SETTINGS}
+_BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        # argparse would print usage and exit 2 itself; the app reports every bad setting the same way.
-        raise ConfigError(f"command line: {' '.join(message.split())} (see --help)")
+        # argparse would print usage and exit 2 itself; the app reports every bad setting the same way. The
+        # message quotes what was typed: escaped, and cut short.
+        text = escape_controls(" ".join(message.split()))
+        text = text if len(text) <= 300 else text[:300] + "..."
+        raise ConfigError(f"command line: {text} (see --help)")
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -479,7 +571,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # --foreign-* and --sim-* share prefixes; abbreviations would be guesses
     )
     parser.add_argument("--version", action="version", version=f"forge-load {__version__}")
-    for s in _SETTINGS:
+    for s in SETTINGS:
         help_text = f"{s.help} [env {s.env}]".replace("%", "%%")
         if s.boolean:
             parser.add_argument(s.flag, dest=s.dest, action=argparse.BooleanOptionalAction, default=None,
@@ -499,7 +591,7 @@ class _Given:
     value: object
 
 
-def _read(setting: _Setting, args: argparse.Namespace, env: Mapping[str, str]) -> _Given | None:
+def _read(setting: Setting, args: argparse.Namespace, env: Mapping[str, str]) -> _Given | None:
     cli = getattr(args, setting.dest)
     if isinstance(cli, bool):
         return _Given(f"--{'' if cli else 'no-'}{setting.flag[2:]}", "", cli)
@@ -523,7 +615,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     env = os.environ if env is None else env
     args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     given: dict[str, _Given] = {}
-    for s in _SETTINGS:
+    for s in SETTINGS:
         got = _read(s, args, env)
         if got is not None:
             given[s.key] = got
@@ -538,21 +630,77 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         top["boost_target_ratio"] = max(DEFAULT_BOOST_TARGET, target)
     elif float(boost.value) < target:  # type: ignore[arg-type]
         t = given.get("target_ratio")
-        target_text = f"{t.name}={t.raw!r}" if t else f"the default target {_num(target)} ({_BY_KEY['target_ratio'].env})"
+        target_text = (f"{t.name}={_shown(t.raw)}" if t
+                       else f"the default target {_num(target)} ({_BY_KEY['target_ratio'].env})")
         raise ConfigError(
-            f"{boost.name}={boost.raw!r} is below {target_text}: expected a boost target >= the target "
+            f"{boost.name}={_shown(boost.raw)} is below {target_text}: expected a boost target >= the target "
             f"and <= 1 (or leave {boost.name} unset to boost to {_num(max(DEFAULT_BOOST_TARGET, target))})"
         )
     _check_gpu_choice(given)
     _check_sim_devices(given, int(sim.get("gpus", SimConfig.gpus)))  # type: ignore[call-overload]
-    return Config(**top, sim=SimConfig(**sim))  # type: ignore[arg-type]
+    config = Config(**top, sim=SimConfig(**sim))  # type: ignore[arg-type]
+    return _check_health_max_age(config, given)
+
+
+def heartbeat_period_s(config: Config) -> float:
+    """The longest wall-clock gap between two heartbeats of a healthy loop: a beat each HEARTBEAT_EVERY_S of
+    the loop's clock, on the first step after it, with a step at least every poll interval; a simulation
+    slower than real time stretches both."""
+    period_s = HEARTBEAT_EVERY_S + config.poll_interval_s
+    if config.simulate and 0 < config.sim.speed < 1:
+        period_s /= config.sim.speed
+    return period_s
+
+
+def _check_health_max_age(config: Config, given: Mapping[str, _Given]) -> Config:
+    """FORGE_HEALTH_MAX_AGE must span two heartbeats, or /health would flap; its default grows to fit."""
+    least_s = max(MIN_HEALTH_MAX_AGE_S, 2 * heartbeat_period_s(config))
+    got = given.get("health_max_age_s")
+    if got is None:
+        return dataclasses.replace(config, health_max_age_s=max(DEFAULT_HEALTH_MAX_AGE_S, least_s))
+    if config.health_max_age_s >= least_s:
+        return config
+    poll, speed = given.get("poll_interval_s"), given.get("sim.speed")
+    why = f"1 s + {poll.name if poll else _BY_KEY['poll_interval_s'].env} {_num(config.poll_interval_s)} s"
+    if config.simulate and 0 < config.sim.speed < 1:
+        why = f"({why}) / {speed.name if speed else _BY_KEY['sim.speed'].env} {_num(config.sim.speed)}"
+    raise ConfigError(
+        f"{got.name}={_shown(got.raw)} is not valid: expected seconds >= {_num(least_s)}, twice the longest gap "
+        f"between two heartbeats of the loop ({why}), or /health would flap"
+    )
+
+
+# FORGE_ variables that the project's own scripts read (tests, the container engine, the fleet script), not
+# the filler: no warning for these.
+TOOL_VARIABLES = frozenset({
+    "FORGE_IMAGE", "FORGE_VENV", "FORGE_SKIP_SYSTEM_TOOLS", "FORGE_REQUIRE_DOCKER", "FORGE_ENGINE_STARTED",
+    "FORGE_DOCKER_DIR", "FORGE_BASE_IMAGE", "FORGE_DEBIAN_MIRROR", "FORGE_PIP_INDEX_URL",
+    "FORGE_DOCKER_STORAGE_DRIVER",
+})
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """One warning line per FORGE_ variable in `env` that is no setting (a typo, most likely), naming the
+    closest setting. Unknown variables are not refused: a newer setting in an older filler's environment
+    must not stop it."""
+    known = [s.env for s in SETTINGS]
+    warnings = []
+    for name in sorted(env):
+        if not name.upper().startswith("FORGE_") or name in known or name in TOOL_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        shown = escape_controls(name if len(name) <= 80 else name[:40] + "...")
+        warnings.append(f"warning: {shown} is not a setting forge-load knows{hint}; it is ignored")
+    return warnings
 
 
 def _check_gpu_choice(given: Mapping[str, _Given]) -> None:
     one, several = given.get("gpu"), given.get("gpus")
     if one is not None and several is not None:
         raise ConfigError(
-            f"{one.name}={one.raw!r} and {several.name}={several.raw!r} are both set: expected one of them, "
+            f"{one.name}={_shown(one.raw)} and {several.name}={_shown(several.raw)} are both set: "
+            f"expected one of them, "
             f"{_BY_KEY['gpu'].env} for one GPU or {_BY_KEY['gpus'].env} for several"
         )
 
@@ -570,7 +718,7 @@ def _check_sim_devices(given: Mapping[str, _Given], count: int) -> None:
             count_name = given["sim.gpus"].name if "sim.gpus" in given else "the default " + _BY_KEY["sim.gpus"].env
             devices = "device 0" if count == 1 else f"devices 0 to {count - 1}"
             raise ConfigError(
-                f"{got.name}={got.raw!r} names simulated device {device}, but {count_name} simulates "
+                f"{got.name}={_shown(got.raw)} names simulated device {device}, but {count_name} simulates "
                 f"{count} ({devices}): expected a device below {count}"
             )
 

@@ -1,10 +1,17 @@
-"""Event log for `docker logs`: one line per event on stdout, as text (logfmt) or JSON with the same fields."""
+"""Event log for `docker logs`: one line per event on stdout, as text (logfmt) or JSON with the same fields.
+
+No value can forge a line: control characters (C0, DEL, C1, line and paragraph separators, bidi and other
+format characters) never reach the output raw. Text values holding anything but plain printable ASCII are
+quoted and escaped JSON-style (\\u001b); JSON lines escape everything beyond ASCII.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
+import threading
 from typing import Callable, TextIO
 
 # The fields every status-like line carries, in this order; anything else follows.
@@ -36,8 +43,59 @@ class EventLog:
 
     def format(self, record: dict[str, object]) -> str:
         if self.fmt == "json":
-            return json.dumps({k: _json_value(v) for k, v in record.items()}, separators=(",", ":"))
+            # ensure_ascii escapes C0, C1 and every non-ASCII character; DEL is ASCII and is left raw.
+            text = json.dumps({k: _json_value(v) for k, v in record.items()}, separators=(",", ":"))
+            return text.replace("\x7f", "\\u007f")
         return " ".join(f"{k}={_text_value(v, 2 if k == 't' else 3)}" for k, v in record.items())
+
+
+# A text value is written bare only when it is plain printable ASCII with nothing logfmt gives a meaning to.
+_BARE_RE = re.compile(r'[!#-<>-\[\]-~]+')
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every character that is not printable (controls, line breaks, format and bidi characters,
+    unassigned code points) written as \\uXXXX: safe to print as one line on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else
+                   f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
+
+
+class LogStream:
+    """stdout for the event log, shared by every GPU thread: one whole line per write, never two interleaved.
+
+    A write that fails (the reader closed the pipe, the disk is full, the terminal hung up) is not raised into
+    the run loops: `on_failure` is told once, and every later line is dropped, so the fillers stop the way
+    they stop for a signal (their kernels drained), and main() reports it in one line.
+    """
+
+    def __init__(self, stream: TextIO, on_failure: Callable[[OSError], None]) -> None:
+        self._stream = stream
+        self._on_failure = on_failure
+        self._lock = threading.Lock()
+        self.failure: OSError | None = None
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            if self.failure is None:
+                try:
+                    return self._stream.write(text)
+                except (OSError, ValueError) as error:  # ValueError: the stream was closed under us
+                    self._failed(error)
+            return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self.failure is None:
+                try:
+                    self._stream.flush()
+                except (OSError, ValueError) as error:
+                    self._failed(error)
+
+    def _failed(self, error: OSError | ValueError) -> None:
+        self.failure = error if isinstance(error, OSError) else OSError(f"stdout is closed ({error})")
+        self._on_failure(self.failure)
 
 
 def _json_value(value: object) -> object:
@@ -54,6 +112,6 @@ def _text_value(value: object, decimals: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{decimals}f}" if abs(value) < 10 or decimals == 2 else f"{value:.1f}"
     text = str(value)
-    if not text or any(c.isspace() or c in '"=' for c in text):
-        return json.dumps(text)
-    return text
+    if _BARE_RE.fullmatch(text):
+        return text
+    return json.dumps(text).replace("\x7f", "\\u007f")

@@ -13,9 +13,14 @@ already right: a container whose settings, image and GPU match is left alone (st
 stopped); one that differs is recreated. `--simulate` runs the filler on simulated GPUs (`--count N` of
 them) with no device request, for hosts without GPUs.
 
+Before it creates anything, `up` checks the settings each container would get (--target, -e) with the
+filler's own configuration code, so a value the filler would refuse never reaches a container that Docker
+restarts for ever; a FORGE_ variable the filler does not know gets a one-line warning (a typo, most likely).
+
 The Docker engine is the one DOCKER_HOST names (else the default socket). Exit codes: 0 done; 1 an error,
-said in one line (engine unreachable, image missing, no such GPU, a container of our name that is not
-ours, ...); 2 bad usage.
+said in one line (engine unreachable or DOCKER_HOST malformed, image missing, no such GPU, a container of
+our name that is not ours, ...); 2 bad usage, or a setting the filler would refuse (one line); 130
+interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 class FleetError(Exception):
     """A failure to tell the user in one line; exit code 1."""
+
+
+class SettingsError(Exception):
+    """A setting the filler would refuse, in the filler's own words; exit code 2."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +117,12 @@ def connect() -> Any:
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
     try:
         client = docker.from_env(timeout=30)
+    except (DockerException, ValueError) as error:  # ValueError: a DOCKER_HOST urllib cannot parse
+        raise FleetError(f"cannot reach the Docker engine at {where}: DOCKER_HOST is not usable "
+                         f"({_short(error)})") from error
+    try:
         client.ping()
-    except DockerException as error:
+    except (DockerException, OSError) as error:
         raise FleetError(f"cannot reach the Docker engine at {where}: {_short(error)}") from error
     return client
 
@@ -158,8 +171,8 @@ def parse_env(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs.items()))
 
 
-def desired(gpu: Gpu, opts: Options, image_id: str) -> dict[str, Any]:
-    """The keyword arguments of containers.run() for this GPU, labels (with the spec hash) included."""
+def container_env(gpu: Gpu, opts: Options) -> dict[str, str]:
+    """The environment the filler in this GPU's container gets."""
     env = dict(opts.env)
     if opts.target is not None:
         env["FORGE_TARGET"] = opts.target
@@ -167,6 +180,27 @@ def desired(gpu: Gpu, opts: Options, image_id: str) -> dict[str, Any]:
         env["FORGE_SIMULATE"] = "1"
         env.setdefault("FORGE_SIM_SEED", str(gpu.index))
     # Inside a container with one GPU, that GPU is index 0: FORGE_GPU stays at its default.
+    return env
+
+
+def check_settings(opts: Options) -> list[str]:
+    """Check the containers' settings as the filler will (SettingsError), before anything is created; the
+    filler's warnings about FORGE_ variables it does not know."""
+    try:
+        from forge_load.config import ConfigError, load_config, unknown_variables
+    except ImportError as error:
+        raise FleetError(f"cannot import forge_load ({error}): run from the repository, or `pip install .`") from error
+    env = container_env(Gpu(0, "", ""), opts)
+    try:
+        load_config([], env)
+    except ConfigError as error:
+        raise SettingsError(f"a setting the filler would refuse: {error}") from None
+    return unknown_variables(env)
+
+
+def desired(gpu: Gpu, opts: Options, image_id: str) -> dict[str, Any]:
+    """The keyword arguments of containers.run() for this GPU, labels (with the spec hash) included."""
+    env = container_env(gpu, opts)
     spec: dict[str, Any] = {
         "image": opts.image,
         "name": container_name(opts.prefix, gpu.index),
@@ -229,16 +263,17 @@ def ours(client: Any, prefix: str) -> list[Any]:
 
 
 def cmd_up(args: argparse.Namespace, out: Any) -> int:
-    client = connect()
-    image = require_image(client, args.image)
-    gpus = select_gpus(discover_gpus(args.simulate, args.count), args.gpus)
     opts = Options(image=args.image, prefix=args.prefix, simulate=args.simulate, target=args.target,
                    env=parse_env(args.env), restart=args.restart, log_max_size=args.log_max_size,
                    log_max_file=args.log_max_file, pid_host=args.pid_host)
+    for warning in check_settings(opts):
+        say(f"forge_fleet: {warning}")
+    client = connect()
+    image = require_image(client, args.image)
+    gpus = select_gpus(discover_gpus(args.simulate, args.count), args.gpus)
     for gpu in gpus:
         if gpu.mig_enabled:
-            print(f"warning: GPU {gpu.index} ({gpu.uuid}) is in MIG mode: NVML reports no utilization there",
-                  file=sys.stderr)
+            say(f"warning: GPU {gpu.index} ({gpu.uuid}) is in MIG mode: NVML reports no utilization there")
     # Decide everything before changing anything: a name collision stops the whole `up`.
     steps = []
     for gpu in gpus:
@@ -393,15 +428,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def say(text: str) -> None:
+    """One line on stderr, every control character escaped (values from the command line and the engine
+    must not be able to forge output)."""
+    shown = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+    print(shown, file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.count < 1:
-        print("forge_fleet: --count must be at least 1", file=sys.stderr)
-        return 2
     try:
+        args = build_parser().parse_args(argv)
+        if args.count < 1:
+            say("forge_fleet: --count must be at least 1")
+            return 2
         return int(args.func(args, out or sys.stdout))
+    except KeyboardInterrupt:
+        say("forge_fleet: interrupted; containers already created or changed stay as they are")
+        return 130
+    except SettingsError as error:
+        say(f"forge_fleet: {error}")
+        return 2
     except FleetError as error:
-        print(f"forge_fleet: {error}", file=sys.stderr)
+        say(f"forge_fleet: {error}")
         return 1
     except Exception as error:
         from docker.errors import DockerException
@@ -413,7 +461,7 @@ def main(argv: Sequence[str] | None = None, out: Any = None) -> int:
         if "device driver" in str(text) and "gpu" in str(text):
             hint = (" (no GPU support in this engine: install the NVIDIA Container Toolkit and run "
                     "`nvidia-ctk runtime configure --runtime=docker`, or use --simulate)")
-        print(f"forge_fleet: the Docker engine refused: {text}{hint}", file=sys.stderr)
+        say(f"forge_fleet: the Docker engine refused: {text}{hint}")
         return 1
 
 

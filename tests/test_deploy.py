@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from forge_load import metrics
+from forge_load import health, metrics
 from forge_load.app import run_simulated
 from forge_load.config import ConfigError, load_config
 
@@ -161,8 +161,11 @@ def test_what_it_writes_goes_to_a_writable_volume(docs: dict[str, dict[str, Any]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]]
     env = env_of(docs)
-    for var in ("NUMBA_CACHE_DIR", "CUDA_CACHE_PATH", "FORGE_HEARTBEAT_FILE"):
+    for var in ("NUMBA_CACHE_DIR", "CUDA_CACHE_PATH"):
         assert env[var].startswith("/tmp/"), var
+    # The heartbeat: where it is set, else its default place for the pod's user.
+    uid = pod["securityContext"]["runAsUser"]
+    assert env.get("FORGE_HEARTBEAT_FILE", str(health.default_heartbeat_path(uid=uid))).startswith("/tmp/")
 
 
 def test_probes_ask_health_on_the_metrics_port(docs: dict[str, dict[str, Any]]) -> None:

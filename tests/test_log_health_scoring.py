@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from forge_load import health
+from forge_load.config import load_config
 from forge_load.log import CORE_FIELDS, EventLog
 from forge_load.probe import UtilSample
 from forge_load.scoring import one_second_readings, percentile, settle_time_s, tracking
@@ -207,11 +208,10 @@ def test_check_fresh_stale_missing(tmp_path: Path) -> None:
     assert health.check(path, 300.0)[0]
 
 
-def test_heartbeat_path_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FORGE_HEARTBEAT_FILE", str(tmp_path / "x"))
-    assert health.heartbeat_path() == tmp_path / "x"
-    monkeypatch.setenv("FORGE_HEARTBEAT_FILE", "")
-    assert health.heartbeat_path() == Path(health.DEFAULT_PATH)
+def test_heartbeat_path_from_the_settings(tmp_path: Path) -> None:
+    config = load_config([], {"FORGE_HEARTBEAT_FILE": str(tmp_path / "x")})
+    assert health.heartbeat_location(config) == (tmp_path / "x", False)
+    assert health.heartbeat_location(load_config([], {})) == (health.default_heartbeat_path(), True)
 
 
 def run_health(path: Path, max_age: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -242,7 +242,7 @@ def test_health_command_exit_codes(tmp_path: Path) -> None:
 
 def test_health_command_bad_max_age(tmp_path: Path) -> None:
     result = run_health(tmp_path / "hb", max_age="soon")
-    assert result.returncode == 2
+    assert result.returncode == 1  # unhealthy: Docker reserves 2
     assert "FORGE_HEALTH_MAX_AGE" in result.stderr and "soon" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
@@ -253,7 +253,7 @@ def test_health_command_rejects_out_of_range_max_age(tmp_path: Path, max_age: st
     path = tmp_path / "hb"
     health.Heartbeat(path)()
     make_stale(path, 100.0)
-    assert run_health(path, max_age=max_age).returncode == 2
+    assert run_health(path, max_age=max_age).returncode == 1
 
 
 # --- scoring ------------------------------------------------------------------------------------------

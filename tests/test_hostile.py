@@ -1,0 +1,779 @@
+"""Hostile and careless input, as a lasting family: every setting against a table of bad values (generated from
+forge_load.config.SETTINGS, so a new setting inherits the checks), every timing setting at its extremes, signals
+at several moments (as PID 1 too), a closed or full stdout, hostile heartbeat paths, log lines that cannot be
+forged, unknown variables, and the fleet script's input. In-process where it can be, subprocesses where the
+process itself is what is tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import unicodedata
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from forge_load import health
+from forge_load.app import run_simulated
+from forge_load.config import SETTINGS, Config, ConfigError, load_config
+from forge_load.log import EventLog
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = ROOT / "tests" / "hostile_entry.py"
+EVENT_RE = re.compile(r"(^|\s)event=|\"event\"\s*:")
+
+# --- the table of hostile values ------------------------------------------------------------------------------
+
+# Every one of these must be refused by every setting: one line naming the variable, exit 2.
+HOSTILE: dict[str, str] = {
+    "empty": "",
+    "spaces": "   ",
+    "tab": "\t",
+    "huge int": "9" * 4000,
+    "huge negative int": "-" + "9" * 4000,
+    "over the int digit limit": "9" * 5000,
+    "leading zeros": "0" * 5000 + "1",
+    "1e999": "1e999",
+    "-1e999": "-1e999",
+    "nan": "nan",
+    "NaN%": "NaN%",
+    "inf": "inf",
+    "-inf": "-inf",
+    "Infinity": "Infinity",
+    "negative": "-1",
+    "newline after": "0.5\n",
+    "newline before": "\n1",
+    "forged line": "1\nt=9.00 event=stop reason=forged",
+    "carriage return": "1\r",
+    "escape sequence": "0.5\x1b[31m",
+    "bel": "\x07",
+    "del": "1\x7f",
+    "C1 next line": "0.5\x85",
+    "line separator": "0.5\u2028",
+    "bidi override": "\u202e0.5",
+    "arabic-indic digit": "\u0661",
+    "arabic-indic percent": "\u0665\u0660%",
+    "fullwidth digit": "\uff11",
+    "very long": "1" * 100_000,  # an environment string may hold 128 KiB
+    "very long spaces": "1" + " " * 100_000 + "x",
+}
+IN_PROCESS_ONLY = {"nul": "0.5\x00"}  # the environment cannot carry NUL
+
+
+def assert_one_clean_line(message: str, *names: str) -> None:
+    assert message and "\n" not in message, repr(message)
+    bad = [c for c in message if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")]
+    assert not bad, f"raw control characters {bad!r} in {message!r}"
+    assert len(message) < 600, f"{len(message)} characters: the value must be shown shortened"
+    for name in names:
+        assert name in message, f"{name!r} not in {message!r}"
+
+
+CASES = [(s.env, label, raw) for s in SETTINGS for label, raw in {**HOSTILE, **IN_PROCESS_ONLY}.items()]
+
+
+@pytest.mark.parametrize(("env", "label", "raw"), CASES, ids=[f"{e}-{label}" for e, label, _ in CASES])
+def test_every_setting_refuses_every_hostile_value(env: str, label: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], {env: raw})
+    assert_one_clean_line(str(info.value), env)
+
+
+FLAG_CASES = [(s.flag, s.env, label, raw) for s in SETTINGS if not s.boolean
+              for label, raw in {**HOSTILE, **IN_PROCESS_ONLY}.items()]
+
+
+@pytest.mark.parametrize(("flag", "env", "label", "raw"), FLAG_CASES,
+                         ids=[f"{f}-{label}" for f, _, label, _ in FLAG_CASES])
+def test_every_flag_refuses_every_hostile_value(flag: str, env: str, label: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([f"{flag}={raw}"], {})
+    assert_one_clean_line(str(info.value), flag)
+
+
+def forge(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env.update(env or {}, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "forge_load", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout_s, cwd=ROOT)
+
+
+def assert_config_exit(result: subprocess.CompletedProcess[str], name: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert_one_clean_line(lines[0], name)
+    assert not EVENT_RE.search(result.stdout or ""), result.stdout
+
+
+# The whole process for a sample of the values on one setting; app.main() in this process for the rest.
+SAMPLE = ["empty", "over the int digit limit", "1e999", "NaN%", "forged line", "escape sequence",
+          "arabic-indic digit", "very long"]
+
+
+@pytest.mark.parametrize("label", SAMPLE)
+def test_process_exits_2_with_one_line(label: str) -> None:
+    assert_config_exit(forge("--simulate", env={"FORGE_SIM_SEED": HOSTILE[label]}), "FORGE_SIM_SEED")
+
+
+def run_main(env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+             capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
+    """app.main() in this process, with `env` over a simulated one-second run as the whole environment."""
+    from forge_load.app import main
+
+    for name in [k for k in os.environ if k.upper().startswith("FORGE_") or k == "TARGET"]:
+        monkeypatch.delenv(name)
+    for name, value in {"FORGE_SIMULATE": "1", "FORGE_SIM_SPEED": "0", "FORGE_DURATION": "1", **env}.items():
+        monkeypatch.setenv(name, value)
+    code = main([])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess([], code, captured.out, captured.err)
+
+
+@pytest.mark.parametrize("env", [s.env for s in SETTINGS])
+def test_main_exits_2_for_a_forged_line_in_every_setting(env: str, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert_config_exit(run_main({env: HOSTILE["forged line"]}, monkeypatch, capsys), env)
+
+
+@pytest.mark.parametrize("env", ["FORGE_SIM_SEED", "FORGE_GPU", "FORGE_METRICS_PORT", "FORGE_SIM_SMS",
+                                 "FORGE_FOREIGN_SAMPLES", "FORGE_SIM_GPUS", "FORGE_SIM_FAIL_GPU",
+                                 "FORGE_SIM_FOREIGN_GPUS", "FORGE_GPUS"])
+@pytest.mark.parametrize("digits", [4000, 4301, 5000])
+def test_integers_over_the_digit_limit_exit_2(env: str, digits: int, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    raw = "9" * digits + ("@1" if env == "FORGE_SIM_FAIL_GPU" else "")
+    assert_config_exit(run_main({env: raw}, monkeypatch, capsys), env)
+
+
+# --- addresses (no forged lines through FORGE_METRICS_ADDR) ------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    "fe80::1%eth0\nt=1.00 event=stop", "fe80::1%\x1b[2J", "fe80::1%", "fe80::1%" + "x" * 40, "::1%lo%lo",
+    "localhost", "example.com", "127.0.0.1:9400", "[::1]:9400", "127.1", "0x7f.0.0.1", "1.2.3.4/24",
+])
+def test_metrics_addr_is_an_ip_literal_only(raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], {"FORGE_METRICS_ADDR": raw})
+    assert_one_clean_line(str(info.value), "FORGE_METRICS_ADDR")
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("::1", "::1"), ("[::1]", "::1"), ("127.0.0.2", "127.0.0.2"), ("0.0.0.0", "0.0.0.0"), ("::", "::"),
+    ("fe80::1%eth0", "fe80::1%eth0"), ("fe80::1%2", "fe80::1%2"),
+])
+def test_metrics_addr_good_values(raw: str, expected: str) -> None:
+    assert load_config([], {"FORGE_METRICS_ADDR": raw}).metrics_addr == expected
+
+
+def test_a_zone_id_with_a_newline_forges_no_line() -> None:
+    result = forge("--simulate", "--duration", "1", env={"FORGE_METRICS_PORT": "0",
+                                                          "FORGE_METRICS_ADDR": "fe80::1%x\nt=1.00 event=stop"})
+    assert_config_exit(result, "FORGE_METRICS_ADDR")
+
+
+# --- floors: no setting can make the loop spin or starve -------------------------------------------------------
+
+@pytest.mark.parametrize(("env", "raw", "accepted"), [
+    ("FORGE_LOG_INTERVAL", "1e-20", "0.1"),
+    ("FORGE_LOG_INTERVAL", "0.05", "0.1"),
+    ("FORGE_LOG_INTERVAL", "0", "0.1"),
+    ("FORGE_LOG_INTERVAL", "90000", "86400"),
+    ("FORGE_HEALTH_MAX_AGE", "0.5", "2"),
+    ("FORGE_HEALTH_MAX_AGE", "1e-9", "2"),
+    ("FORGE_SIM_SPEED", "1e-20", "0.1"),
+    ("FORGE_SIM_SPEED", "0.05", "0.1"),
+    ("FORGE_POLL_INTERVAL", "1e-20", "0.01"),
+    ("FORGE_SIM_SEED", "1000000", "999999"),
+    ("FORGE_SIM_FOREIGN", ",".join(f"{k}-{k + 0.5}" for k in range(101)), "100"),
+    ("FORGE_GPU", "100000", "1023"),
+])
+def test_below_the_floor_is_refused_with_the_range(env: str, raw: str, accepted: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], {env: raw})
+    assert_one_clean_line(str(info.value), env, accepted)
+
+
+def test_tiny_log_interval_exits_2() -> None:
+    assert_config_exit(forge("--simulate", "--duration", "5", env={"FORGE_LOG_INTERVAL": "1e-20"}),
+                       "FORGE_LOG_INTERVAL")
+
+
+def test_health_max_age_covers_the_heartbeat_of_a_slow_simulation() -> None:
+    # At 0.1 virtual seconds per second the loop beats every ~10 s of wall time: 5 s would flap.
+    with pytest.raises(ConfigError) as info:
+        load_config([], {"FORGE_SIMULATE": "1", "FORGE_SIM_SPEED": "0.1", "FORGE_HEALTH_MAX_AGE": "5"})
+    assert_one_clean_line(str(info.value), "FORGE_HEALTH_MAX_AGE", "FORGE_SIM_SPEED")
+    assert load_config([], {"FORGE_SIMULATE": "1", "FORGE_SIM_SPEED": "0.1"}).health_max_age_s == 30
+
+
+# The extremes each timing-related setting accepts; every setting must be listed (a new one must be thought
+# about): () for a setting that does not pace the loop.
+EXTREMES: dict[str, tuple[str, ...]] = {
+    "FORGE_TARGET": ("1e-9", "1"),
+    "FORGE_GPU": (),
+    "FORGE_GPUS": (),
+    "FORGE_BOOST_TARGET": ("1",),
+    "FORGE_BOOST_AFTER": ("0", "1e-9", "1e300"),
+    "FORGE_RESUME_AFTER": ("0", "1e-9", "1e300"),
+    "FORGE_LOG_INTERVAL": ("0.1", "86400"),
+    "FORGE_LOG_FORMAT": (),
+    "FORGE_DURATION": ("1e-9", "1e300"),
+    "FORGE_CONTROLLER": ("legacy",),
+    "FORGE_POLL_INTERVAL": ("0.01", "1"),
+    "FORGE_FOREIGN_MEM_MIB": ("1e-9", "1e300"),
+    "FORGE_FOREIGN_UTIL": ("1e-9", "0.999999"),
+    "FORGE_FOREIGN_SAMPLES": ("1", "100"),
+    "FORGE_USE_PROCESS_LIST": ("0",),
+    "FORGE_SIMULATE": (),
+    "FORGE_METRICS_PORT": (),
+    "FORGE_METRICS_ADDR": (),
+    "FORGE_HEALTH_MAX_AGE": (),  # read by /health and the health command, not by the loop
+    "FORGE_HEARTBEAT_FILE": (),
+    "FORGE_SIM_SPEED": (),  # paced against the wall clock; its floor is what the health max age is checked against
+    "FORGE_SIM_WINDOW": ("0.1657", "1"),
+    "FORGE_SIM_SMS": ("1", "1024"),
+    "FORGE_SIM_FOREIGN": (",".join(f"{k / 100:g}-{k / 100 + 1e-9:.9f}" for k in range(100)), "0-1e300"),
+    "FORGE_SIM_FOREIGN_LOAD": ("1e-9", "1"),
+    "FORGE_SIM_FOREIGN_MEM": ("0", "1e300"),
+    "FORGE_SIM_HIDE_FOREIGN": ("1",),
+    "FORGE_SIM_SEED": ("0", "999999"),
+    "FORGE_SIM_GPUS": ("64",),
+    "FORGE_SIM_FOREIGN_GPUS": ("0",),
+    "FORGE_SIM_FAIL_GPU": ("0@1e300",),
+}
+
+
+def test_every_setting_has_its_extremes_listed() -> None:
+    assert set(EXTREMES) == {s.env for s in SETTINGS}
+
+
+class _CappedStream(io.StringIO):
+    """Stops the run after `cap` lines, so that a setting that makes the loop spin fails instead of hanging."""
+
+    def __init__(self, stop: threading.Event, cap: int) -> None:
+        super().__init__()
+        self.stop, self.cap, self.lines = stop, cap, 0
+
+    def write(self, text: str) -> int:
+        self.lines += text.count("\n")
+        if self.lines >= self.cap:
+            self.stop.set()
+        return super().write(text)
+
+
+EXTREME_CASES = [(env, raw) for env, values in EXTREMES.items() for raw in values]
+
+
+@pytest.mark.parametrize(("env", "raw"), EXTREME_CASES, ids=[f"{e}={r[:20]}" for e, r in EXTREME_CASES])
+def test_extreme_settings_neither_spin_nor_starve_the_loop(env: str, raw: str) -> None:
+    """Five virtual seconds (a foreign job from 1 to 3 s): the loop keeps beating and writes a bounded log."""
+    flags = {"FORGE_SIMULATE": "1", "FORGE_SIM_SPEED": "0", "FORGE_LOG_FORMAT": "json", "FORGE_LOG_INTERVAL": "1",
+             "FORGE_SIM_FOREIGN": "1-3", "FORGE_RESUME_AFTER": "1", env: raw}
+    config = load_config([], flags)
+    stop = threading.Event()
+    out = _CappedStream(stop, cap=200)
+    beats: list[float] = []
+
+    def beat() -> None:
+        beats.append(0.0)
+        if len(beats) >= 5:
+            stop.set()
+
+    run = run_simulated(config, out, stop, heartbeat=beat)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    ended_early = config.duration_s and config.duration_s < 5
+    assert len(beats) >= (1 if ended_early else 5), "the loop did not advance in virtual time"
+    assert out.lines < 100, f"{out.lines} lines in 5 virtual seconds: the loop spins"
+    assert events[-1]["event"] == "stop"
+    assert not run.runtime.worker.in_flight
+
+
+# --- the heartbeat: no links followed, nothing but a regular file of ours ---------------------------------------
+
+def test_heartbeat_does_not_follow_a_symlink(tmp_path: Path) -> None:
+    secret = tmp_path / "root-only"
+    secret.write_text("precious\n")
+    secret.chmod(0o600)
+    link = tmp_path / "heartbeat"
+    link.symlink_to(secret)
+    health.Heartbeat(link)()
+    assert secret.read_text() == "precious\n"
+    assert link.is_symlink()
+    ok, message = health.check(link, 30.0)
+    assert not ok and "link" in message
+
+
+def test_heartbeat_does_not_write_through_a_hard_link(tmp_path: Path) -> None:
+    secret = tmp_path / "other"
+    secret.write_text("precious\n")
+    os.link(secret, tmp_path / "heartbeat")
+    health.Heartbeat(tmp_path / "heartbeat")()
+    assert secret.read_text() == "precious\n"
+
+
+def test_a_directory_at_the_heartbeat_path_is_unhealthy(tmp_path: Path) -> None:
+    path = tmp_path / "heartbeat"
+    path.mkdir()
+    health.Heartbeat(path)()
+    ok, message = health.check(path, 30.0)
+    assert not ok and "directory" in message
+    result = run_health({"FORGE_HEARTBEAT_FILE": str(path)})
+    assert result.returncode == 1 and "directory" in result.stdout
+
+
+def test_a_fifo_at_the_heartbeat_path_neither_blocks_nor_counts(tmp_path: Path) -> None:
+    path = tmp_path / "heartbeat"
+    os.mkfifo(path)
+    writer = threading.Thread(target=health.Heartbeat(path), daemon=True)
+    writer.start()
+    writer.join(timeout=5.0)
+    assert not writer.is_alive(), "the heartbeat write blocked on a FIFO"
+    ok, message = health.check(path, 30.0)
+    assert not ok and "not a regular file" in message
+
+
+def test_a_heartbeat_file_of_another_user_is_neither_written_nor_trusted(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    path = tmp_path / "heartbeat"
+    path.write_text("theirs\n")
+    os.chown(path, 12345, 12345)
+    health.Heartbeat(path)()
+    assert path.read_text() == "theirs\n"
+    ok, message = health.check(path, 30.0)
+    assert not ok and "12345" in message
+
+
+def test_the_default_heartbeat_is_in_a_directory_only_we_own(tmp_path: Path) -> None:
+    path = health.default_heartbeat_path(base=tmp_path)
+    assert path.parent.name == f"forge_load-{os.geteuid()}"
+    assert health.heartbeat_location(Config()) == (health.default_heartbeat_path(), True)
+    health.Heartbeat(path, private_dir=True)()
+    mode = path.parent.lstat().st_mode
+    assert stat.S_ISDIR(mode) and stat.S_IMODE(mode) == 0o700
+    assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+    assert health.check(path, 30.0, private_dir=True)[0]
+
+
+@pytest.mark.parametrize("planted", ["symlink", "open directory", "other owner"])
+def test_a_planted_default_directory_is_refused(tmp_path: Path, planted: str) -> None:
+    path = health.default_heartbeat_path(base=tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if planted == "symlink":
+        path.parent.symlink_to(elsewhere)
+    elif planted == "open directory":
+        path.parent.mkdir()
+        path.parent.chmod(0o777)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give a directory to another user")
+        path.parent.mkdir(mode=0o700)
+        os.chown(path.parent, 12345, 12345)
+    refused: list[str] = []
+    health.Heartbeat(path, private_dir=True, on_refused=refused.append)()
+    assert not (elsewhere / path.name).exists()
+    assert not path.exists()
+    assert len(refused) == 1 and str(path.parent) in refused[0]
+    ok, message = health.check(path, 30.0, private_dir=True)
+    assert not ok and str(path.parent) in message
+
+
+# --- the health command reads the filler's settings -------------------------------------------------------------
+
+def run_health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    full.update(env, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "forge_load.health"], cwd=ROOT, env=full, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def health_server() -> Iterator[Any]:
+    servers: list[HTTPServer] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server6(HTTPServer):
+        address_family = socket.AF_INET6
+
+    def start(addr: str) -> int:
+        server = (Server6 if ":" in addr else HTTPServer)((addr, 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return int(server.server_address[1])
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("listen", "setting"), [("::1", "::1"), ("127.0.0.2", "127.0.0.2"),
+                                                 ("127.0.0.1", "0.0.0.0"), ("::1", "::")])
+def test_health_asks_where_the_filler_listens(health_server: Any, tmp_path: Path, listen: str,
+                                              setting: str) -> None:
+    port = health_server(listen)
+    result = run_health({"FORGE_METRICS_PORT": str(port), "FORGE_METRICS_ADDR": setting,
+                         "FORGE_HEARTBEAT_FILE": str(tmp_path / "none")})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("env", "name"), [
+    ({"FORGE_METRICS_PORT": "http"}, "FORGE_METRICS_PORT"),
+    ({"FORGE_METRICS_ADDR": "localhost"}, "FORGE_METRICS_ADDR"),
+    ({"FORGE_HEALTH_MAX_AGE": "soon"}, "FORGE_HEALTH_MAX_AGE"),
+    ({"FORGE_HEALTH_MAX_AGE": "0.5"}, "FORGE_HEALTH_MAX_AGE"),
+    ({"FORGE_TARGET": "1.5"}, "FORGE_TARGET"),
+    ({"FORGE_HEARTBEAT_FILE": "relative/path"}, "FORGE_HEARTBEAT_FILE"),
+])
+def test_health_refuses_what_the_filler_refuses_with_exit_1(env: dict[str, str], name: str) -> None:
+    result = run_health(env)
+    assert result.returncode == 1, result
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert len(output) == 1 and name in output[0] and "Traceback" not in result.stderr
+
+
+# --- stdout closed or full ----------------------------------------------------------------------------------------
+
+EXIT_LOG = 5
+
+
+def _closed_after_two_lines(*options: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, str(ENTRY), *options], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = [proc.stdout.readline(), proc.stdout.readline()]  # `| head -2`
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=30)
+    assert all("event=" in line for line in lines), lines
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+def _into_dev_full(*options: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    with open("/dev/full", "w") as full:
+        return subprocess.run([sys.executable, str(ENTRY), *options], stdout=full, stderr=subprocess.PIPE,
+                              text=True, env=env, cwd=ROOT, timeout=30)
+
+
+def assert_log_lost_exit(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == EXIT_LOG, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "stdout" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr
+
+
+SIM_RUN = ("--", "--simulate", "--sim-speed", "0", "--log-interval", "0.1")
+REAL_RUN = ("--wall-clock-sim", "--", "--log-interval", "0.1", "--duration", "60")
+
+
+@pytest.mark.parametrize("loop", ["simulated", "real"])
+def test_a_closed_stdout_stops_cleanly(loop: str) -> None:
+    assert_log_lost_exit(_closed_after_two_lines(*(SIM_RUN if loop == "simulated" else REAL_RUN)))
+
+
+@pytest.mark.parametrize("loop", ["simulated", "real"])
+def test_a_full_stdout_stops_cleanly(loop: str) -> None:
+    assert_log_lost_exit(_into_dev_full(*(SIM_RUN if loop == "simulated" else REAL_RUN)))
+
+
+def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
+    from forge_load import app, metrics
+    from forge_load.log import LogStream
+
+    class Broken(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes = 0
+
+        def write(self, text: str) -> int:
+            self.writes += 1
+            if self.writes > 3:
+                raise BrokenPipeError(32, "Broken pipe")
+            return super().write(text)
+
+    config = load_config("--simulate --sim-speed 0 --log-interval 0.1".split(), {})
+    stop, wake = threading.Event(), threading.Event()
+    failures: list[OSError] = []
+
+    def lost(error: OSError) -> None:
+        failures.append(error)
+        stop.set()
+        wake.set()
+
+    fleet = metrics.Fleet(30.0, simulated=True)
+    code = app.run_fleet(config, LogStream(Broken(), lost), stop, wake, fleet, lambda: None)
+    assert code == 0 and len(failures) == 1
+    [slot] = fleet.slots
+    assert slot.status == "stopped"
+    assert slot.runtime is not None and not slot.runtime.worker.in_flight
+    assert not slot.runtime.launcher.gpu.context_open  # type: ignore[attr-defined]
+
+
+# --- signals at every moment --------------------------------------------------------------------------------------
+
+def _spawn(*options: str, pid1: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    full.update(env or {}, PYTHONPATH=str(ROOT), FORGE_LOG_FORMAT="json")
+    command = [sys.executable, str(ENTRY), *options]
+    if pid1:
+        command = ["unshare", "--pid", "--fork", "--mount-proc", *command]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=ROOT)
+
+
+def _finish(proc: subprocess.Popen[str], first: list[str] | None = None) -> tuple[int, list[dict[str, Any]], str]:
+    out, err = proc.communicate(timeout=30)
+    lines = [line for line in (first or []) + out.splitlines() if line.strip()]
+    return proc.returncode, [json.loads(line) for line in lines], err
+
+
+def assert_stopped_by(code: int, events: list[dict[str, Any]], err: str, signum: int) -> None:
+    assert code == 0, (code, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err == "", err
+    assert events and events[-1]["event"] == "stop", events
+    assert events[-1]["reason"] == f"signal {signal.Signals(signum).name}", events[-1]
+
+
+def pid1_possible() -> str | None:
+    try:
+        probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"no unshare: {error}"
+    return None if probe.returncode == 0 else f"unshare --pid fails here: {probe.stderr.decode().strip()}"
+
+
+STARTUP_SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+
+
+@pytest.mark.parametrize("signum", STARTUP_SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_signal_during_start_up_imports_stops_it(signum: int) -> None:
+    name = signal.Signals(signum).name
+    proc = _spawn("--signal-on-import", f"{name}:forge_load.app", "--", "--simulate", "--duration", "30")
+    assert_stopped_by(*_finish(proc), signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_during_start_up_is_not_lost_as_pid_1(signum: int) -> None:
+    if (why := pid1_possible()) is not None:
+        pytest.skip(why)
+    name = signal.Signals(signum).name
+    proc = _spawn("--signal-on-import", f"{name}:forge_load.app", "--", "--simulate", "--duration", "30", pid1=True)
+    assert_stopped_by(*_finish(proc), signum)
+
+
+def _host_pid_of_pid1(unshare_pid: int) -> int:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+        except OSError:
+            children = []
+        if children:
+            return int(children[0])
+        time.sleep(0.001)
+    raise AssertionError("unshare started no child")
+
+
+def _catches(pid: int, signum: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.MULTILINE)[1], 16)  # type: ignore[index]
+    return bool(caught >> (signum - 1) & 1)
+
+
+def test_sigterm_the_moment_pid_1_can_catch_it() -> None:
+    """As `docker stop` right after `docker run`: sent as soon as the handler exists, long before the start line."""
+    if (why := pid1_possible()) is not None:
+        pytest.skip(why)
+    proc = _spawn("--", "--simulate", "--duration", "30", pid1=True)
+    pid = _host_pid_of_pid1(proc.pid)
+    deadline = time.monotonic() + 20
+    while not _catches(pid, signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    os.kill(pid, signal.SIGTERM)
+    assert_stopped_by(*_finish(proc), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_while_running_stops_it(signum: int) -> None:
+    proc = _spawn("--", "--simulate", "--log-interval", "0.1")
+    assert proc.stdout is not None
+    first = [proc.stdout.readline(), proc.stdout.readline()]  # start, then a status: running
+    proc.send_signal(signum)
+    assert_stopped_by(*_finish(proc, first), signum)
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=lambda s: signal.Signals(s).name)
+def test_more_signals_during_shutdown_change_nothing(second: int) -> None:
+    proc = _spawn("--", "--simulate", "--log-interval", "0.1")
+    assert proc.stdout is not None
+    first = [proc.stdout.readline(), proc.stdout.readline()]
+    proc.send_signal(signal.SIGTERM)
+    while proc.poll() is None:  # as an impatient operator would, until it has exited
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(second)
+        time.sleep(0.002)
+    assert_stopped_by(*_finish(proc, first), signal.SIGTERM)
+
+
+def test_sigint_before_the_gpus_open_prints_no_traceback() -> None:
+    proc = _spawn("--signal-on-import", "SIGINT:forge_load.sim", "--", "--simulate", "--duration", "30")
+    code, events, err = _finish(proc)
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err
+    assert code == 0 and events[-1]["event"] == "stop"
+
+
+# --- log lines cannot be forged -------------------------------------------------------------------------------------
+
+NASTY = "a\x1b[31mred\x00nul\x07bel\x7fdel\rcr\nt=9.00 event=stop\x85nel\u2028ls\u202ebidi"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_no_raw_control_characters_in_the_log(fmt: str) -> None:
+    out = io.StringIO()
+    EventLog(fmt, out, static={"gpu": 0}).emit("error", t=1.0, reason=NASTY, gpu_name=NASTY)
+    text = out.getvalue()
+    assert text.endswith("\n") and text.count("\n") == 1
+    line = text[:-1]
+    bad = [c for c in line if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")]
+    assert not bad, bad
+    if fmt == "json":
+        assert json.loads(line)["reason"] == NASTY
+    else:
+        assert re.match(r'^t=1\.00 event=error reason="a\\u001b\[31mred\\u0000nul', line), line
+
+
+# --- unknown variables, the fleet script ----------------------------------------------------------------------------
+
+def test_a_typo_is_warned_about_with_the_closest_name() -> None:
+    result = forge("--simulate", "--sim-speed", "0", "--duration", "1", env={"FORGE_TARGE": "0.9"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "FORGE_TARGE" in lines[0] and "FORGE_TARGET" in lines[0], result.stderr
+
+
+def test_unknown_variables_are_warned_about_in_one_clean_line_each() -> None:
+    from forge_load.config import unknown_variables
+
+    warnings = unknown_variables({"FORGE_LOG_INTERVALS": "1", "forge_target": "0.5", "FORGE_X\x1b[2J": "1",
+                                  "FORGE_TARGET": "0.5", "PATH": "/bin", "FORGE_IMAGE": "forge-load:latest"})
+    assert len(warnings) == 3, warnings
+    for warning in warnings:
+        assert_one_clean_line(warning)
+    assert any("FORGE_LOG_INTERVAL" in w and "FORGE_LOG_INTERVALS" in w for w in warnings)
+    assert any("forge_target" in w and "FORGE_TARGET" in w for w in warnings)
+
+
+def _fleet() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("forge_fleet_hostile", ROOT / "scripts" / "forge_fleet.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    (["--target", "1.5"], "FORGE_TARGET"),
+    (["-e", "FORGE_LOG_INTERVAL=1e-20"], "FORGE_LOG_INTERVAL"),
+    (["-e", "FORGE_SIM_SEED=" + "9" * 5000], "FORGE_SIM_SEED"),
+    (["-e", "FORGE_METRICS_ADDR=fe80::1%x\nevent=stop"], "FORGE_METRICS_ADDR"),
+])
+def test_fleet_validates_settings_before_touching_the_engine(args: list[str], name: str,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = _fleet()
+
+    def no_engine() -> None:
+        raise AssertionError("the engine was contacted before the settings were checked")
+
+    monkeypatch.setattr(fleet, "connect", no_engine)
+    assert fleet.main(["up", "--simulate", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert_one_clean_line(err.splitlines()[0], name)
+
+
+def test_fleet_warns_about_an_unknown_variable(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = _fleet()
+
+    def engine() -> None:
+        raise fleet.FleetError("no engine here")
+
+    monkeypatch.setattr(fleet, "connect", engine)
+    assert fleet.main(["up", "--simulate", "-e", "FORGE_TARGE=0.9"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "FORGE_TARGET" in err[0] and "no engine here" in err[1], err
+
+
+@pytest.mark.parametrize("docker_host", ["tcp://[::1", "tcp://:::", "tcp://host:notaport", "foo://bar"])
+def test_fleet_malformed_docker_host_is_one_line(docker_host: str) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "forge_fleet.py"), "status"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "DOCKER_HOST": docker_host})
+    assert result.returncode == 1, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and docker_host in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_fleet_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = _fleet()
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fleet, "connect", interrupted)
+    assert fleet.main(["status"]) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "interrupted" in err[0], err
+
+
+# --- one GPU named twice (tests/test_metrics.py runs it on simulated GPUs) -------------------------------------------
+
+def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import forge_load.nvml
+    from forge_load import app
+    from forge_load.probe import DeviceInfo
+
+    infos = [DeviceInfo(index=i, uuid=f"GPU-{i}0000000-0000-4000-8000-000000000000", name="x",
+                        memory_total_mib=1.0, driver_version="1", mig_enabled=False) for i in range(2)]
+    monkeypatch.setattr(forge_load.nvml, "list_devices", lambda *a, **k: infos)
+    config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
+    assert app.gpu_selectors(config) == ["1", "0"]
