@@ -86,7 +86,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   gpu_mem_process_mib=reading.own_mem_process_mib if reading else None,
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
                   driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
-                  nvml_clock=rt.probe.sample_clock, **extra)
+                  nvml_clock=rt.probe.sample_clock, **rt.launcher.describe(), **extra)
     rt.log.emit("start", t=0.0, **fields)
 
 

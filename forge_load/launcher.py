@@ -163,6 +163,9 @@ class CudaLauncher:
                 self._free.append(kernel.anchor.event)
         return done
 
+    def describe(self) -> dict[str, object]:
+        return {"stack_bytes": self.stack_bytes, "stack_bytes_default": self.stack_bytes_default}
+
     def close(self) -> None:
         """Let our kernels finish (bounded), then reset this device's context only.
 

@@ -203,6 +203,9 @@ class SimLauncher:
         self._pending: list[tuple[float, float, int]] = []
         gpu.context_open = True
 
+    def describe(self) -> dict[str, object]:
+        return {}
+
     def launch(self, multiplier: int, now_s: float) -> None:
         start_s, end_s = self.gpu.run_kernel(now_s, multiplier * self.sm_count)
         self._pending.append((start_s, end_s, multiplier))

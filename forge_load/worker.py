@@ -37,6 +37,9 @@ class Launcher(Protocol):
 
     def close(self) -> None: ...
 
+    def describe(self) -> dict[str, object]:
+        """Fields for the start line (e.g. the stack limit on a real GPU)."""
+
 
 class BusyLog:
     """When our kernels ran, shared between the Worker (writer) and the Monitor (reader)."""
