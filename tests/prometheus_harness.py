@@ -100,15 +100,18 @@ class Filler:
 
 
 class Prometheus:
-    """A Prometheus server on 127.0.0.1, its config and data in a temporary folder, scraping `targets`."""
+    """A Prometheus server on 127.0.0.1, its config and data in a temporary folder, scraping `targets` and
+    evaluating `rule_files`."""
 
-    def __init__(self, binary: str, targets: list[str], job: str = "forge_load") -> None:
+    def __init__(self, binary: str, targets: list[str], job: str = "forge_load",
+                 rule_files: tuple[Path, ...] = ()) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="forge-prometheus-")
         config = Path(self.tmp.name) / "prometheus.yml"
         # JSON is YAML: no YAML library needed to write the config.
         config.write_text(json.dumps({
             "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "evaluation_interval": f"{SCRAPE_INTERVAL_S}s"},
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+            "rule_files": [str(path) for path in rule_files],
         }))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -139,6 +142,15 @@ class Prometheus:
 
     def targets(self) -> list[dict[str, Any]]:
         return list(http_json(f"{self.url}/api/v1/targets")["data"]["activeTargets"])
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every loaded rule, each with its group's name under "group", its health and last error."""
+        groups = http_json(f"{self.url}/api/v1/rules")["data"]["groups"]
+        return [{**rule, "group": group["name"]} for group in groups for rule in group["rules"]]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Pending and firing alerts: [{'labels': {...}, 'state': 'pending' | 'firing', ...}, ...]."""
+        return list(http_json(f"{self.url}/api/v1/alerts")["data"]["alerts"])
 
     def close(self) -> None:
         if self.proc.poll() is None:

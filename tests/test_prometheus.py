@@ -1,6 +1,7 @@
 """A real Prometheus server scrapes a simulated three-GPU filler on localhost; PromQL over what it scraped
-shows every GPU with its state (one filling, one yielding to a foreign job, one lost), and every query on the
-Grafana dashboard evaluates there.
+shows every GPU with its state (one filling, one yielding to a foreign job, one lost), every query on the
+Grafana dashboard evaluates there, and the shipped rules load and evaluate on it (the lost GPU's filler is
+down; the one yielding is not busy beside the foreign job).
 
 Needs Debian's `prometheus` (scripts/install_test_tools.sh); skipped, saying so, without it.
 """
@@ -27,6 +28,7 @@ from tests.prometheus_harness import (
 )
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "forge_load_dashboard.json"
+RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "forge_load_rules.yaml"
 BINARY = prometheus_binary()
 pytestmark = pytest.mark.skipif(BINARY is None, reason="needs Debian's `prometheus` binary on PATH "
                                                         "(scripts/install_test_tools.sh installs it)")
@@ -35,7 +37,8 @@ pytestmark = pytest.mark.skipif(BINARY is None, reason="needs Debian's `promethe
 @pytest.fixture(scope="module")
 def scraped() -> Iterator[tuple[Filler, Prometheus]]:
     assert BINARY is not None
-    with Filler(*SCENARIO_FLAGS) as filler, Prometheus(BINARY, [f"127.0.0.1:{filler.port}"]) as prometheus:
+    with Filler(*SCENARIO_FLAGS) as filler, \
+            Prometheus(BINARY, [f"127.0.0.1:{filler.port}"], rule_files=(RULES,)) as prometheus:
         # The failure is at 3 s and the yield at 1 s of the filler's clock; give Prometheus a few scrapes.
         wait_for("GPUs 0, 1, 2 filling, yielding and failed in Prometheus",
                  lambda: states_by_gpu(prometheus) == EXPECTED_STATES or None, timeout_s=30)
@@ -96,12 +99,28 @@ def test_every_dashboard_query_evaluates_on_the_scraped_series(scraped: tuple[Fi
     for expr in queries:
         concrete = expr.replace("$UUID", ".*").replace("$__rate_interval", f"{4 * SCRAPE_INTERVAL_S}s")
         results = prometheus.query(concrete)  # a PromQL syntax error fails here
-        if "DCGM_FI_" in expr or "changes(forge_load_yields_total" in expr:
-            continue  # no dcgm-exporter here; no yield in the last minute after the first
+        if "DCGM_FI_" in expr or ":forge_load_" in expr or "changes(forge_load_yields_total" in expr:
+            continue  # no dcgm-exporter here, nor the split recorded from it; no yield in the last minute
         assert results, f"no series for dashboard query {expr!r}"
         for result in results:
             if "gpu" in result["metric"] and "group_left(Hostname)" in expr:
                 assert result["metric"].get("Hostname"), (expr, result)  # the join with forge_load_gpu_info held
+
+
+def test_the_rules_load_and_evaluate_on_the_scraped_series(scraped: tuple[Filler, Prometheus]) -> None:
+    filler, prometheus = scraped
+    rules = prometheus.rules()
+    assert {r["group"] for r in rules} == {"forge_load.split", "forge_load.alerts"}
+    assert all(r["health"] == "ok" and not r.get("lastError") for r in rules), rules
+    # GPU 2 was lost: its filler is down (pending: `for` is 5 minutes). GPU 1 stepped aside: nothing else.
+    alerts = wait_for("ForgeLoadDown pending for GPU 2",
+                      lambda: [a for a in prometheus.alerts() if a["labels"]["alertname"] == "ForgeLoadDown"] or None,
+                      timeout_s=10)
+    assert [(a["labels"]["gpu"], a["labels"]["UUID"], a["state"]) for a in alerts] == [
+        ("2", "GPU-51a00000-0000-4000-8000-000000000002", "pending")]
+    assert {a["labels"]["alertname"] for a in prometheus.alerts()} == {"ForgeLoadDown"}
+    assert alerts[0]["annotations"]["summary"] == (
+        f"forge_load is down on GPU 2 (GPU-51a00000-0000-4000-8000-000000000002) at 127.0.0.1:{filler.port}")
 
 
 def test_the_state_panel_encodes_each_gpus_state(scraped: tuple[Filler, Prometheus]) -> None:
