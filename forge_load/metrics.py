@@ -266,8 +266,8 @@ def make_app(registry: Any, fleet: Fleet) -> Callable[..., Iterable[bytes]]:
             return [b"method not allowed: GET and HEAD only\n"]
         if path in HEALTH_PATHS:
             ok, body = fleet.health()
-            status, headers, data = ("200 OK" if ok else "503 Service Unavailable"), [
-                *text, ("Cache-Control", "no-store")], body.encode()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            headers, data = [*text, ("Cache-Control", "no-store")], body.encode()
         else:
             answered: list[tuple[str, list[tuple[str, str]]]] = []
             chunks = metrics_app({**environ, "REQUEST_METHOD": "GET"},
