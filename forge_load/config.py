@@ -30,6 +30,7 @@ class SimConfig:
     window_s: float = 1 / 6
     sms: int = 132
     foreign_s: tuple[tuple[float, float], ...] = ()
+    foreign_hidden_s: tuple[tuple[float, float], ...] = ()  # more jobs, always left out of the process list
     foreign_load_ratio: float = 0.9
     foreign_mem_mib: float = 2048.0
     hide_foreign: bool = False
@@ -445,6 +446,8 @@ _SETTINGS: tuple[_Setting, ...] = (
              "simulator: SM count; default 132"),
     _Setting("sim.foreign_s", "FORGE_SIM_FOREIGN", "--sim-foreign", _intervals_value,
              "simulator: foreign jobs as START-END[,START-END...] virtual seconds; default none"),
+    _Setting("sim.foreign_hidden_s", "FORGE_SIM_FOREIGN_HIDDEN", "--sim-foreign-hidden", _intervals_value,
+             "simulator: more foreign jobs, START-END[,...], always hidden from the process list; default none"),
     _Setting("sim.foreign_load_ratio", "FORGE_SIM_FOREIGN_LOAD", "--sim-foreign-load",
              partial(_ratio_value, example=0.9), "simulator: busy ratio of a foreign job; default 0.9"),
     _Setting("sim.foreign_mem_mib", "FORGE_SIM_FOREIGN_MEM", "--sim-foreign-mem",
@@ -543,6 +546,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         )
     _check_gpu_choice(given)
     _check_sim_devices(given, int(sim.get("gpus", SimConfig.gpus)))  # type: ignore[call-overload]
+    _check_sim_jobs(given)
     return Config(**top, sim=SimConfig(**sim))  # type: ignore[arg-type]
 
 
@@ -570,6 +574,20 @@ def _check_sim_devices(given: Mapping[str, _Given], count: int) -> None:
             raise ConfigError(
                 f"{got.name}={got.raw!r} names simulated device {device}, but {count_name} simulates "
                 f"{count} ({devices}): expected a device below {count}"
+            )
+
+
+def _check_sim_jobs(given: Mapping[str, _Given]) -> None:
+    """Visible and hidden simulated jobs together must not overlap, as within each list."""
+    shown, hidden = given.get("sim.foreign_s"), given.get("sim.foreign_hidden_s")
+    if shown is None or hidden is None:
+        return
+    spans = sorted([*shown.value, *hidden.value])  # type: ignore[misc]
+    for (a, b), (c, d) in zip(spans, spans[1:]):
+        if c < b:  # each list is free of overlaps already, so this pair has one of each
+            raise ConfigError(
+                f"{hidden.name}={hidden.raw!r} overlaps {shown.name}={shown.raw!r} ({_num(a)}-{_num(b)} and "
+                f"{_num(c)}-{_num(d)}): expected jobs that do not overlap, visible or hidden"
             )
 
 
@@ -608,6 +626,7 @@ def describe(config: Config) -> dict[str, object]:
             sim_window_s=sim.window_s,
             sim_sms=sim.sms,
             sim_foreign_s=_spans_text(sim.foreign_s),
+            sim_foreign_hidden_s=_spans_text(sim.foreign_hidden_s),
             sim_foreign_load=sim.foreign_load_ratio,
             sim_foreign_mem_mib=sim.foreign_mem_mib,
             sim_hide_foreign=sim.hide_foreign,
