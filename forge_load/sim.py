@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -115,6 +116,8 @@ class SimGpu:
         self.history_s = max((BUFFERED_SAMPLES + 1) * self.window_s, POWER_WINDOW_S) + HISTORY_SLACK_S
         self.keep_history = keep_history  # everything, for tests and the benchmark that score a run afterwards
         # Our kernels, back to back on one stream: starts, ends, and the busy seconds before each one.
+        # Locked, since with the wall clock the Monitor's thread reads them while the Worker's adds.
+        self._lock = threading.Lock()
         self._starts: list[float] = []
         self._ends: list[float] = []
         self._busy_before: list[float] = [0.0]
@@ -139,11 +142,12 @@ class SimGpu:
     def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
         start_s = max(submit_s + LAUNCH_LATENCY_S, self._ends[-1] if self._ends else 0.0)
         end_s = start_s + self.kernel_s(grid_blocks)
-        self._starts.append(start_s)
-        self._ends.append(end_s)
-        self._busy_before.append(self._busy_before[-1] + (end_s - start_s))
-        if not self.keep_history:
-            self._forget_before(submit_s - self.history_s)
+        with self._lock:
+            self._starts.append(start_s)
+            self._ends.append(end_s)
+            self._busy_before.append(self._busy_before[-1] + (end_s - start_s))
+            if not self.keep_history:
+                self._forget_before(submit_s - self.history_s)
         return start_s, end_s
 
     def _forget_before(self, t_s: float) -> None:
@@ -155,6 +159,10 @@ class SimGpu:
 
     def own_busy_s(self, a_s: float, b_s: float) -> float:
         """Seconds of [a_s, b_s] during which one of our kernels ran (they never overlap each other)."""
+        with self._lock:
+            return self._own_busy_s(a_s, b_s)
+
+    def _own_busy_s(self, a_s: float, b_s: float) -> float:
         if a_s < self._kept_from_s:  # a wrong answer would pass silently: refuse it
             raise LookupError(f"kernels before {self._kept_from_s:.3f} s were dropped (history {self.history_s:.1f} "
                               f"s); asked from {a_s:.3f} s: use keep_history to score a run afterwards")
@@ -183,13 +191,14 @@ class SimGpu:
     # --- what NVML would report ------------------------------------------------------------------
     def busy_ratio(self, a_s: float, b_s: float) -> float:
         """Share of [a_s, b_s] during which any kernel ran (the union of ours and foreign)."""
-        union_s = self.own_busy_s(a_s, b_s)  # first: it refuses a window older than the history
         jobs = self.timeline.near(a_s, b_s)
-        if jobs:
-            overlap_s = 0.0
-            for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
-                overlap_s += self._foreign_busy_s(jobs, max(self._starts[i], a_s), min(self._ends[i], b_s))
-            union_s += self._foreign_busy_s(jobs, a_s, b_s) - overlap_s
+        with self._lock:
+            union_s = self._own_busy_s(a_s, b_s)  # first: it refuses a window older than the history
+            if jobs:
+                overlap_s = 0.0
+                for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
+                    overlap_s += self._foreign_busy_s(jobs, max(self._starts[i], a_s), min(self._ends[i], b_s))
+                union_s += self._foreign_busy_s(jobs, a_s, b_s) - overlap_s
         return min(max(union_s / (b_s - a_s), 0.0), 1.0)
 
     def samples(self, after_s: float, until_s: float) -> list[UtilSample]:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 import pytest
 
@@ -102,9 +103,13 @@ def wait_for(condition: object, limit_s: float) -> bool:
     return bool(condition())  # type: ignore[operator]
 
 
-def test_the_documented_limits() -> None:
+def test_the_readme_states_the_limits() -> None:
     limits = metrics.ServerLimits()
-    assert (limits.request_timeout_s, limits.max_connections, limits.max_head_bytes) == (5.0, 32, 8192)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"within **{limits.request_timeout_s:g} s** of connecting" in readme
+    assert f"at most **{limits.max_connections}** connections" in readme
+    assert f"at most **{limits.max_head_bytes // 1024} KiB**" in readme
+    assert f"poll of {metrics.POLL_INTERVAL_S:g} s" in readme
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "BREW"])
