@@ -117,9 +117,10 @@ def sim_index(config: Config) -> int:
     return index
 
 
-def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None) -> SimRun:
+def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
+                   keep_history: bool = False) -> SimRun:
     clock = VirtualClock()
-    gpu = SimGpu(config.sim, clock, sim_index(config))
+    gpu = SimGpu(config.sim, clock, sim_index(config), keep_history=keep_history)
     probe = SimProbe(gpu)
     baseline_mib = probe.memory_used_mib() or 0.0
     launcher = SimLauncher(gpu)
@@ -131,13 +132,14 @@ def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None]
 
 def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
                   heartbeat: Callable[[], None] | None = None,
-                  on_start: Callable[[Runtime], None] | None = None) -> SimRun:
+                  on_start: Callable[[Runtime], None] | None = None, keep_history: bool = False) -> SimRun:
     """Run the filler against the simulated GPU until `duration_s` (virtual) or `stop`.
 
     Monitor and filler are stepped in one thread in virtual time, in the order a real run would see
-    them; `speed` > 0 paces virtual time against the wall clock.
+    them; `speed` > 0 paces virtual time against the wall clock. `keep_history` keeps every kernel, for
+    scoring the run afterwards (memory grows with the run).
     """
-    run = open_simulated(config, stream, heartbeat)
+    run = open_simulated(config, stream, heartbeat, keep_history)
     rt, clock = run.runtime, run.clock
     if on_start is not None:
         on_start(rt)
@@ -153,10 +155,9 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
         due_s = min(monitor_due_s, filler_due_s, end_s)
         if speed > 0:
             delay_s = wall_origin_s + due_s / speed - time.monotonic()
-            if delay_s > 0 and stop.wait(delay_s):
-                reason = "signal"
-                break
-        elif stop.is_set():
+            if delay_s > 0:
+                stop.wait(delay_s)
+        if stop.is_set():  # every step, also when behind schedule and never waiting
             reason = "signal"
             break
         clock.advance_to(due_s)

@@ -36,6 +36,7 @@ class SimConfig:
     window_s: float = 1 / 6
     sms: int = 132
     foreign_s: tuple[tuple[float, float], ...] = ()
+    foreign_hidden_s: tuple[tuple[float, float], ...] = ()  # more jobs, always left out of the process list
     foreign_load_ratio: float = 0.9
     foreign_mem_mib: float = 2048.0
     hide_foreign: bool = False
@@ -78,14 +79,14 @@ LEGACY_TARGET_ENV = "TARGET"
 # NVML's shortest sample window is 1/6 s; accept values written with a few digits, like 0.1666.
 _WINDOW_MIN_S = 1 / 6
 _WINDOW_TOLERANCE_S = 1e-3
-# Longer than any sensible value (64 GPU UUIDs, 100 foreign jobs), short enough that no parser can be slow.
+# Longer than any sensible value (64 GPU UUIDs, hundreds of foreign jobs), short enough that no parser can be slow.
 MAX_VALUE_CHARS = 4096
 # A whole number with more digits than this is out of every range here (and int() of thousands of digits fails).
 _MAX_INT_DIGITS = 18
 MAX_GPU_INDEX = 1023
 # The simulated GPU's UUID carries the seed in 6 digits.
 MAX_SIM_SEED = 999_999
-MAX_SIM_FOREIGN_JOBS = 100  # the simulator walks every job for every sample
+MAX_SIM_FOREIGN_JOBS = 1000  # per setting; the simulator finds jobs by time, so only set-up grows with it
 # Floors that keep the loop sane: status lines at most 10 a second; a simulation at least a tenth of real time,
 # so that its loop (and heartbeat) steps at least every 20 s of wall time.
 MIN_LOG_INTERVAL_S = 0.1
@@ -535,6 +536,8 @@ SETTINGS: tuple[Setting, ...] = (
             "simulator: SM count; default 132"),
     Setting("sim.foreign_s", "FORGE_SIM_FOREIGN", "--sim-foreign", _intervals_value,
             "simulator: foreign jobs as START-END[,START-END...] virtual seconds; default none"),
+    Setting("sim.foreign_hidden_s", "FORGE_SIM_FOREIGN_HIDDEN", "--sim-foreign-hidden", _intervals_value,
+            "simulator: more foreign jobs, START-END[,...], always hidden from the process list; default none"),
     Setting("sim.foreign_load_ratio", "FORGE_SIM_FOREIGN_LOAD", "--sim-foreign-load",
             partial(_ratio_value, example=0.9), "simulator: busy ratio of a foreign job; default 0.9"),
     Setting("sim.foreign_mem_mib", "FORGE_SIM_FOREIGN_MEM", "--sim-foreign-mem",
@@ -638,6 +641,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         )
     _check_gpu_choice(given)
     _check_sim_devices(given, int(sim.get("gpus", SimConfig.gpus)))  # type: ignore[call-overload]
+    _check_sim_jobs(given)
     config = Config(**top, sim=SimConfig(**sim))  # type: ignore[arg-type]
     return _check_health_max_age(config, given)
 
@@ -723,6 +727,20 @@ def _check_sim_devices(given: Mapping[str, _Given], count: int) -> None:
             )
 
 
+def _check_sim_jobs(given: Mapping[str, _Given]) -> None:
+    """Visible and hidden simulated jobs together must not overlap, as within each list."""
+    shown, hidden = given.get("sim.foreign_s"), given.get("sim.foreign_hidden_s")
+    if shown is None or hidden is None:
+        return
+    spans = sorted([*shown.value, *hidden.value])  # type: ignore[misc]
+    for (a, b), (c, d) in zip(spans, spans[1:]):
+        if c < b:  # each list is free of overlaps already, so this pair has one of each
+            raise ConfigError(
+                f"{hidden.name}={hidden.raw!r} overlaps {shown.name}={shown.raw!r} ({_num(a)}-{_num(b)} and "
+                f"{_num(c)}-{_num(d)}): expected jobs that do not overlap, visible or hidden"
+            )
+
+
 def _spans_text(spans: tuple[tuple[float, float], ...]) -> str:
     return ",".join(f"{_num(a)}-{_num(b)}" for a, b in spans) or "none"
 
@@ -758,6 +776,7 @@ def describe(config: Config) -> dict[str, object]:
             sim_window_s=sim.window_s,
             sim_sms=sim.sms,
             sim_foreign_s=_spans_text(sim.foreign_s),
+            sim_foreign_hidden_s=_spans_text(sim.foreign_hidden_s),
             sim_foreign_load=sim.foreign_load_ratio,
             sim_foreign_mem_mib=sim.foreign_mem_mib,
             sim_hide_foreign=sim.hide_foreign,

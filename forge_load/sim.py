@@ -10,6 +10,10 @@ The model:
   it runs: busy for `foreign_load_ratio` of every 20-ms period. It shows in the process list unless
   hidden (a container without --pid=host). Foreign and own kernels overlap, which makes the foreign
   share look smallest (the union), the hardest case for the utilization signal.
+
+Long runs stay flat: our kernels are kept only as far back as a query can reach (the driver's sample
+buffer, the power window), and the foreign jobs are looked up by bisection, so each query costs what the
+kernels and jobs near it cost, however long the run and however many jobs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -35,6 +40,8 @@ DRIVER_FLOOR_MIB = 0.0  # memory_info v2 `used` excludes the driver's reservatio
 FOREIGN_PERIOD_S = 0.020
 FOREIGN_PID_BASE = 40000
 BUFFERED_SAMPLES = 100
+POWER_WINDOW_S = 1.0  # power is drawn from the busy share of the last second
+HISTORY_SLACK_S = 1.0  # a poll may come a little after the clock it reads
 IDLE_POWER_W = 70.0
 MAX_POWER_W = 700.0
 
@@ -63,10 +70,30 @@ class ForeignJob:
     end_s: float
     pid: int
     phase_s: float
+    hidden: bool = False  # left out of the process list (--sim-foreign-hidden)
+
+
+class JobTimeline:
+    """Foreign jobs sorted by start, found by bisection: a query looks only at the jobs near it."""
+
+    def __init__(self, jobs: list[ForeignJob]) -> None:
+        self.jobs = sorted(jobs, key=lambda job: job.start_s)
+        self._starts = [job.start_s for job in self.jobs]
+        # The latest end among the jobs up to each one: nondecreasing, so it bisects even if jobs overlap.
+        self._ends_so_far: list[float] = []
+        latest_s = float("-inf")
+        for job in self.jobs:
+            latest_s = max(latest_s, job.end_s)
+            self._ends_so_far.append(latest_s)
+
+    def near(self, a_s: float, b_s: float) -> list[ForeignJob]:
+        """The jobs that may overlap [a_s, b_s] (a superset only where jobs overlap each other)."""
+        return self.jobs[bisect_right(self._ends_so_far, a_s):bisect_right(self._starts, b_s)]
 
 
 class SimGpu:
-    def __init__(self, config: SimConfig, clock: VirtualClock | WallClock, index: int = 0) -> None:
+    def __init__(self, config: SimConfig, clock: VirtualClock | WallClock, index: int = 0,
+                 keep_history: bool = False) -> None:
         self.config = config
         self.clock = clock
         self.index = index
@@ -74,15 +101,27 @@ class SimGpu:
         rng = random.Random(config.seed * 1000 + index)
         self._rng = rng
         self._sample_phase_s = rng.uniform(0.0, config.window_s)
-        self.jobs = [ForeignJob(a, b, FOREIGN_PID_BASE + i, rng.uniform(0.0, FOREIGN_PERIOD_S))
-                     for i, (a, b) in enumerate(config.foreign_s)]
+        jobs = [ForeignJob(a, b, FOREIGN_PID_BASE + i, rng.uniform(0.0, FOREIGN_PERIOD_S))
+                for i, (a, b) in enumerate(config.foreign_s)]
+        jobs += [ForeignJob(a, b, FOREIGN_PID_BASE + len(jobs) + i, rng.uniform(0.0, FOREIGN_PERIOD_S), hidden=True)
+                 for i, (a, b) in enumerate(config.foreign_hidden_s)]
         if config.foreign_gpus is not None and index not in config.foreign_gpus:
-            self.jobs = []
+            jobs = []
+        self.timeline = JobTimeline(jobs)
+        self.jobs = self.timeline.jobs
         self.context_open = False
         self.lost = False
         self.lost_at_s: float | None = dict(config.fail_gpus).get(index)  # --sim-fail-gpu
+        # How far back any query reaches: the oldest buffered sample's window, or the power window.
+        self.history_s = max((BUFFERED_SAMPLES + 1) * self.window_s, POWER_WINDOW_S) + HISTORY_SLACK_S
+        self.keep_history = keep_history  # everything, for tests and the benchmark that score a run afterwards
+        # Our kernels, back to back on one stream: starts, ends, and the busy seconds before each one.
+        # Locked, since with the wall clock the Monitor's thread reads them while the Worker's adds.
+        self._lock = threading.Lock()
         self._starts: list[float] = []
         self._ends: list[float] = []
+        self._busy_before: list[float] = [0.0]
+        self._kept_from_s = float("-inf")  # every kernel that ran after this is still in the lists
         self.info = DeviceInfo(index=index, uuid=f"GPU-51a00000-0000-4000-8000-{config.seed:06d}{index:06d}",
                                name=f"Simulated GPU ({config.sms} SMs)", memory_total_mib=81559.0,
                                driver_version="simulated", mig_enabled=False)
@@ -103,23 +142,46 @@ class SimGpu:
     def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
         start_s = max(submit_s + LAUNCH_LATENCY_S, self._ends[-1] if self._ends else 0.0)
         end_s = start_s + self.kernel_s(grid_blocks)
-        self._starts.append(start_s)
-        self._ends.append(end_s)
+        with self._lock:
+            self._starts.append(start_s)
+            self._ends.append(end_s)
+            self._busy_before.append(self._busy_before[-1] + (end_s - start_s))
+            if not self.keep_history:
+                self._forget_before(submit_s - self.history_s)
         return start_s, end_s
 
+    def _forget_before(self, t_s: float) -> None:
+        """Drop the kernels that ended before `t_s`, in halves, so the cost per kernel stays constant."""
+        cut = bisect_right(self._ends, t_s)
+        if cut > len(self._ends) // 2:
+            del self._starts[:cut], self._ends[:cut], self._busy_before[:cut]
+            self._kept_from_s = t_s
+
     def own_busy_s(self, a_s: float, b_s: float) -> float:
-        total = 0.0
-        for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
-            total += min(self._ends[i], b_s) - max(self._starts[i], a_s)
-        return total
+        """Seconds of [a_s, b_s] during which one of our kernels ran (they never overlap each other)."""
+        with self._lock:
+            return self._own_busy_s(a_s, b_s)
+
+    def _own_busy_s(self, a_s: float, b_s: float) -> float:
+        if a_s < self._kept_from_s:  # a wrong answer would pass silently: refuse it
+            raise LookupError(f"kernels before {self._kept_from_s:.3f} s were dropped (history {self.history_s:.1f} "
+                              f"s); asked from {a_s:.3f} s: use keep_history to score a run afterwards")
+        lo, hi = bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)
+        if lo >= hi:
+            return 0.0
+        total_s = self._busy_before[hi] - self._busy_before[lo]
+        return total_s - max(a_s - self._starts[lo], 0.0) - max(self._ends[hi - 1] - b_s, 0.0)
 
     # --- foreign jobs ------------------------------------------------------------------------------
     def active_jobs(self, t_s: float) -> list[ForeignJob]:
-        return [job for job in self.jobs if job.start_s <= t_s < job.end_s]
+        return [job for job in self.timeline.near(t_s, t_s) if job.start_s <= t_s < job.end_s]
 
     def foreign_busy_s(self, a_s: float, b_s: float) -> float:
+        return self._foreign_busy_s(self.timeline.near(a_s, b_s), a_s, b_s)
+
+    def _foreign_busy_s(self, jobs: list[ForeignJob], a_s: float, b_s: float) -> float:
         total = 0.0
-        for job in self.jobs:
+        for job in jobs:
             lo, hi = max(a_s, job.start_s), min(b_s, job.end_s)
             if hi > lo:
                 total += _periodic_on_s(hi - job.start_s - job.phase_s, self.config.foreign_load_ratio) \
@@ -129,10 +191,14 @@ class SimGpu:
     # --- what NVML would report ------------------------------------------------------------------
     def busy_ratio(self, a_s: float, b_s: float) -> float:
         """Share of [a_s, b_s] during which any kernel ran (the union of ours and foreign)."""
-        overlap_s = 0.0
-        for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
-            overlap_s += self.foreign_busy_s(max(self._starts[i], a_s), min(self._ends[i], b_s))
-        union_s = self.own_busy_s(a_s, b_s) + self.foreign_busy_s(a_s, b_s) - overlap_s
+        jobs = self.timeline.near(a_s, b_s)
+        with self._lock:
+            union_s = self._own_busy_s(a_s, b_s)  # first: it refuses a window older than the history
+            if jobs:
+                overlap_s = 0.0
+                for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
+                    overlap_s += self._foreign_busy_s(jobs, max(self._starts[i], a_s), min(self._ends[i], b_s))
+                union_s += self._foreign_busy_s(jobs, a_s, b_s) - overlap_s
         return min(max(union_s / (b_s - a_s), 0.0), 1.0)
 
     def samples(self, after_s: float, until_s: float) -> list[UtilSample]:
@@ -178,12 +244,12 @@ class SimProbe:
         procs = [GpuProcess(self.own_pid, CONTEXT_MIB)] if self.gpu.context_open else []
         if not self.gpu.config.hide_foreign:
             procs += [GpuProcess(job.pid, self.gpu.config.foreign_mem_mib)
-                      for job in self.gpu.active_jobs(self.gpu.clock.now())]
+                      for job in self.gpu.active_jobs(self.gpu.clock.now()) if not job.hidden]
         return procs
 
     def power_w(self) -> float | None:
         now_s = self.gpu.clock.now()
-        util = self.gpu.busy_ratio(now_s - 1.0, now_s) if now_s > 1.0 else 0.0
+        util = self.gpu.busy_ratio(now_s - POWER_WINDOW_S, now_s) if now_s > POWER_WINDOW_S else 0.0
         return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * util
 
     def temperature_c(self) -> float | None:

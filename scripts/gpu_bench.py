@@ -268,7 +268,7 @@ def run_sim(argv: list[str]):
     from forge_load.app import run_simulated
 
     stream = io.StringIO()
-    run = run_simulated(sim_config(argv), stream)
+    run = run_simulated(sim_config(argv), stream, keep_history=True)  # scored afterwards
     return run, parse_events(stream.getvalue().splitlines())
 
 

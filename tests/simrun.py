@@ -27,5 +27,5 @@ class Scenario:
 def simulate(flags: str) -> Scenario:
     config = load_config(f"--simulate --sim-speed 0 --log-format json {flags}".split(), env={})
     out = io.StringIO()
-    run = run_simulated(config, out)
+    run = run_simulated(config, out, keep_history=True)  # scored afterwards
     return Scenario(run, [json.loads(line) for line in out.getvalue().splitlines()])

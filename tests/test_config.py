@@ -159,6 +159,7 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_SIM_FOREIGN", " 30-40 , 0-10 ", "sim.foreign_s", ((0.0, 10.0), (30.0, 40.0))),  # sorted
     ("FORGE_SIM_FOREIGN", "0-10,10-20", "sim.foreign_s", ((0.0, 10.0), (10.0, 20.0))),  # touching is fine
     ("FORGE_SIM_FOREIGN", "none", "sim.foreign_s", ()),
+    ("FORGE_SIM_FOREIGN_HIDDEN", "30-40,0-10", "sim.foreign_hidden_s", ((0.0, 10.0), (30.0, 40.0))),
     ("FORGE_SIM_FOREIGN_LOAD", "0.5", "sim.foreign_load_ratio", 0.5),
     ("FORGE_SIM_FOREIGN_LOAD", "100%", "sim.foreign_load_ratio", 1.0),
     ("FORGE_SIM_FOREIGN_MEM", "0", "sim.foreign_mem_mib", 0.0),
@@ -282,6 +283,7 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--sim-window", "1"], "sim.window_s", 1.0),
     (["--sim-sms", "114"], "sim.sms", 114),
     (["--sim-foreign", "5-6,1-2"], "sim.foreign_s", ((1.0, 2.0), (5.0, 6.0))),
+    (["--sim-foreign-hidden", "8-9"], "sim.foreign_hidden_s", ((8.0, 9.0),)),
     (["--sim-foreign-load", "50%"], "sim.foreign_load_ratio", 0.5),
     (["--sim-foreign-mem", "1024"], "sim.foreign_mem_mib", 1024.0),
     (["--sim-hide-foreign"], "sim.hide_foreign", True),
@@ -473,6 +475,8 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_SIM_FOREIGN", "garbage"),
     ("FORGE_SIM_FOREIGN", "10"),
     ("FORGE_SIM_FOREIGN", "20-10"),
+    ("FORGE_SIM_FOREIGN_HIDDEN", "20-10"),
+    ("FORGE_SIM_FOREIGN_HIDDEN", "10-20,15-30"),
     ("FORGE_SIM_FOREIGN", "10-10"),
     ("FORGE_SIM_FOREIGN", "-5-10"),
     ("FORGE_SIM_FOREIGN", "10-20,15-30"),
@@ -756,8 +760,8 @@ BASE_KEYS = {
     "use_process_list", "simulate",
 }
 SIM_KEYS = {
-    "sim_speed", "sim_window_s", "sim_sms", "sim_foreign_s", "sim_foreign_load", "sim_foreign_mem_mib",
-    "sim_hide_foreign", "sim_seed", "sim_gpus", "sim_foreign_gpus", "sim_fail_gpu",
+    "sim_speed", "sim_window_s", "sim_sms", "sim_foreign_s", "sim_foreign_hidden_s", "sim_foreign_load",
+    "sim_foreign_mem_mib", "sim_hide_foreign", "sim_seed", "sim_gpus", "sim_foreign_gpus", "sim_fail_gpu",
 }
 
 

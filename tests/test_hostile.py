@@ -202,7 +202,7 @@ def test_a_zone_id_with_a_newline_forges_no_line() -> None:
     ("FORGE_SIM_SPEED", "0.05", "0.1"),
     ("FORGE_POLL_INTERVAL", "1e-20", "0.01"),
     ("FORGE_SIM_SEED", "1000000", "999999"),
-    ("FORGE_SIM_FOREIGN", ",".join(f"{k}-{k + 0.5}" for k in range(101)), "100"),
+    ("FORGE_SIM_FOREIGN", ",".join(f"{k}-{k + 0.5}" for k in range(1001)), "1000"),
     ("FORGE_GPU", "100000", "1023"),
 ])
 def test_below_the_floor_is_refused_with_the_range(env: str, raw: str, accepted: str) -> None:
@@ -251,6 +251,7 @@ EXTREMES: dict[str, tuple[str, ...]] = {
     "FORGE_SIM_WINDOW": ("0.1657", "1"),
     "FORGE_SIM_SMS": ("1", "1024"),
     "FORGE_SIM_FOREIGN": (",".join(f"{k / 100:g}-{k / 100 + 1e-9:.9f}" for k in range(100)), "0-1e300"),
+    "FORGE_SIM_FOREIGN_HIDDEN": ("4-1e300",),  # after the base run's visible job (1-3)
     "FORGE_SIM_FOREIGN_LOAD": ("1e-9", "1"),
     "FORGE_SIM_FOREIGN_MEM": ("0", "1e300"),
     "FORGE_SIM_HIDE_FOREIGN": ("1",),
