@@ -85,7 +85,7 @@ typedef struct {
 typedef struct {
     uint32_t magic;
     vlib *lib;
-    char name[256];
+    char name[]; /* mangled names of numba kernels run to hundreds of characters */
 } vkernel;
 
 typedef struct {
@@ -446,12 +446,13 @@ static CUresult open_primary(vctx *ctx) {
     return CUDA_SUCCESS;
 }
 
-/* Under g_mu: the context's memory goes back to the device; what was queued has run (or runs) anyway. */
+/* Under g_mu: the context's memory goes back to the device; what was queued has run (or runs) anyway. As the
+ * driver does, the handle stays current wherever it was; using it fails with CONTEXT_IS_DESTROYED until a
+ * retain makes the primary context active again. */
 static void close_primary(vctx *ctx) {
     vgpu_state *st = g_view.st;
     free_allocs(ctx);
     ctx->active = 0;
-    ctx->refcount = 0;
     if (g_view.slot >= 0) {
         vgpu_lock(&g_view);
         st->proc[g_view.slot].ctx_open[ctx->dev] = 0;
@@ -459,8 +460,6 @@ static void close_primary(vctx *ctx) {
         st->proc[g_view.slot].alloc_bytes[ctx->dev] = 0;
         vgpu_unlock(&g_view);
     }
-    for (int i = 0; i < t_depth; i++)
-        if (t_stack[i] == ctx) t_stack[i] = NULL;
 }
 
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
@@ -497,10 +496,10 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
     else if (d < 0)
         rc = CUDA_ERROR_INVALID_DEVICE;
-    else if (!g_primary[d].active || g_primary[d].refcount <= 0)
+    else if (g_primary[d].refcount <= 0)
         rc = CUDA_ERROR_INVALID_CONTEXT;
-    else if (--g_primary[d].refcount == 0)
-        close_primary(&g_primary[d]);
+    else if (--g_primary[d].refcount == 0 && g_primary[d].active)
+        close_primary(&g_primary[d]);  /* the last reference resets it */
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
@@ -514,7 +513,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
     else if (d < 0)
         rc = CUDA_ERROR_INVALID_DEVICE;
     else if (g_primary[d].active)
-        close_primary(&g_primary[d]);
+        close_primary(&g_primary[d]);  /* does not release: the retains still count */
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
@@ -962,9 +961,9 @@ static CUresult get_kernel(vkernel **out, vlib *lib, const char *name) {
     if (out == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
     if (lib == NULL || lib->magic != MAGIC_LIB) return CUDA_ERROR_INVALID_HANDLE;
     size_t n = strlen(name);
-    if (n == 0 || n >= sizeof((vkernel *)0)->name) return CUDA_ERROR_INVALID_VALUE;
+    if (n == 0 || n > 65536) return CUDA_ERROR_INVALID_VALUE;
     if (memmem(lib->image, lib->size, name, n) == NULL) return CUDA_ERROR_NOT_FOUND;  /* not in the image */
-    vkernel *k = calloc(1, sizeof *k);
+    vkernel *k = calloc(1, sizeof *k + n + 1);
     if (k == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     k->magic = MAGIC_KERNEL;
     k->lib = lib;
