@@ -552,3 +552,70 @@ def test_cli_forwards_sigterm_and_reports_a_signal_death(vgpu: VgpuFactory) -> N
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == expected
+
+
+# --- the repository's `gpu` tests and the benchmark, on the virtual GPU ----------------------------------------
+
+GPU_TESTS = {
+    "tests/test_gpu.py::test_burn_computes_the_reference_value_on_hardware": "no-compute",
+    "tests/test_gpu.py::test_launcher_times_its_kernels_with_events": "pass",
+    "tests/test_gpu.py::test_filler_holds_half_the_gpu_for_real": "defect",
+    "tests/test_nvml.py::test_real_gpu_answers_every_query": "pass",
+    "tests/test_bench.py::test_real_gpu_short_run": "pass",
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_suite(tmp_path_factory: pytest.TempPathFactory, vgpu_lib_dir: Path) -> dict[str, str]:
+    """`pytest -m gpu` run once under scripts/vgpu, in the order the files list them: outcome per test id."""
+    import xml.etree.ElementTree as ET
+
+    report = tmp_path_factory.mktemp("gpu_suite") / "junit.xml"
+    files = sorted({test_id.split("::")[0] for test_id in GPU_TESTS})
+    proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", "--", sys.executable, "-m", "pytest", "-m", "gpu",
+                           *files, "-p", "no:cacheprovider", "-q", f"--junitxml={report}"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    outcomes: dict[str, str] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        test_id = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        kinds = [child.tag for child in case]
+        outcomes[test_id] = ("failed" if {"failure", "error"} & set(kinds) else
+                             "skipped" if "skipped" in kinds else "passed")
+        if outcomes[test_id] == "failed":
+            outcomes[test_id] += ": " + " ".join((case[0].get("message") or "").split())[:300]
+    assert "vgpu: called but not implemented" not in proc.stderr, proc.stderr[-2000:]
+    return outcomes
+
+
+DEFECT_REASON = ("forge_load defect (issue 9, item 1): the previous test's CudaLauncher.close() calls numba's "
+                 "cuda.close(), which resets the primary context; cuda-core keeps the old handle, so the next "
+                 "CudaLauncher in the process fails with CUDA_ERROR_CONTEXT_IS_DESTROYED (run alone, it passes)")
+
+
+@pytest.mark.parametrize("test_id", list(GPU_TESTS))
+def test_gpu_marked_tests_on_the_virtual_gpu(gpu_suite: dict[str, str], test_id: str) -> None:
+    assert set(gpu_suite) == set(GPU_TESTS), "a gpu-marked test was added or renamed: list it in GPU_TESTS"
+    outcome = gpu_suite[test_id]
+    if GPU_TESTS[test_id] == "no-compute":
+        # The virtual GPU models time, not arithmetic: a kernel's result is never written.
+        assert outcome.startswith("failed"), outcome
+    elif GPU_TESTS[test_id] == "defect" and outcome.startswith("failed"):
+        assert "CUDA_ERROR_CONTEXT_IS_DESTROYED" in outcome, outcome
+        pytest.xfail(DEFECT_REASON)
+    else:
+        assert outcome == "passed", outcome
+
+
+def test_benchmark_real_mode_on_the_virtual_gpu_says_so(tmp_path: Path, vgpu_lib_dir: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--vgpu", "--out", str(out),
+                           "--track-s", "10", "--targets", "0.5", "--controllers", "pi", "--scenarios", "tracking"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    results = json.loads((out / "results.json").read_text())
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a goal missed is still a finished run
+    assert results["mode"] == "real" and results["virtual_gpu"] is True and results["complete"]
+    assert results["gpu"]["name"] == "Virtual GPU (H100-like)" and results["gpu"]["driver"].endswith("-virtual")
+    markdown = (out / "results.md").read_text()
+    assert "(virtual GPU)" in markdown.splitlines()[0] and "not a GPU measurement" in markdown
+    assert "virtual GPU" in proc.stderr
