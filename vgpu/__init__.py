@@ -37,7 +37,8 @@ class VgpuError(Exception):
 @dataclass(frozen=True)
 class Kernel:
     """One kernel as the virtual GPU ran it (Unix seconds). `waited` is how long it was ready but queued
-    behind other contexts' kernels on the device."""
+    behind other contexts' kernels on the device; `pid` is in the launching process's own PID namespace,
+    `pidns` (the namespace's inode) tells processes of different containers apart."""
 
     pid: int
     device: int
@@ -45,6 +46,7 @@ class Kernel:
     end: float
     submit: float
     waited: float
+    pidns: int = 0
 
 
 @dataclass(frozen=True)

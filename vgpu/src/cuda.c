@@ -1088,9 +1088,10 @@ static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstre
     vgpu_queue_kernel(&g_view, c->dev, now, ready, duration, &start, &end);
     double off = (double)st->unix_offset_ns;
     int n = snprintf(line, sizeof line,
-                     "{\"pid\":%d,\"device\":%d,\"start\":%.6f,\"end\":%.6f,\"submit\":%.6f,\"waited\":%.6f}\n",
+                     "{\"pid\":%d,\"device\":%d,\"start\":%.6f,\"end\":%.6f,\"submit\":%.6f,\"waited\":%.6f,"
+                     "\"pidns\":%llu}\n",
                      (int)getpid(), c->dev, ((double)start + off) / 1e9, ((double)end + off) / 1e9,
-                     ((double)now + off) / 1e9, (double)(start - ready) / 1e9);
+                     ((double)now + off) / 1e9, (double)(start - ready) / 1e9, (unsigned long long)g_view.pidns);
     if (g_view.kernels_fd >= 0 && write(g_view.kernels_fd, line, (size_t)n) < 0) {
         /* the record is for tests; the launch itself stands */
     }
