@@ -195,7 +195,7 @@ def test_numba_compiles_launches_and_times_the_burn_kernel_by_the_wave_model(vgp
     for seconds, blocks, k in zip(r["elapsed"], r["grids"], mine[1:]):
         # On an idle stream the start event completes at record time, before the kernel even starts.
         assert seconds >= kernel_s(blocks) + LATENCY_S - 1e-6
-        assert seconds <= kernel_s(blocks) + 0.05
+        assert seconds <= kernel_s(blocks) + 0.5  # plus Python between the record and the launch
     first, second = mine[-2:]
     assert second.start == pytest.approx(first.end, abs=STAMP_S) and second.waited == 0.0
     assert r["busy_while_queued"]
@@ -385,7 +385,7 @@ def test_power_energy_temperature_and_versions(vgpu: VgpuFactory) -> None:
 LOST = DRIVER + NVML + r'''
 ok(launch(PER_WAVE))
 ok(d.cuStreamSynchronize(stream))
-time.sleep(float(os.environ["WAIT_S"]))
+time.sleep(max(float(os.environ["LOST_AT"]) - time.time(), 0.0))
 launched = int(launch(PER_WAVE))
 try:
     n.nvmlDeviceGetName(h); nvml = "ok"
@@ -397,8 +397,8 @@ say(launched=launched, nvml=nvml, other=other)
 
 
 def test_a_lost_gpu_fails_nvml_and_cuda_from_its_time_on(vgpu: VgpuFactory) -> None:
-    gpu = vgpu(gpus=2, fail_gpu=[(0, 1.5)])
-    r = run_py(gpu, LOST, env={"WAIT_S": "2.0"})
+    gpu = vgpu(gpus=2, fail_gpu=[(0, 4.0)])
+    r = run_py(gpu, LOST, env={"LOST_AT": str(gpu.show()["created"] + 4.2)})
     assert r["launched"] == 719  # CUDA_ERROR_LAUNCH_FAILED, sticky in the lost device's context
     assert r["nvml"] == "lost" and r["other"] == "Virtual GPU (H100-like)"
     assert gpu.show()["devices"][0]["lost"] and not gpu.show()["devices"][1]["lost"]

@@ -1,6 +1,6 @@
 """Builds the virtual GPU's libraries with the C compiler, against NVIDIA's own headers.
 
-    python -m vgpu.build            # prints the directory with libcuda.so.1, libnvidia-ml.so.1 and vgpuctl
+    scripts/vgpu build              # prints the directory with libcuda.so.1, libnvidia-ml.so.1 and vgpuctl
 
 Headers: cuda.h and cudaTypedefs.h from the nvidia-cuda-runtime-cu12 wheel (numba-cuda[cu12] installs it),
 nvml.h from the nvidia-nvml-dev wheel (requirements-dev.txt). Output: build/vgpu/<hash>/, where the hash

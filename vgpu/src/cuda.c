@@ -488,7 +488,9 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return rc;
 }
 
-CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+/* Release drops one reference, and the last one resets the context; reset destroys its resources but, as
+ * documented for the driver, does not release: the retains still count. */
+static CUresult release_or_reset(CUdevice dev, int reset) {
     pthread_mutex_lock(&g_mu);
     int d = device_of(dev);
     CUresult rc = CUDA_SUCCESS;
@@ -496,27 +498,16 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
     else if (d < 0)
         rc = CUDA_ERROR_INVALID_DEVICE;
-    else if (g_primary[d].refcount <= 0)
+    else if (!reset && g_primary[d].refcount <= 0)
         rc = CUDA_ERROR_INVALID_CONTEXT;
-    else if (--g_primary[d].refcount == 0 && g_primary[d].active)
-        close_primary(&g_primary[d]);  /* the last reference resets it */
+    else if ((reset || --g_primary[d].refcount == 0) && g_primary[d].active)
+        close_primary(&g_primary[d]);
     pthread_mutex_unlock(&g_mu);
     return rc;
 }
 
-CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
-    pthread_mutex_lock(&g_mu);
-    int d = device_of(dev);
-    CUresult rc = CUDA_SUCCESS;
-    if (!g_initialized)
-        rc = CUDA_ERROR_NOT_INITIALIZED;
-    else if (d < 0)
-        rc = CUDA_ERROR_INVALID_DEVICE;
-    else if (g_primary[d].active)
-        close_primary(&g_primary[d]);  /* does not release: the retains still count */
-    pthread_mutex_unlock(&g_mu);
-    return rc;
-}
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) { return release_or_reset(dev, 0); }
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) { return release_or_reset(dev, 1); }
 
 CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
     int d = device_of(dev);
