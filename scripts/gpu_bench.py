@@ -1383,8 +1383,8 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_bench: --vgpu and --simulate exclude each other", file=sys.stderr)
         return EXIT_USAGE
     if args.vgpu and not on_virtual_gpu():
-        rest = [a for a in argv if a != "--vgpu"]
-        cmd = [sys.executable, str(REPO / "scripts" / "vgpu"), "run", "--", sys.executable, str(Path(__file__)), *rest]
+        # The same command again, on a fresh virtual GPU (where --vgpu then only names the run).
+        cmd = [sys.executable, str(REPO / "scripts" / "vgpu"), "run", "--", sys.executable, str(Path(__file__)), *argv]
         return subprocess.run(cmd, check=False).returncode
     today = date.today().isoformat()
     results: dict[str, Any] = {

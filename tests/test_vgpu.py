@@ -132,6 +132,21 @@ def test_libraries_build_against_nvidia_headers_and_export_what_the_stack_loads(
         assert "[libcuda.so.1]" in soname.stdout  # cuda-pathfinder reuses a loaded library by this SONAME
 
 
+def test_two_builds_at_once_make_one_build_and_a_third_reuses_it(tmp_path: Path, vgpu_lib_dir: Path) -> None:
+    out = tmp_path / "builds"
+    code = "import sys; from pathlib import Path; from vgpu.build import build; print(build(Path(sys.argv[1])))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    dirs = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(dirs) == 1
+    built = Path(dirs.pop())
+    assert built.name == vgpu_lib_dir.name  # the same sources and headers give the same stamp
+    stamp_mtime = (built / "STAMP").stat().st_mtime
+    again = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert again.stdout.strip() == str(built) and (built / "STAMP").stat().st_mtime == stamp_mtime
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == [built.name]
+
+
 def test_bad_options_are_one_line_errors(vgpu: VgpuFactory, tmp_path: Path) -> None:
     for kwargs, words in (({"gpus": 9}, "gpus=9"), ({"window_s": 0.05}, "window_s=0.05"),
                           ({"timestamps": "tai"}, "timestamps='tai'"), ({"fail_gpu": [(3, 1.0)]}, "device 3"),
