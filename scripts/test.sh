@@ -23,6 +23,19 @@ fi
 say "installing Python requirements"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -e .
 
+# The virtual GPU's libraries (vgpu/) are compiled by the tests themselves; they need a C compiler.
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing gcc for the virtual GPU's libraries"
+        if ! { apt-get update -qq >&2 &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >&2; }; then
+            say "WARNING: gcc could not be installed; the virtual-GPU tests will skip"
+        fi
+    else
+        say "WARNING: no C compiler (cc or gcc); the virtual-GPU tests will skip"
+    fi
+fi
+
 engine_started=0
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 && [[ "${FORGE_SKIP_SYSTEM_TOOLS:-0}" != 1 ]]; then
     for tools in scripts/install_test_tools.sh scripts/install_container_tools.sh; do

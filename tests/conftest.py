@@ -4,6 +4,8 @@ import functools
 
 import pytest
 
+pytest_plugins = ["vgpu.pytest_plugin"]  # the `vgpu` fixture: a fresh virtual GPU per call
+
 
 @functools.lru_cache(maxsize=1)
 def gpu_present() -> str | None:

@@ -1,0 +1,636 @@
+"""The virtual GPU (vgpu/): the real numba-cuda, cuda-bindings and pynvml on the driver-free stand-ins.
+
+Everything on the virtual GPU runs in subprocesses (one libnvidia-ml per process; pytest itself never loads the
+stand-ins). The `vgpu` fixture (vgpu/pytest_plugin.py) makes a fresh GPU per call and fails the test if any
+entry point that is not implemented was called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vgpu import Kernel, VgpuError, VirtualGpu
+from vgpu.pytest_plugin import VgpuFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+VGPU_CLI = ROOT / "scripts" / "vgpu"
+MIB = 1 << 20
+WAVE_S, OVERHEAD_S, LATENCY_S = 1e-4, 8e-6, 5e-6  # the defaults, as forge_load/sim.py's
+PER_WAVE = 132 * 8  # 256-thread blocks resident on the whole device at once
+STAMP_S = 2e-6  # the kernel record's times are printed to the microsecond
+
+# A minimal driver-API program: a context, a stream and a kernel handle, without numba's compile (fast).
+DRIVER = r'''
+import json, os, sys, time
+from cuda.bindings import driver as d
+
+def ok(result):
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise SystemExit(f"driver error {err!r}")
+    return rest[0] if len(rest) == 1 else rest
+
+ok(d.cuInit(0))
+dev = ok(d.cuDeviceGet(int(os.environ.get("DEV", "0"))))
+ctx = ok(d.cuDevicePrimaryCtxRetain(dev))
+ok(d.cuCtxSetCurrent(ctx))
+lib = ok(d.cuLibraryLoadData(b"// .entry busy\n\0", None, None, 0, None, None, 0))
+fn = ok(d.cuKernelGetFunction(ok(d.cuLibraryGetKernel(lib, b"busy"))))
+stream = ok(d.cuStreamCreate(0))
+
+def launch(blocks, threads=256):
+    return d.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, stream, 0, 0)[0]
+
+def busy(seconds):
+    """One kernel of about `seconds` (waves of 0.1 ms); returns when it has ended."""
+    ok(launch(PER_WAVE * round(seconds / 1e-4)))
+    ok(d.cuStreamSynchronize(stream))
+
+def say(**fields):
+    print(json.dumps(fields), flush=True)
+'''.replace("PER_WAVE", str(PER_WAVE))
+
+NVML = r'''
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(int(os.environ.get("NVML_INDEX", "0")))
+UTIL = n.NVML_GPU_UTILIZATION_SAMPLES
+'''
+
+
+def run_py(gpu: VirtualGpu, code: str, env: dict[str, str] | None = None, timeout: float = 120,
+           prefix: list[str] | None = None) -> dict[str, Any]:
+    """Run `code` on the GPU in a subprocess; its last stdout line is JSON."""
+    proc = gpu.run([*(prefix or []), sys.executable, "-c", code], env=gpu.env({**os.environ, **(env or {})}),
+                   cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def start_py(gpu: VirtualGpu, code: str, prefix: list[str] | None = None) -> subprocess.Popen[str]:
+    """Start `code` on the GPU; it is expected to print one JSON line when ready and then wait on stdin."""
+    return subprocess.Popen([*(prefix or []), sys.executable, "-c", code], env=gpu.env(), cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def ready(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"exited {proc.wait()} before it was ready: {proc.stderr.read() if proc.stderr else ''}"
+    return dict(json.loads(line))
+
+
+def finish(proc: subprocess.Popen[str]) -> None:
+    out, err = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err[-4000:]}"
+
+
+HOLD = DRIVER + r'''
+mib = int(os.environ.get("ALLOC_MIB", "0"))
+if mib:
+    ok(d.cuMemAlloc(mib << 20))
+say(pid=os.getpid())
+sys.stdin.readline()
+'''
+
+
+# --- the build ------------------------------------------------------------------------------------------------
+
+def test_libraries_build_against_nvidia_headers_and_export_what_the_stack_loads(vgpu: VgpuFactory) -> None:
+    """-Wall -Wextra -Werror against cuda.h, cudaTypedefs.h and nvml.h (the build is the check); the symbols the
+    loaders look up by name are there; the old driver lacks exactly the _v3 process queries and memory v2."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+
+    def symbols(path: Path) -> set[str]:
+        out = subprocess.run([nm, "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
+        return {line.split()[-1] for line in out.stdout.splitlines()}
+
+    cuda = symbols(vgpu.lib_dir / "libcuda.so.1")
+    assert {"cuGetProcAddress_v2", "cuInit", "cuGetExportTable", "cuDriverGetVersion"} <= cuda
+    assert all(name.startswith("cu") for name in cuda), "the state's helpers must stay hidden"
+    nvml = symbols(vgpu.lib_dir / "libnvidia-ml.so.1")
+    old = symbols(vgpu.lib_dir / "old-driver" / "libnvidia-ml.so.1")
+    new_only = {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                "nvmlDeviceGetMemoryInfo_v2"}
+    assert {"nvmlInitWithFlags", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
+            "nvmlDeviceGetSamples"} | new_only <= nvml
+    assert nvml - old == new_only
+    soname = subprocess.run(["readelf", "-d", str(vgpu.lib_dir / "libcuda.so.1")], capture_output=True, text=True)
+    if soname.returncode == 0:
+        assert "[libcuda.so.1]" in soname.stdout  # cuda-pathfinder reuses a loaded library by this SONAME
+
+
+def test_two_builds_at_once_make_one_build_and_a_third_reuses_it(tmp_path: Path, vgpu_lib_dir: Path) -> None:
+    out = tmp_path / "builds"
+    code = "import sys; from pathlib import Path; from vgpu.build import build; print(build(Path(sys.argv[1])))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    dirs = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(dirs) == 1
+    built = Path(dirs.pop())
+    assert built.name == vgpu_lib_dir.name  # the same sources and headers give the same stamp
+    stamp_mtime = (built / "STAMP").stat().st_mtime
+    again = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert again.stdout.strip() == str(built) and (built / "STAMP").stat().st_mtime == stamp_mtime
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == [built.name]
+
+
+def test_bad_options_are_one_line_errors(vgpu: VgpuFactory, tmp_path: Path) -> None:
+    for kwargs, words in (({"gpus": 9}, "gpus=9"), ({"window_s": 0.05}, "window_s=0.05"),
+                          ({"timestamps": "tai"}, "timestamps='tai'"), ({"fail_gpu": [(3, 1.0)]}, "device 3"),
+                          ({"not_supported": ["cuInit"]}, "cuInit")):
+        with pytest.raises(VgpuError, match=words):
+            VirtualGpu(tmp_path / "bad", lib_dir=vgpu.lib_dir, **kwargs)  # type: ignore[arg-type]
+
+
+# --- numba-cuda on it -----------------------------------------------------------------------------------------
+
+NUMBA_BURN = r'''
+import json, os
+import numpy as np
+from numba import cuda
+from forge_load import kernels
+cuda.select_device(0)
+dev = cuda.get_current_device()
+stream = cuda.stream()
+out = cuda.to_device(np.zeros(1, dtype=np.float32), stream=stream)
+kernels.launch_burn(out, 1, stream)  # compile and load
+stream.synchronize()
+grids = [1, PER_WAVE, PER_WAVE + 1, 5 * PER_WAVE, 20 * PER_WAVE + 7]
+elapsed = []
+for blocks in grids:
+    a, b = cuda.event(timing=True), cuda.event(timing=True)
+    a.record(stream)
+    kernels.launch_burn(out, blocks, stream)
+    b.record(stream)
+    b.synchronize()
+    elapsed.append(cuda.event_elapsed_time(a, b) / 1e3)
+# two kernels queued back to back: the second starts when the first ends
+a, b = cuda.event(timing=True), cuda.event(timing=True)
+a.record(stream)
+kernels.launch_burn(out, 10 * PER_WAVE, stream)
+kernels.launch_burn(out, 10 * PER_WAVE, stream)
+b.record(stream)
+busy_while_queued = not b.query()
+b.synchronize()
+print(json.dumps({"pid": os.getpid(), "name": dev.name.decode() if isinstance(dev.name, bytes) else dev.name,
+                  "cc": list(dev.compute_capability), "sms": dev.MULTIPROCESSOR_COUNT, "grids": grids,
+                  "elapsed": elapsed, "pair": cuda.event_elapsed_time(a, b) / 1e3,
+                  "busy_while_queued": busy_while_queued, "uuid": dev.uuid}))
+cuda.close()
+'''.replace("PER_WAVE", str(PER_WAVE))
+
+
+def kernel_s(blocks: int) -> float:
+    return OVERHEAD_S + WAVE_S * -(-blocks // PER_WAVE)
+
+
+def test_numba_compiles_launches_and_times_the_burn_kernel_by_the_wave_model(vgpu: VgpuFactory) -> None:
+    gpu = vgpu()
+    r = run_py(gpu, NUMBA_BURN)
+    assert r["name"] == "Virtual GPU (H100-like)" and r["cc"] == [9, 0] and r["sms"] == 132
+    assert r["uuid"] == gpu.uuids()[0]
+    mine = [k for k in gpu.kernels() if k.pid == r["pid"]]
+    assert len(mine) == 1 + len(r["grids"]) + 2
+    for k, blocks in zip(mine[1:], r["grids"]):
+        assert k.end - k.start == pytest.approx(kernel_s(blocks), abs=STAMP_S), blocks
+        assert k.start - k.submit >= LATENCY_S - STAMP_S  # the launch latency
+    for seconds, blocks, k in zip(r["elapsed"], r["grids"], mine[1:]):
+        # On an idle stream the start event completes at record time, before the kernel even starts.
+        assert seconds >= kernel_s(blocks) + LATENCY_S - 1e-6
+        assert seconds <= kernel_s(blocks) + 0.5  # plus Python between the record and the launch
+    first, second = mine[-2:]
+    assert second.start == pytest.approx(first.end, abs=STAMP_S) and second.waited == 0.0
+    assert r["busy_while_queued"]
+    assert r["pair"] >= 2 * kernel_s(10 * PER_WAVE)
+
+
+CUDA_ORDER = DRIVER.split("dev = ")[0] + r'''
+uuids = []
+for i in range(ok(d.cuDeviceGetCount())):
+    u = bytes(ok(d.cuDeviceGetUuid(ok(d.cuDeviceGet(i)))).bytes).hex()
+    uuids.append(f"GPU-{u[:8]}-{u[8:12]}-{u[12:16]}-{u[16:20]}-{u[20:]}")
+print(json.dumps({"uuids": uuids}))
+'''
+
+
+@pytest.mark.parametrize("order, visible, expected", [
+    ("PCI_BUS_ID", None, [0, 1, 2]),
+    (None, None, [2, 0, 1]),                 # FASTEST_FIRST: the driver's own order
+    ("PCI_BUS_ID", "2,0", [2, 0]),
+    (None, "0", [2]),                        # ordinals count in CUDA_DEVICE_ORDER
+    ("PCI_BUS_ID", "UUID1,1", [1]),          # a UUID prefix, then a device already listed: the list ends
+    ("PCI_BUS_ID", "1,7,0", [1]),            # an invalid entry ends the list
+])
+def test_cuda_visible_devices_and_device_order_as_the_driver_reads_them(
+        vgpu: VgpuFactory, order: str | None, visible: str | None, expected: list[int]) -> None:
+    gpu = vgpu(gpus=3, fastest_first=[2, 0, 1])
+    uuids = gpu.uuids()
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")}
+    if order:
+        env["CUDA_DEVICE_ORDER"] = order
+    if visible:
+        env["CUDA_VISIBLE_DEVICES"] = visible.replace("UUID1", uuids[1][:12])
+    proc = gpu.run([sys.executable, "-c", CUDA_ORDER], env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["uuids"] == [uuids[i] for i in expected]
+
+
+# --- NVML -----------------------------------------------------------------------------------------------------
+
+SAMPLES = DRIVER + NVML + r'''
+_, first = n.nvmlDeviceGetSamples(h, UTIL, 0)
+busy(0.5)
+time.sleep(0.4)
+_, new = n.nvmlDeviceGetSamples(h, UTIL, first[-1].timeStamp)
+try:
+    n.nvmlDeviceGetSamples(h, UTIL, new[-1].timeStamp)
+    not_found = False
+except n.NVMLError_NotFound:
+    not_found = True
+say(first=[(s.timeStamp, s.sampleValue.uiVal) for s in first], new=[(s.timeStamp, s.sampleValue.uiVal) for s in new],
+    not_found=not_found, unix=time.time(), mono=time.monotonic(), rates=n.nvmlDeviceGetUtilizationRates(h).gpu)
+'''
+
+HISTORY = DRIVER.split("ok(d.cuInit(0))")[0] + NVML + r'''
+_, samples = n.nvmlDeviceGetSamples(h, UTIL, 0)
+print(json.dumps({"samples": [(s.timeStamp, s.sampleValue.uiVal) for s in samples]}))
+'''
+
+
+@pytest.mark.parametrize("timestamps", ["unix", "boot"])
+def test_nvml_samples_strictly_after_last_seen_with_history(vgpu: VgpuFactory, timestamps: str) -> None:
+    window_s = 1 / 6
+    gpu = vgpu(timestamps=timestamps, window_s=window_s)
+    r = run_py(gpu, SAMPLES)
+    first, new = r["first"], r["new"]
+    clock = r["unix"] if timestamps == "unix" else r["mono"]
+    # ~15 s of windows before anything ran, all idle
+    assert 88 <= len(first) <= 91 and all(v == 0 for _, v in first)
+    assert (first[-1][0] - first[0][0]) / 1e6 == pytest.approx(15.0 - window_s, abs=window_s)
+    assert first[-1][0] / 1e6 <= clock and clock - first[-1][0] / 1e6 < 2.0  # the stamp base asked for
+    stamps = [t for t, _ in first + new]
+    assert stamps == sorted(set(stamps))  # strictly increasing, none returned twice
+    assert new and all(t > first[-1][0] for t, _ in new)
+    assert r["not_found"]  # nothing newer than the newest: NOT_FOUND, as NVML answers
+    busy_s = sum(v for _, v in new) / 100 * window_s  # the 0.5-s kernel, spread over whole-percent windows
+    assert busy_s == pytest.approx(0.5 + OVERHEAD_S, abs=0.02)
+    assert max(v for _, v in new) == 100
+    # A later process finds the earlier one's kernels in its first read of the buffer.
+    later = run_py(gpu, HISTORY)["samples"]
+    assert sum(v for t, v in later if t > first[-1][0]) / 100 * window_s == pytest.approx(0.5, abs=0.02)
+
+
+def test_nvml_memory_and_process_lists(vgpu: VgpuFactory) -> None:
+    gpu = vgpu()
+    holder = start_py(gpu, HOLD.replace('os.environ.get("ALLOC_MIB", "0")', '"100"'))
+    try:
+        pid = ready(holder)["pid"]
+        r = run_py(gpu, NVML.replace("import pynvml", "import json, os\nimport pynvml") + r'''
+m1 = n.nvmlDeviceGetMemoryInfo(h)
+m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+bad = n.c_nvmlMemory_v2_t(); bad.version = 1
+ret = n._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")(h, n.byref(bad))
+print(json.dumps({"v1_used": m1.used, "v1_free": m1.free, "total": m1.total, "v2_used": m2.used,
+                  "v2_reserved": m2.reserved, "v2_free": m2.free, "bad_version_ret": ret,
+                  "v3": [(p.pid, p.usedGpuMemory) for p in n.nvmlDeviceGetComputeRunningProcesses_v3(h)],
+                  "v2": [(p.pid, p.usedGpuMemory) for p in n.nvmlDeviceGetComputeRunningProcesses_v2(h)],
+                  "graphics": n.nvmlDeviceGetGraphicsRunningProcesses(h)}))
+''')
+    finally:
+        finish(holder)
+    ours = (512 + 100) * MIB
+    assert r["v2_used"] == ours and r["v2_reserved"] == 541 * MIB
+    assert r["v1_used"] == ours + 541 * MIB and r["v1_free"] == r["total"] - r["v1_used"]
+    assert r["v2_free"] == r["total"] - 541 * MIB - ours
+    assert r["bad_version_ret"] == 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    assert r["v3"] == [[pid, ours]] and r["v2"] == [[pid, ours]] and r["graphics"] == []
+    assert gpu.memory_used_mib() == 0.0  # the holder exited: its context is released
+
+
+LIST = NVML.replace("import pynvml", "import json, os\nimport pynvml") + r'''
+print(json.dumps({"pid": os.getpid(), "procs": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+                  "used": n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).used}))
+'''
+
+SELF_LIST = DRIVER + r'''
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+say(pid=os.getpid(), procs=[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)])
+'''
+
+
+def test_hide_processes_lists_only_the_caller(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(hide_processes=True)
+    holder = start_py(gpu, HOLD)
+    try:
+        ready(holder)
+        other = run_py(gpu, LIST)
+        me = run_py(gpu, SELF_LIST)
+    finally:
+        finish(holder)
+    assert other["procs"] == [] and other["used"] == 512 * MIB  # hidden, but its memory shows
+    assert me["procs"] == [me["pid"]]
+
+
+def _unshare() -> list[str] | None:
+    tool = shutil.which("unshare")
+    if tool is None:
+        return None
+    probe = subprocess.run([tool, "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False)
+    return [tool, "--pid", "--fork", "--mount-proc"] if probe.returncode == 0 else None
+
+
+def test_process_lists_stop_at_the_pid_namespace(vgpu: VgpuFactory) -> None:
+    """As drivers >= 535.113 do: a process in another PID namespace is not listed (its memory still counts)."""
+    unshare = _unshare()
+    if unshare is None:
+        pytest.skip("unshare --pid is not available here (needs root or user namespaces)")
+    gpu = vgpu()
+    holder = start_py(gpu, HOLD, prefix=unshare)
+    try:
+        inside = ready(holder)
+        outside = run_py(gpu, LIST)
+        also_inside = run_py(gpu, LIST, prefix=unshare)
+    finally:
+        finish(holder)
+    assert inside["pid"] == 1  # it is PID 1 of its own namespace
+    assert outside["procs"] == [] and outside["used"] == 512 * MIB
+    assert also_inside["procs"] == []  # a different new namespace again
+    contexts = gpu.contexts()
+    assert contexts == []  # all three exited
+
+
+POWER = DRIVER + NVML + r'''
+e0, t0 = n.nvmlDeviceGetTotalEnergyConsumption(h), time.monotonic()
+idle_w = n.nvmlDeviceGetPowerUsage(h) / 1e3
+busy(0.6)
+busy_w = n.nvmlDeviceGetPowerUsage(h) / 1e3
+e1, t1 = n.nvmlDeviceGetTotalEnergyConsumption(h), time.monotonic()
+say(idle_w=idle_w, busy_w=busy_w, joules=(e1 - e0) / 1e3, seconds=t1 - t0,
+    limit_w=n.nvmlDeviceGetPowerManagementLimit(h) / 1e3, temp=n.nvmlDeviceGetTemperature(h, 0),
+    driver=n.nvmlSystemGetDriverVersion(), cuda=n.nvmlSystemGetCudaDriverVersion())
+'''
+
+
+def test_power_energy_temperature_and_versions(vgpu: VgpuFactory) -> None:
+    gpu = vgpu()
+    r = run_py(gpu, POWER)
+    assert r["idle_w"] == 70.0 and r["limit_w"] == 700.0
+    assert r["busy_w"] == pytest.approx(70 + 630 * 0.6, abs=630 * 0.03)  # 0.6 s busy in the last second
+    # energy: idle power all along plus (max - idle) while the kernel ran
+    assert r["joules"] == pytest.approx(70 * r["seconds"] + 630 * 0.6, rel=0.03)
+    assert 30 < r["temp"] < 70
+    assert r["driver"].endswith("-virtual") and r["cuda"] == 12090
+
+
+LOST = DRIVER + NVML + r'''
+ok(launch(PER_WAVE))
+ok(d.cuStreamSynchronize(stream))
+time.sleep(max(float(os.environ["LOST_AT"]) - time.time(), 0.0))
+launched = int(launch(PER_WAVE))
+try:
+    n.nvmlDeviceGetName(h); nvml = "ok"
+except n.NVMLError_GpuIsLost:
+    nvml = "lost"
+other = n.nvmlDeviceGetName(n.nvmlDeviceGetHandleByIndex(1))
+say(launched=launched, nvml=nvml, other=other)
+'''.replace("PER_WAVE", str(PER_WAVE))
+
+
+def test_a_lost_gpu_fails_nvml_and_cuda_from_its_time_on(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(gpus=2, fail_gpu=[(0, 4.0)])
+    r = run_py(gpu, LOST, env={"LOST_AT": str(gpu.show()["created"] + 4.2)})
+    assert r["launched"] == 719  # CUDA_ERROR_LAUNCH_FAILED, sticky in the lost device's context
+    assert r["nvml"] == "lost" and r["other"] == "Virtual GPU (H100-like)"
+    assert gpu.show()["devices"][0]["lost"] and not gpu.show()["devices"][1]["lost"]
+
+
+def test_a_gpu_lost_after_n_nvml_calls(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(fail_gpu_after_calls=[(0, 3)])
+    r = run_py(gpu, NVML.replace("import pynvml", "import json, os\nimport pynvml") + r'''
+answers = []
+for _ in range(5):
+    try:
+        n.nvmlDeviceGetName(h); answers.append("ok")
+    except n.NVMLError_GpuIsLost:
+        answers.append("lost")
+print(json.dumps({"answers": answers}))
+''')
+    assert r["answers"] == ["ok", "ok", "lost", "lost", "lost"]  # the handle lookup was the first call
+
+
+def test_not_supported_injection_and_forge_load_reads_it_as_unavailable(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(not_supported=["nvmlDeviceGetSamples", "nvmlDeviceGetPowerUsage"])
+    r = run_py(gpu, r'''
+import json
+import pynvml as n
+from forge_load.nvml import NvmlProbe
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+try:
+    n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, 0); raised = False
+except n.NVMLError_NotSupported:
+    raised = True
+with NvmlProbe("0") as probe:
+    print(json.dumps({"raised": raised, "samples": probe.utilization_samples(0.0), "power": probe.power_w(),
+                      "ratio": probe.utilization_ratio()}))
+''')
+    assert r == {"raised": True, "samples": None, "power": None, "ratio": 0.0}
+
+
+OLD_DRIVER = DRIVER + r'''
+import pynvml as n
+from forge_load.nvml import NvmlProbe
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+try:
+    n.nvmlDeviceGetComputeRunningProcesses_v3(h); v3 = "present"
+except n.NVMLError_FunctionNotFound:
+    v3 = "missing"
+with NvmlProbe("0") as probe:
+    say(v3=v3, pid=os.getpid(), procs=[(p.pid, p.used_mib) for p in probe.processes()],
+        used_mib=probe.memory_used_mib(), driver=probe.info.driver_version)
+'''
+
+
+def test_old_driver_falls_back_to_v2_processes_and_v1_memory(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(old_driver=True)
+    r = run_py(gpu, OLD_DRIVER)
+    assert r["v3"] == "missing" and r["driver"].startswith("515.")
+    assert r["procs"] == [[r["pid"], 512.0]]  # through nvmlDeviceGetComputeRunningProcesses_v2
+    assert r["used_mib"] == 541 + 512  # v1: the reserved memory counts as used
+
+
+# --- several processes ----------------------------------------------------------------------------------------
+
+LONG_THEN_WAIT = DRIVER + r'''
+ok(launch(PER_WAVE * 5000))  # 0.5 s, queued: returns at once
+say(pid=os.getpid())
+sys.stdin.readline()
+'''.replace("PER_WAVE", str(PER_WAVE))
+
+SHORT = DRIVER + r'''
+t = time.time()
+busy(0.001)
+say(pid=os.getpid(), submitted=t)
+'''
+
+
+def test_two_processes_share_a_device_first_come_first_served(vgpu: VgpuFactory) -> None:
+    gpu = vgpu()
+    first = start_py(gpu, LONG_THEN_WAIT)
+    try:
+        a = ready(first)["pid"]
+        b = run_py(gpu, SHORT)["pid"]
+    finally:
+        finish(first)
+    kernels = gpu.kernels()
+    long = next(k for k in kernels if k.pid == a)
+    short = next(k for k in kernels if k.pid == b)
+    assert short.start == pytest.approx(long.end, abs=STAMP_S)  # never both at once
+    assert short.waited == pytest.approx(short.start - max(short.submit + LATENCY_S, 0), abs=1e-5)
+    assert short.waited > 0.1  # the record says how long it stood behind the other context
+
+
+def test_a_process_that_dies_releases_its_context(vgpu: VgpuFactory) -> None:
+    gpu = vgpu()
+    holder = start_py(gpu, HOLD.replace('os.environ.get("ALLOC_MIB", "0")', '"64"'))
+    pid = ready(holder)["pid"]
+    assert [(c.pid, c.mib) for c in gpu.contexts()] == [(pid, 512 + 64)]
+    assert gpu.memory_used_mib() == 576
+    holder.kill()  # no clean-up at all
+    holder.wait()
+    assert gpu.contexts() == [] and gpu.memory_used_mib() == 0
+
+
+def test_an_unimplemented_entry_point_fails_loudly(vgpu: VgpuFactory) -> None:
+    gpu = vgpu()
+    vgpu.expect_unimplemented("cuMemAllocManaged")
+    r = run_py(gpu, DRIVER + r'''
+err = d.cuMemAllocManaged(1 << 20, 1)[0]
+say(err=int(err))
+''')
+    assert r["err"] == 801  # CUDA_ERROR_NOT_SUPPORTED
+    assert gpu.unimplemented() == ["cuMemAllocManaged"]
+
+
+# --- scripts/vgpu ---------------------------------------------------------------------------------------------
+
+def test_cli_runs_a_command_on_a_fresh_gpu_and_records_its_kernels(tmp_path: Path, vgpu: VgpuFactory) -> None:
+    record = tmp_path / "kernels.jsonl"
+    code = DRIVER + "busy(0.01)\nbusy(0.02)\nsys.exit(7)\n"
+    proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", "--gpus", "2", "--record", str(record), "--",
+                           sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 7, proc.stderr
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(lines) == 2 and set(lines[0]) == {"pid", "device", "start", "end", "submit", "waited", "pidns"}
+    kernels = [Kernel(**line) for line in lines]
+    assert kernels[0].device == 0 and abs(kernels[0].start - time.time()) < 60  # Unix seconds
+    assert kernels[1].end - kernels[1].start == pytest.approx(0.02 + OVERHEAD_S, abs=STAMP_S)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpus", "0"], "gpus=0"), (["--window", "0.01"], "window_s=0.01"), (["--timestamps", "x"], "timestamps"),
+    (["--fail-gpu", "1"], "--fail-gpu '1'"), (["--fail-gpu", "1@2"], "device 1"), (["--nope"], "--nope"),
+    ([], "no command"),
+])
+def test_cli_bad_options_exit_2_with_one_line(args: list[str], words: str, vgpu: VgpuFactory) -> None:
+    proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", *args, "--", "true"] if args else
+                          [sys.executable, str(VGPU_CLI), "run"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_cli_forwards_sigterm_and_reports_a_signal_death(vgpu: VgpuFactory) -> None:
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    for child, expected in ((code, 5), (code.replace("lambda *a: sys.exit(5)", "signal.SIG_DFL"), 128 + 15)):
+        proc = subprocess.Popen([sys.executable, str(VGPU_CLI), "run", "--", sys.executable, "-c", child],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == expected
+
+
+# --- the repository's `gpu` tests and the benchmark, on the virtual GPU ----------------------------------------
+
+GPU_TESTS = {
+    "tests/test_gpu.py::test_burn_computes_the_reference_value_on_hardware": "no-compute",
+    "tests/test_gpu.py::test_launcher_times_its_kernels_with_events": "pass",
+    "tests/test_gpu.py::test_filler_holds_half_the_gpu_for_real": "defect",
+    "tests/test_nvml.py::test_real_gpu_answers_every_query": "pass",
+    "tests/test_bench.py::test_real_gpu_short_run": "pass",
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_suite(tmp_path_factory: pytest.TempPathFactory, vgpu_lib_dir: Path) -> dict[str, str]:
+    """`pytest -m gpu` run once under scripts/vgpu, in the order the files list them: outcome per test id."""
+    import xml.etree.ElementTree as ET
+
+    report = tmp_path_factory.mktemp("gpu_suite") / "junit.xml"
+    files = sorted({test_id.split("::")[0] for test_id in GPU_TESTS})
+    proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", "--", sys.executable, "-m", "pytest", "-m", "gpu",
+                           *files, "-p", "no:cacheprovider", "-q", f"--junitxml={report}"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    outcomes: dict[str, str] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        test_id = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        kinds = [child.tag for child in case]
+        outcomes[test_id] = ("failed" if {"failure", "error"} & set(kinds) else
+                             "skipped" if "skipped" in kinds else "passed")
+        if outcomes[test_id] == "failed":
+            outcomes[test_id] += ": " + " ".join((case[0].get("message") or "").split())[:300]
+    assert "vgpu: called but not implemented" not in proc.stderr, proc.stderr[-2000:]
+    return outcomes
+
+
+DEFECT_REASON = ("forge_load defect (issue 9, item 1): the previous test's CudaLauncher.close() calls numba's "
+                 "cuda.close(), which resets the primary context; cuda-core keeps the old handle, so the next "
+                 "CudaLauncher in the process fails with CUDA_ERROR_CONTEXT_IS_DESTROYED (run alone, it passes)")
+
+
+@pytest.mark.parametrize("test_id", list(GPU_TESTS))
+def test_gpu_marked_tests_on_the_virtual_gpu(gpu_suite: dict[str, str], test_id: str) -> None:
+    assert set(gpu_suite) == set(GPU_TESTS), "a gpu-marked test was added or renamed: list it in GPU_TESTS"
+    outcome = gpu_suite[test_id]
+    if GPU_TESTS[test_id] == "no-compute":
+        # The virtual GPU models time, not arithmetic: a kernel's result is never written.
+        assert outcome.startswith("failed"), outcome
+    elif GPU_TESTS[test_id] == "defect" and outcome.startswith("failed"):
+        assert "CUDA_ERROR_CONTEXT_IS_DESTROYED" in outcome, outcome
+        pytest.xfail(DEFECT_REASON)
+    else:
+        assert outcome == "passed", outcome
+
+
+def test_benchmark_real_mode_on_the_virtual_gpu_says_so(tmp_path: Path, vgpu_lib_dir: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--vgpu", "--out", str(out),
+                           "--track-s", "10", "--targets", "0.5", "--controllers", "pi", "--scenarios", "tracking"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    results = json.loads((out / "results.json").read_text())
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a goal missed is still a finished run
+    assert results["mode"] == "real" and results["virtual_gpu"] is True and results["complete"]
+    assert results["gpu"]["name"] == "Virtual GPU (H100-like)" and results["gpu"]["driver"].endswith("-virtual")
+    markdown = (out / "results.md").read_text()
+    assert "(virtual GPU)" in markdown.splitlines()[0] and "not a GPU measurement" in markdown
+    assert "virtual GPU" in proc.stderr

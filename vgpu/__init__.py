@@ -1,0 +1,188 @@
+"""The virtual GPU: driver-free stand-ins for libcuda.so.1 and libnvidia-ml.so.1 (C, in vgpu/src) that the real,
+unmodified numba-cuda and pynvml load, sharing one modelled GPU across processes.
+
+    gpu = VirtualGpu(tmp_path / "gpu", gpus=2)
+    subprocess.run([sys.executable, "-c", "..."], env=gpu.env())
+    gpu.kernels()        # every kernel that ran: pid, device, start, end (Unix seconds)
+    gpu.unimplemented()  # driver entry points called but not implemented (should stay empty)
+
+Never load the stand-ins into the calling process: everything on the virtual GPU runs in subprocesses with
+`env()` (one libnvidia-ml per process). What the model does, and what it cannot prove: README, "Testing".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vgpu.build import OLD_DRIVER_DIR, BuildError, build
+
+__all__ = ["STATE_ENV", "BuildError", "Context", "Kernel", "VirtualGpu", "VgpuError", "build"]
+
+STATE_ENV = "VGPU_STATE"
+WINDOW_MIN_S, WINDOW_MAX_S = 1 / 6, 1.0
+MAX_GPUS = 8  # VGPU_MAX_GPUS in src/state.h
+
+
+class VgpuError(Exception):
+    """A bad option or a state that cannot be created; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel as the virtual GPU ran it (Unix seconds). `waited` is how long it was ready but queued
+    behind other contexts' kernels on the device; `pid` is in the launching process's own PID namespace,
+    `pidns` (the namespace's inode) tells processes of different containers apart."""
+
+    pid: int
+    device: int
+    start: float
+    end: float
+    submit: float
+    waited: float
+    pidns: int = 0
+
+
+@dataclass(frozen=True)
+class Context:
+    """A live process's context (or leftover allocations) on one device, as NVML would charge it."""
+
+    pid: int
+    pidns: int
+    comm: str
+    device: int
+    open: bool
+    mib: float
+
+
+def _pairs(name: str, pairs: Sequence[tuple[int, float]], gpus: int, integer: bool) -> str:
+    items = []
+    for pair in pairs:
+        if len(pair) != 2:
+            raise VgpuError(f"{name}: expected (device, value) pairs, got {pair!r}")
+        device, value = pair
+        if not (isinstance(device, int) and 0 <= device < gpus):
+            raise VgpuError(f"{name}: device {device!r} is not one of 0..{gpus - 1}")
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0) or \
+                (integer and int(value) != value):
+            kind = "a whole number >= 0" if integer else "a number of seconds >= 0"
+            raise VgpuError(f"{name}: value {value!r} for device {device} is not {kind}")
+        items.append(f"{device}@{int(value) if integer else float(value)!r}")
+    return ",".join(items)
+
+
+class VirtualGpu:
+    """A fresh virtual GPU whose state lives in `state_dir` (created; must not hold one already)."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], *, gpus: int = 1, window_s: float = 1 / 6,
+                 timestamps: str = "unix", hide_processes: bool = False,
+                 fail_gpu: Sequence[tuple[int, float]] = (), fail_gpu_after_calls: Sequence[tuple[int, int]] = (),
+                 not_supported: Sequence[str] = (), old_driver: bool = False, sms: int = 132,
+                 context_mib: float = 512.0, reserved_mib: float = 541.0, total_mib: float = 81559.0,
+                 wave_s: float = 1e-4, overhead_s: float = 8e-6, latency_s: float = 5e-6,
+                 history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
+                 lib_dir: str | os.PathLike[str] | None = None) -> None:
+        if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
+            raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
+        if not (isinstance(window_s, (int, float)) and WINDOW_MIN_S - 1e-9 <= window_s <= WINDOW_MAX_S):
+            raise VgpuError(f"window_s={window_s!r}: expected 1/6 to 1 second (NVML's sample windows)")
+        if timestamps not in ("unix", "boot"):
+            raise VgpuError(f"timestamps={timestamps!r}: expected unix or boot")
+        if not (isinstance(sms, int) and 1 <= sms <= 1024):
+            raise VgpuError(f"sms={sms!r}: expected 1 to 1024")
+        for name in not_supported:
+            if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
+                raise VgpuError(f"not_supported: {name!r} is not an NVML function name (nvml...)")
+        self.state_dir = Path(state_dir).resolve()
+        self.gpus = gpus
+        self.old_driver = old_driver
+        self.lib_dir = Path(lib_dir) if lib_dir is not None else build()
+        self._ctl = self.lib_dir / "vgpuctl"
+        config = {
+            "gpus": gpus, "sms": sms, "window_s": repr(float(window_s)), "timestamps": timestamps,
+            "hide_processes": int(bool(hide_processes)), "context_mib": context_mib, "reserved_mib": reserved_mib,
+            "total_mib": total_mib, "wave_s": repr(float(wave_s)), "overhead_s": repr(float(overhead_s)),
+            "latency_s": repr(float(latency_s)), "history_s": history_s,
+        }
+        if fail_gpu:
+            config["fail_gpu"] = _pairs("fail_gpu", fail_gpu, gpus, integer=False)
+        if fail_gpu_after_calls:
+            config["fail_gpu_calls"] = _pairs("fail_gpu_after_calls", fail_gpu_after_calls, gpus, integer=True)
+        if not_supported:
+            config["not_supported"] = ",".join(not_supported)
+        if fastest_first is not None:
+            config["fastest_first"] = ",".join(str(int(i)) for i in fastest_first)
+        if (self.state_dir / "state").exists():
+            raise VgpuError(f"{self.state_dir} already holds a virtual GPU; use a fresh directory")
+        text = "".join(f"{k}={v}\n" for k, v in config.items())
+        proc = subprocess.run([str(self._ctl), "create", str(self.state_dir)], input=text, capture_output=True,
+                              text=True, check=False)
+        if proc.returncode != 0:
+            raise VgpuError(proc.stderr.strip().removeprefix("vgpuctl: ") or f"vgpuctl exited {proc.returncode}")
+
+    @property
+    def library_dir(self) -> Path:
+        """Where libcuda.so.1 and libnvidia-ml.so.1 of this GPU's driver variant are."""
+        return self.lib_dir / OLD_DRIVER_DIR if self.old_driver else self.lib_dir
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment for a subprocess on this GPU: `base` (default os.environ) plus the library path
+        and the state path; the CUDA simulator switched off."""
+        env = dict(os.environ if base is None else base)
+        lib = str(self.library_dir)
+        env["LD_LIBRARY_PATH"] = lib + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        env[STATE_ENV] = str(self.state_dir)
+        env.pop("NUMBA_ENABLE_CUDASIM", None)
+        return env
+
+    def run(self, args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """subprocess.run on this GPU (text mode, output captured unless given)."""
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        kwargs.setdefault("check", False)
+        env = self.env(kwargs.pop("env", None))
+        return subprocess.run(list(args), env=env, **kwargs)
+
+    def kernels(self) -> list[Kernel]:
+        """Every kernel queued so far, in launch order per device (the ground truth, written at launch)."""
+        path = self.state_dir / "kernels.jsonl"
+        out = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                out.append(Kernel(**json.loads(line)))
+        return out
+
+    def unimplemented(self) -> list[str]:
+        """Entry points called but not implemented (each fails with an error code), sorted, once each."""
+        text = (self.state_dir / "unimplemented").read_text()
+        return sorted({line.strip() for line in text.splitlines() if line.strip()})
+
+    def show(self) -> dict[str, Any]:
+        """The state as vgpuctl shows it (after releasing dead processes' contexts): devices, processes."""
+        proc = subprocess.run([str(self._ctl), "show", str(self.state_dir)], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise VgpuError(proc.stderr.strip())
+        return dict(json.loads(proc.stdout))
+
+    def contexts(self) -> list[Context]:
+        """Live contexts of every process, in every PID namespace."""
+        out = []
+        for p in self.show()["processes"]:
+            for c in p["contexts"]:
+                out.append(Context(pid=p["pid"], pidns=p["pidns"], comm=p["comm"], device=c["device"],
+                                   open=c["open"], mib=c["mib"]))
+        return out
+
+    def memory_used_mib(self, device: int = 0) -> float:
+        """Device memory in use by contexts and allocations (NVML's v2 `used`)."""
+        return float(self.show()["devices"][device]["used_mib"])
+
+    def uuids(self) -> list[str]:
+        return [d["uuid"] for d in self.show()["devices"]]

@@ -1,0 +1,578 @@
+/* libnvidia-ml.so.1 for the virtual GPU: what pynvml (nvidia-ml-py) calls, read from the shared state of
+ * state.h. Compiled against NVIDIA's nvml.h with -Werror. Functions not here are absent from the library, so
+ * pynvml raises NVMLError_FunctionNotFound for them as it does on a driver that lacks them.
+ *
+ * With -DVGPU_OLD_DRIVER: an older driver without the _v3 process queries and without nvmlMemory_v2.
+ *
+ * The model (the README's testing section says the same):
+ * - utilization samples: a window ends every window_s (per-device phase); its value is the share of the
+ *   window during which any context's kernel ran, in whole percent; the buffer holds the windows of the last
+ *   history_s (15 s), including those from before any process ran; stamps are microseconds of the Unix
+ *   clock or of CLOCK_MONOTONIC (boot-relative), as configured;
+ * - memory: v2 `used` is the contexts plus allocations; v1 `used` adds the reserved amount;
+ * - processes: only those in the caller's PID namespace (drivers >= 535.113 translate and drop the others);
+ *   with hide_processes, only the caller itself;
+ * - power: idle + (max - idle) x the busy share of the last second; energy: the integral of the
+ *   instantaneous power (idle, or max while a kernel runs) since the state was created;
+ * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED.
+ */
+#define _GNU_SOURCE
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "state.h"
+
+#ifdef VGPU_OLD_DRIVER
+#define DRIVER_VERSION "515.105.01-virtual"
+#define NVML_VERSION "11.515.105.01-virtual"
+#define CUDA_DRIVER_VERSION 11070
+#else
+#define DRIVER_VERSION "575.57.08-virtual"
+#define NVML_VERSION "12.575.57.08-virtual"
+#define CUDA_DRIVER_VERSION 12090
+#endif
+#define DEVICE_MAGIC 0x4c4d564eu
+
+typedef struct {
+    uint32_t magic;
+    int index;
+} vdev;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static vgpu_view g_view;
+static int g_attached;
+static int g_init_count;
+static vdev g_devs[VGPU_MAX_GPUS];
+
+static void at_fork_prepare(void) { pthread_mutex_lock(&g_mu); }
+static void at_fork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void at_fork_child(void) {
+    vgpu_after_fork_child(&g_view);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static nvmlReturn_t init(void) {
+    nvmlReturn_t rc = NVML_SUCCESS;
+    pthread_mutex_lock(&g_mu);
+    if (!g_attached) {
+        char why[512];
+        if (vgpu_attach(&g_view, why, sizeof why) != 0) {
+            static int said;
+            if (!said++) fprintf(stderr, "vgpu: libnvidia-ml: no virtual GPU: %s\n", why);
+            rc = NVML_ERROR_DRIVER_NOT_LOADED;
+            goto out;
+        }
+        g_attached = 1;
+        for (int i = 0; i < VGPU_MAX_GPUS; i++) {
+            g_devs[i].magic = DEVICE_MAGIC;
+            g_devs[i].index = i;
+        }
+        pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
+    }
+    g_init_count++;
+out:
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+nvmlReturn_t DECLDIR nvmlInit(void) { return init(); }
+nvmlReturn_t DECLDIR nvmlInit_v2(void) { return init(); }
+nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    return init();
+}
+
+nvmlReturn_t DECLDIR nvmlShutdown(void) {
+    pthread_mutex_lock(&g_mu);
+    nvmlReturn_t rc = g_init_count > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (g_init_count > 0) g_init_count--;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+const DECLDIR char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    default: return "Unknown Error";
+    }
+}
+
+static int initialized(void) { return __atomic_load_n(&g_init_count, __ATOMIC_RELAXED) > 0; }
+
+static int refused(const char *fn) {
+    const char *list = g_view.st->not_supported;
+    if (list[0] == '\0') return 0;
+    char key[128];
+    snprintf(key, sizeof key, ",%s,", fn);
+    return strstr(list, key) != NULL;
+}
+
+/* Every device query starts here: initialised, a valid handle, not lost, not refused. */
+static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, int *index) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    const vdev *d = (const vdev *)device;
+    if (d == NULL || d < g_devs || d >= g_devs + VGPU_MAX_GPUS || d->magic != DEVICE_MAGIC ||
+        d->index >= g_view.st->gpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (vgpu_lost(&g_view, d->index, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
+    if (refused(fn)) return NVML_ERROR_NOT_SUPPORTED;
+    *index = d->index;
+    return NVML_SUCCESS;
+}
+
+#define ENTER(device)                                           \
+    int dev_;                                                   \
+    {                                                           \
+        nvmlReturn_t rc_ = enter(__func__, (device), &dev_);    \
+        if (rc_ != NVML_SUCCESS) return rc_;                    \
+    }
+
+#define SYSTEM_ENTER()                                                  \
+    do {                                                                \
+        if (!initialized()) return NVML_ERROR_UNINITIALIZED;            \
+        if (refused(__func__)) return NVML_ERROR_NOT_SUPPORTED;         \
+    } while (0)
+
+static nvmlReturn_t copy_text(char *out, unsigned int len, const char *text) {
+    if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, text, strlen(text) + 1);
+    return NVML_SUCCESS;
+}
+
+/* --- system -------------------------------------------------------------------------------------------- */
+
+nvmlReturn_t DECLDIR nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    SYSTEM_ENTER();
+    return copy_text(version, length, DRIVER_VERSION);
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    SYSTEM_ENTER();
+    return copy_text(version, length, NVML_VERSION);
+}
+
+static nvmlReturn_t cuda_version(int *v) {
+    if (v == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *v = CUDA_DRIVER_VERSION;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion) {
+    SYSTEM_ENTER();
+    return cuda_version(cudaDriverVersion);
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion) {
+    SYSTEM_ENTER();
+    return cuda_version(cudaDriverVersion);
+}
+
+/* --- devices ------------------------------------------------------------------------------------------- */
+
+static nvmlReturn_t device_count(unsigned int *count) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = (unsigned int)g_view.st->gpus;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCount(unsigned int *deviceCount) { return device_count(deviceCount); }
+nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount) { return device_count(deviceCount); }
+
+static nvmlReturn_t handle_by_index(unsigned int index, nvmlDevice_t *device) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (device == NULL || index >= (unsigned int)g_view.st->gpus) return NVML_ERROR_INVALID_ARGUMENT;
+    if (vgpu_lost(&g_view, (int)index, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
+    *device = (nvmlDevice_t)&g_devs[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return handle_by_index(index, device);
+}
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    return handle_by_index(index, device);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < g_view.st->gpus; i++) {
+        char s[48];
+        vgpu_uuid_string(g_view.st->dev[i].uuid, s);
+        if (strcasecmp(s, uuid) == 0) return handle_by_index((unsigned int)i, device);
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (pciBusId == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < g_view.st->gpus; i++) {
+        const char *id = g_view.st->dev[i].pci_bus_id;  /* "00000000:18:00.0"; "0000:18:00.0" also matches */
+        if (strcasecmp(id, pciBusId) == 0 || strcasecmp(id + 4, pciBusId) == 0)
+            return handle_by_index((unsigned int)i, device);
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    ENTER(device);
+    if (index == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)dev_;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber) {
+    ENTER(device);
+    if (minorNumber == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *minorNumber = (unsigned int)dev_;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    ENTER(device);
+    return copy_text(name, length, g_view.st->dev[dev_].name);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    ENTER(device);
+    char s[48];
+    vgpu_uuid_string(g_view.st->dev[dev_].uuid, s);
+    return copy_text(uuid, length, s);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    ENTER(device);
+    if (pci == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    const vgpu_device *d = &g_view.st->dev[dev_];
+    snprintf(pci->busId, sizeof pci->busId, "%s", d->pci_bus_id);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", d->pci_bus_id + 4);
+    pci->domain = 0;
+    pci->bus = d->pci_bus;
+    pci->device = 0;
+    pci->pciDeviceId = 0x233010deu;    /* H100 SXM5 80GB */
+    pci->pciSubSystemId = 0x16c110deu;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    ENTER(device);
+    if (major == NULL || minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *major = 9;
+    *minor = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
+    ENTER(device);
+    if (currentMode == NULL || pendingMode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *currentMode = NVML_DEVICE_MIG_DISABLE;
+    *pendingMode = NVML_DEVICE_MIG_DISABLE;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
+    ENTER(device);
+    if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = NVML_COMPUTEMODE_DEFAULT;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
+    ENTER(device);
+    if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
+}
+
+/* --- memory -------------------------------------------------------------------------------------------- */
+
+static uint64_t used_bytes(int dev) {
+    pthread_mutex_lock(&g_mu);
+    vgpu_lock(&g_view);
+    vgpu_reap(&g_view);
+    uint64_t used = vgpu_used_bytes(g_view.st, dev);
+    vgpu_unlock(&g_view);
+    pthread_mutex_unlock(&g_mu);
+    return used;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    ENTER(device);
+    if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_state *st = g_view.st;
+    uint64_t used = used_bytes(dev_) + st->reserved_bytes;  /* v1 counts the reserved memory as used */
+    memory->total = st->total_bytes;
+    memory->used = used;
+    memory->free = st->total_bytes - used;
+    return NVML_SUCCESS;
+}
+
+#ifndef VGPU_OLD_DRIVER
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    ENTER(device);
+    if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    const vgpu_state *st = g_view.st;
+    uint64_t used = used_bytes(dev_);
+    memory->total = st->total_bytes;
+    memory->reserved = st->reserved_bytes;
+    memory->used = used;
+    memory->free = st->total_bytes - st->reserved_bytes - used;
+    return NVML_SUCCESS;
+}
+#endif
+
+/* --- utilization --------------------------------------------------------------------------------------- */
+
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+static unsigned int sample_percent(const vgpu_state *st, int dev, int64_t end_ns) {
+    int64_t w = st->window_ns;
+    int64_t busy = vgpu_busy_ns(st, dev, end_ns - w, end_ns);
+    return (unsigned int)((busy * 100 + w / 2) / w);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
+                                          unsigned long long lastSeenTimeStamp, nvmlValueType_t *sampleValType,
+                                          unsigned int *sampleCount, nvmlSample_t *samples) {
+    ENTER(device);
+    if (sampleValType == NULL || sampleCount == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (type != NVML_GPU_UTILIZATION_SAMPLES) return NVML_ERROR_NOT_SUPPORTED;
+    if (samples != NULL && *sampleCount == 0) return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_state *st = g_view.st;
+    const vgpu_device *d = &st->dev[dev_];
+    int64_t w = st->window_ns, phase = d->phase_ns;
+    int64_t base = st->timestamps_boot ? 0 : st->unix_offset_ns;
+    int64_t now = vgpu_now_ns();
+    int64_t k_last = floor_div(now - phase, w);
+    int64_t k_lo = floor_div(now - st->history_ns - phase, w) + 1;
+    if (lastSeenTimeStamp >= (1ull << 62) / 1000) return NVML_ERROR_NOT_FOUND;
+    /* stamps are whole microseconds: floor((phase + k w + base) / 1000) > lastSeen */
+    int64_t threshold = ((int64_t)lastSeenTimeStamp + 1) * 1000 - base - phase;
+    int64_t k_after = -floor_div(-threshold, w);  /* ceil */
+    if (k_after > k_lo) k_lo = k_after;
+    if (k_lo > k_last) return NVML_ERROR_NOT_FOUND;
+    unsigned int n = (unsigned int)(k_last - k_lo + 1);
+    *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    if (samples == NULL) {
+        *sampleCount = n;
+        return NVML_SUCCESS;
+    }
+    if (n > *sampleCount) n = *sampleCount;  /* the oldest first: asking again with the last stamp gets the rest */
+    pthread_mutex_lock(&g_mu);
+    vgpu_lock(&g_view);
+    for (unsigned int i = 0; i < n; i++) {
+        int64_t end = phase + (k_lo + (int64_t)i) * w;
+        samples[i].timeStamp = (unsigned long long)((end + base) / 1000);
+        samples[i].sampleValue.uiVal = sample_percent(st, dev_, end);
+    }
+    vgpu_unlock(&g_view);
+    pthread_mutex_unlock(&g_mu);
+    *sampleCount = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    ENTER(device);
+    if (utilization == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_state *st = g_view.st;
+    int64_t w = st->window_ns, phase = st->dev[dev_].phase_ns;
+    int64_t end = phase + floor_div(vgpu_now_ns() - phase, w) * w;  /* the newest complete window */
+    pthread_mutex_lock(&g_mu);
+    vgpu_lock(&g_view);
+    utilization->gpu = sample_percent(st, dev_, end);
+    vgpu_unlock(&g_view);
+    pthread_mutex_unlock(&g_mu);
+    utilization->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* --- processes ----------------------------------------------------------------------------------------- */
+
+/* Under the lock: the processes with a context or memory on `dev` that this caller may see. */
+static unsigned int visible_processes(int dev, unsigned int pids[VGPU_MAX_PROCS], uint64_t bytes[VGPU_MAX_PROCS]) {
+    const vgpu_state *st = g_view.st;
+    int32_t me = (int32_t)getpid();
+    unsigned int n = 0;
+    for (int s = 0; s < VGPU_MAX_PROCS; s++) {
+        const vgpu_proc *p = &st->proc[s];
+        if (!p->in_use || (!p->ctx_open[dev] && p->alloc_bytes[dev] == 0)) continue;
+        if (p->pidns != g_view.pidns) continue;           /* another PID namespace: not listed */
+        if (st->hide_processes && p->pid != me) continue;  /* a container without --pid=host */
+        pids[n] = (unsigned int)p->pid;
+        bytes[n] = vgpu_proc_bytes(st, s, dev);
+        n++;
+    }
+    return n;
+}
+
+static nvmlReturn_t processes(int dev, unsigned int *infoCount, nvmlProcessInfo_v2_t *v2, nvmlProcessInfo_v1_t *v1,
+                              int graphics) {
+    if (infoCount == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int pids[VGPU_MAX_PROCS];
+    uint64_t bytes[VGPU_MAX_PROCS];
+    unsigned int n = 0;
+    if (!graphics) {  /* compute contexts only: nothing here draws */
+        pthread_mutex_lock(&g_mu);
+        vgpu_lock(&g_view);
+        vgpu_reap(&g_view);
+        n = visible_processes(dev, pids, bytes);
+        vgpu_unlock(&g_view);
+        pthread_mutex_unlock(&g_mu);
+    }
+    int have_buffer = v2 != NULL || v1 != NULL;
+    if (!have_buffer || *infoCount < n) {
+        *infoCount = n;
+        return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        if (v2 != NULL) {
+            v2[i].pid = pids[i];
+            v2[i].usedGpuMemory = bytes[i];
+            v2[i].gpuInstanceId = 0xFFFFFFFFu;
+            v2[i].computeInstanceId = 0xFFFFFFFFu;
+        } else {
+            v1[i].pid = pids[i];
+            v1[i].usedGpuMemory = bytes[i];
+        }
+    }
+    *infoCount = n;
+    return NVML_SUCCESS;
+}
+
+#ifndef VGPU_OLD_DRIVER
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos) {
+    ENTER(device);
+    return processes(dev_, infoCount, infos, NULL, 0);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                              nvmlProcessInfo_t *infos) {
+    ENTER(device);
+    return processes(dev_, infoCount, infos, NULL, 1);
+}
+#endif
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos) {
+    ENTER(device);
+    return processes(dev_, infoCount, infos, NULL, 0);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                              nvmlProcessInfo_v2_t *infos) {
+    ENTER(device);
+    return processes(dev_, infoCount, infos, NULL, 1);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                          nvmlProcessInfo_v1_t *infos) {
+    ENTER(device);
+    return processes(dev_, infoCount, NULL, infos, 0);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                           nvmlProcessInfo_v1_t *infos) {
+    ENTER(device);
+    return processes(dev_, infoCount, NULL, infos, 1);
+}
+
+/* --- power and temperature ----------------------------------------------------------------------------- */
+
+static unsigned int power_mw(int dev) {
+    const vgpu_state *st = g_view.st;
+    int64_t now = vgpu_now_ns();
+    pthread_mutex_lock(&g_mu);
+    vgpu_lock(&g_view);
+    int64_t busy = vgpu_busy_ns(st, dev, now - 1000000000, now);
+    vgpu_unlock(&g_view);
+    pthread_mutex_unlock(&g_mu);
+    double u = (double)busy / 1e9;
+    return (unsigned int)(st->idle_power_mw + (st->max_power_mw - st->idle_power_mw) * u + 0.5);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    ENTER(device);
+    if (power == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *power = power_mw(dev_);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
+    ENTER(device);
+    if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_state *st = g_view.st;
+    const vgpu_device *d = &st->dev[dev_];
+    int64_t now = vgpu_now_ns();
+    pthread_mutex_lock(&g_mu);
+    vgpu_lock(&g_view);
+    /* busy time so far = everything queued minus what is still ahead of now */
+    int64_t ahead = 0;
+    uint64_t hi = d->ring_count, lo = hi > VGPU_RING ? hi - VGPU_RING : 0;
+    for (uint64_t i = hi; i > lo; i--) {
+        const vgpu_interval *iv = &d->ring[(i - 1) % VGPU_RING];
+        if (iv->end_ns <= now) break;
+        ahead += iv->end_ns - (iv->start_ns > now ? iv->start_ns : now);
+    }
+    int64_t busy = d->busy_queued_ns - ahead;
+    vgpu_unlock(&g_view);
+    pthread_mutex_unlock(&g_mu);
+    double seconds = (double)(now - st->created_ns) / 1e9;
+    double mj = st->idle_power_mw * seconds + (double)(st->max_power_mw - st->idle_power_mw) * ((double)busy / 1e9);
+    *energy = (unsigned long long)(mj + 0.5);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit) {
+    ENTER(device);
+    if (limit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *limit = (unsigned int)g_view.st->max_power_mw;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
+    ENTER(device);
+    if (limit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *limit = (unsigned int)g_view.st->max_power_mw;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int *minLimit,
+                                                                  unsigned int *maxLimit) {
+    ENTER(device);
+    if (minLimit == NULL || maxLimit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *minLimit = (unsigned int)g_view.st->idle_power_mw * 3;
+    *maxLimit = (unsigned int)g_view.st->max_power_mw;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
+                                              unsigned int *temp) {
+    ENTER(device);
+    if (temp == NULL || sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_state *st = g_view.st;
+    double span = (double)(st->max_power_mw - st->idle_power_mw);
+    double share = span > 0 ? ((double)power_mw(dev_) - st->idle_power_mw) / span : 0.0;
+    *temp = (unsigned int)(30.0 + 40.0 * share + 0.5);
+    return NVML_SUCCESS;
+}

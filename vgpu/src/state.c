@@ -1,0 +1,522 @@
+/* The virtual GPU's shared state (see state.h): mapping, locking, process slots, the device timeline. */
+#define _GNU_SOURCE
+#include "state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t vgpu_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void say(char *why, size_t why_len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t own_pidns(void) {
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+static int open_in(const char *dir, const char *name, int flags) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return open(path, flags | O_CLOEXEC, 0666);
+}
+
+int vgpu_attach(vgpu_view *v, char *why, size_t why_len) {
+    memset(v, 0, sizeof *v);
+    v->fd = v->kernels_fd = v->unimpl_fd = v->slot_fd = -1;
+    v->slot = -1;
+    const char *dir = getenv(VGPU_ENV);
+    if (dir == NULL || dir[0] == '\0') {
+        say(why, why_len, "%s is not set (run under scripts/vgpu)", VGPU_ENV);
+        return -1;
+    }
+    if (strlen(dir) >= sizeof v->dir - 32) {
+        say(why, why_len, "%s is too long", VGPU_ENV);
+        return -1;
+    }
+    strcpy(v->dir, dir);
+    v->fd = open_in(dir, "state", O_RDWR);
+    if (v->fd < 0) {
+        say(why, why_len, "cannot open %s/state: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(v->fd, &sb) != 0 || (size_t)sb.st_size != sizeof(vgpu_state)) {
+        say(why, why_len, "%s/state is not a virtual GPU state of this build (size)", dir);
+        close(v->fd);
+        return -1;
+    }
+    void *p = mmap(NULL, sizeof(vgpu_state), PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
+    if (p == MAP_FAILED) {
+        say(why, why_len, "cannot map %s/state: %s", dir, strerror(errno));
+        close(v->fd);
+        return -1;
+    }
+    v->st = p;
+    if (v->st->magic != VGPU_MAGIC || v->st->layout != VGPU_LAYOUT) {
+        say(why, why_len, "%s/state is not a virtual GPU state of this build", dir);
+        munmap(p, sizeof(vgpu_state));
+        close(v->fd);
+        v->st = NULL;
+        return -1;
+    }
+    v->kernels_fd = open_in(dir, "kernels.jsonl", O_WRONLY | O_APPEND);
+    v->unimpl_fd = open_in(dir, "unimplemented", O_WRONLY | O_APPEND);
+    v->pidns = own_pidns();
+    return 0;
+}
+
+void vgpu_detach(vgpu_view *v) {
+    if (v->st != NULL) munmap(v->st, sizeof(vgpu_state));
+    if (v->fd >= 0) close(v->fd);
+    if (v->kernels_fd >= 0) close(v->kernels_fd);
+    if (v->unimpl_fd >= 0) close(v->unimpl_fd);
+    if (v->slot_fd >= 0) close(v->slot_fd);  /* releases the slot: the next reap frees it */
+    v->st = NULL;
+    v->fd = v->kernels_fd = v->unimpl_fd = v->slot_fd = -1;
+    v->slot = -1;
+}
+
+void vgpu_after_fork_child(vgpu_view *v) {
+    if (v->st == NULL) return;
+    if (v->fd >= 0) close(v->fd);
+    v->fd = open_in(v->dir, "state", O_RDWR);
+    if (v->slot_fd >= 0) close(v->slot_fd);  /* the parent's descriptor still holds its lock */
+    v->slot_fd = -1;
+    v->slot = -1;
+    v->pidns = own_pidns();
+}
+
+void vgpu_lock(vgpu_view *v) {
+    while (flock(v->fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+}
+
+void vgpu_unlock(vgpu_view *v) { flock(v->fd, LOCK_UN); }
+
+void vgpu_reap(vgpu_view *v) {
+    vgpu_state *st = v->st;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+        if (!st->proc[i].in_use || i == v->slot) continue;
+        char name[32];
+        snprintf(name, sizeof name, "slots/%d", i);
+        int fd = open_in(v->dir, name, O_RDONLY);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {  /* nobody holds it: that process is gone */
+            uint32_t generation = st->proc[i].generation;
+            memset(&st->proc[i], 0, sizeof st->proc[i]);
+            st->proc[i].generation = generation + 1;
+            flock(fd, LOCK_UN);
+        }
+        close(fd);
+    }
+}
+
+int vgpu_own_slot(vgpu_view *v) {
+    if (v->slot >= 0) return v->slot;
+    vgpu_reap(v);
+    vgpu_state *st = v->st;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+        if (st->proc[i].in_use) continue;
+        char name[32];
+        snprintf(name, sizeof name, "slots/%d", i);
+        int fd = open_in(v->dir, name, O_RDWR);
+        if (fd < 0) continue;
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            close(fd);
+            continue;
+        }
+        vgpu_proc *p = &st->proc[i];
+        uint32_t generation = p->generation;
+        memset(p, 0, sizeof *p);
+        p->generation = generation + 1;
+        p->in_use = 1;
+        p->pid = (int32_t)getpid();
+        p->pidns = v->pidns;
+        p->started_ns = vgpu_now_ns();
+        int cfd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+        if (cfd >= 0) {
+            ssize_t n = read(cfd, p->comm, sizeof p->comm - 1);
+            if (n > 0 && p->comm[n - 1] == '\n') p->comm[n - 1] = '\0';
+            close(cfd);
+        }
+        v->slot = i;
+        v->slot_fd = fd;
+        return i;
+    }
+    return -1;
+}
+
+int vgpu_lost(vgpu_view *v, int dev, int64_t now_ns, int nvml_call) {
+    vgpu_device *d = &v->st->dev[dev];
+    if (nvml_call && d->lost_after_calls >= 0) {
+        uint64_t n = __atomic_add_fetch(&d->nvml_calls, 1, __ATOMIC_RELAXED);
+        if ((int64_t)n > d->lost_after_calls) {
+            int64_t old = __atomic_load_n(&d->lost_at_ns, __ATOMIC_RELAXED);
+            while (old > now_ns &&
+                   !__atomic_compare_exchange_n(&d->lost_at_ns, &old, now_ns, 0, __ATOMIC_RELAXED,
+                                                __ATOMIC_RELAXED)) {
+            }
+        }
+    }
+    return __atomic_load_n(&d->lost_at_ns, __ATOMIC_RELAXED) <= now_ns;
+}
+
+void vgpu_queue_kernel(vgpu_view *v, int dev, int64_t submit_ns, int64_t ready_ns, int64_t duration_ns,
+                       int64_t *start_ns, int64_t *end_ns) {
+    (void)submit_ns;
+    vgpu_device *d = &v->st->dev[dev];
+    int64_t start = ready_ns > d->tail_ns ? ready_ns : d->tail_ns;
+    int64_t end = start + duration_ns;
+    d->tail_ns = end;
+    d->busy_queued_ns += duration_ns;
+    d->kernels++;
+    if (d->ring_count > 0) {
+        vgpu_interval *last = &d->ring[(d->ring_count - 1) % VGPU_RING];
+        if (start <= last->end_ns) {  /* back to back: one busy interval */
+            last->end_ns = end;
+            *start_ns = start;
+            *end_ns = end;
+            return;
+        }
+    }
+    vgpu_interval *slot = &d->ring[d->ring_count % VGPU_RING];
+    slot->start_ns = start;
+    slot->end_ns = end;
+    d->ring_count++;
+    *start_ns = start;
+    *end_ns = end;
+}
+
+int64_t vgpu_busy_ns(const vgpu_state *st, int dev, int64_t a_ns, int64_t b_ns) {
+    const vgpu_device *d = &st->dev[dev];
+    uint64_t hi = d->ring_count;
+    uint64_t lo = hi > VGPU_RING ? hi - VGPU_RING : 0;
+    /* first interval that ends after a_ns (intervals are sorted and disjoint) */
+    uint64_t l = lo, h = hi;
+    while (l < h) {
+        uint64_t m = l + (h - l) / 2;
+        if (d->ring[m % VGPU_RING].end_ns > a_ns)
+            h = m;
+        else
+            l = m + 1;
+    }
+    int64_t total = 0;
+    for (uint64_t i = l; i < hi; i++) {
+        const vgpu_interval *iv = &d->ring[i % VGPU_RING];
+        if (iv->start_ns >= b_ns) break;
+        int64_t s = iv->start_ns > a_ns ? iv->start_ns : a_ns;
+        int64_t e = iv->end_ns < b_ns ? iv->end_ns : b_ns;
+        if (e > s) total += e - s;
+    }
+    return total;
+}
+
+uint64_t vgpu_proc_bytes(const vgpu_state *st, int slot, int dev) {
+    const vgpu_proc *p = &st->proc[slot];
+    if (!p->in_use) return 0;
+    uint64_t g = st->alloc_granularity ? st->alloc_granularity : 1;
+    uint64_t alloc = (p->alloc_bytes[dev] + g - 1) / g * g;
+    return (p->ctx_open[dev] ? p->ctx_bytes[dev] : 0) + alloc;
+}
+
+uint64_t vgpu_used_bytes(const vgpu_state *st, int dev) {
+    uint64_t used = 0;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) used += vgpu_proc_bytes(st, i, dev);
+    return used;
+}
+
+void vgpu_unimplemented(vgpu_view *v, const char *what) {
+    /* once per name per process: a hash set of the names already written */
+    static uint64_t seen[256];
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = what; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+    h |= 1;
+    for (unsigned i = 0; i < 256; i++) {
+        unsigned k = (unsigned)(h + i) % 256;
+        uint64_t cur = __atomic_load_n(&seen[k], __ATOMIC_RELAXED);
+        if (cur == h) return;
+        if (cur == 0) {
+            if (__atomic_compare_exchange_n(&seen[k], &cur, h, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
+            if (cur == h) return;
+        }
+    }
+    char line[512];
+    int n = snprintf(line, sizeof line, "%s\n", what);
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    if (v != NULL && v->unimpl_fd >= 0 && write(v->unimpl_fd, line, (size_t)n) < 0) {
+        /* nothing more to do: stderr below still says it */
+    }
+    fprintf(stderr, "vgpu: %s is not implemented by the virtual GPU (it fails with an error)\n", what);
+}
+
+void vgpu_uuid_string(const uint8_t u[16], char out[48]) {
+    snprintf(out, 48, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+/* --- creation ------------------------------------------------------------------------------------------ */
+
+static const uint32_t PCI_BUSES[VGPU_MAX_GPUS] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
+
+static int parse_list_pairs(const char *value, int64_t out_by_dev[VGPU_MAX_GPUS], double scale, int gpus,
+                            char *why, size_t why_len, const char *key) {
+    /* "I@X,I@X": device I, value X (scaled) */
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", value);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *at = strchr(tok, '@');
+        char *end = NULL;
+        if (at == NULL) goto bad;
+        long dev = strtol(tok, &end, 10);
+        if (end != at || dev < 0 || dev >= gpus) goto bad;
+        double x = strtod(at + 1, &end);
+        if (*end != '\0' || x < 0) goto bad;
+        out_by_dev[dev] = (int64_t)(x * scale);
+        continue;
+    bad:
+        say(why, why_len, "%s=%s: expected DEVICE@VALUE[,...] with 0 <= DEVICE < %d and VALUE >= 0", key, value,
+            gpus);
+        return -1;
+    }
+    return 0;
+}
+
+int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) {
+    vgpu_state *st = calloc(1, sizeof *st);
+    if (st == NULL) {
+        say(why, why_len, "out of memory");
+        return -1;
+    }
+    st->magic = VGPU_MAGIC;
+    st->layout = VGPU_LAYOUT;
+    st->gpus = 1;
+    st->sms = 132;
+    st->threads_per_sm = 2048;
+    st->max_blocks_per_sm = 32;
+    st->wave_ns = 100000;
+    st->overhead_ns = 8000;
+    st->latency_ns = 5000;
+    st->window_ns = 166666667;
+    st->history_ns = 15000000000;
+    st->total_bytes = 81559ull << 20;
+    st->reserved_bytes = 541ull << 20;
+    st->context_bytes = 512ull << 20;
+    st->alloc_granularity = 2ull << 20;
+    st->idle_power_mw = 70000;
+    st->max_power_mw = 700000;
+    char name[96] = "Virtual GPU (H100-like)";
+    int64_t fail_s[VGPU_MAX_GPUS], fail_calls[VGPU_MAX_GPUS];
+    int order[VGPU_MAX_GPUS];
+    int have_order = 0;
+    for (int i = 0; i < VGPU_MAX_GPUS; i++) fail_s[i] = fail_calls[i] = -1;
+    char pending_fail_s[1024] = "", pending_fail_calls[1024] = "", pending_order[256] = "";
+
+    char *text = strdup(config ? config : "");
+    char *save = NULL;
+    int rc = -1;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strchr(line, '=');
+        if (eq == NULL) {
+            say(why, why_len, "config line %s: expected key=value", line);
+            goto out;
+        }
+        *eq = '\0';
+        const char *key = line, *val = eq + 1;
+        char *end = NULL;
+        double num = strtod(val, &end);
+        int numeric = end != val && *end == '\0';
+#define NUM(k, field, scale, lo, hi)                                                                  \
+    if (strcmp(key, k) == 0) {                                                                        \
+        if (!numeric || num < (lo) || num > (hi)) {                                                   \
+            say(why, why_len, "%s=%s: expected a number from %g to %g", key, val, (double)(lo), (double)(hi)); \
+            goto out;                                                                                 \
+        }                                                                                             \
+        st->field = (__typeof__(st->field))(num * (scale) + 0.5);                                   \
+        continue;                                                                                     \
+    }
+        NUM("gpus", gpus, 1, 1, VGPU_MAX_GPUS)
+        NUM("sms", sms, 1, 1, 1024)
+        NUM("threads_per_sm", threads_per_sm, 1, 32, 65536)
+        NUM("max_blocks_per_sm", max_blocks_per_sm, 1, 1, 1024)
+        NUM("wave_s", wave_ns, 1e9, 0, 10)
+        NUM("overhead_s", overhead_ns, 1e9, 0, 10)
+        NUM("latency_s", latency_ns, 1e9, 0, 10)
+        NUM("window_s", window_ns, 1e9, 0.001, 10)
+        NUM("history_s", history_ns, 1e9, 0, 3600)
+        NUM("total_mib", total_bytes, 1048576.0, 1, 1 << 24)
+        NUM("reserved_mib", reserved_bytes, 1048576.0, 0, 1 << 24)
+        NUM("context_mib", context_bytes, 1048576.0, 0, 1 << 24)
+        NUM("alloc_granularity_mib", alloc_granularity, 1048576.0, 0, 1024)
+        NUM("hide_processes", hide_processes, 1, 0, 1)
+        NUM("idle_power_w", idle_power_mw, 1000, 0, 100000)
+        NUM("max_power_w", max_power_mw, 1000, 0, 100000)
+#undef NUM
+        if (strcmp(key, "timestamps") == 0) {
+            if (strcmp(val, "unix") == 0)
+                st->timestamps_boot = 0;
+            else if (strcmp(val, "boot") == 0)
+                st->timestamps_boot = 1;
+            else {
+                say(why, why_len, "timestamps=%s: expected unix or boot", val);
+                goto out;
+            }
+        } else if (strcmp(key, "name") == 0) {
+            snprintf(name, sizeof name, "%s", val);
+        } else if (strcmp(key, "fail_gpu") == 0) {
+            snprintf(pending_fail_s, sizeof pending_fail_s, "%s", val);
+        } else if (strcmp(key, "fail_gpu_calls") == 0) {
+            snprintf(pending_fail_calls, sizeof pending_fail_calls, "%s", val);
+        } else if (strcmp(key, "fastest_first") == 0) {
+            snprintf(pending_order, sizeof pending_order, "%s", val);
+        } else if (strcmp(key, "not_supported") == 0) {
+            if (strlen(val) + 3 > sizeof st->not_supported) {
+                say(why, why_len, "not_supported: too long");
+                goto out;
+            }
+            snprintf(st->not_supported, sizeof st->not_supported, ",%s,", val);
+        } else {
+            say(why, why_len, "unknown config key %s", key);
+            goto out;
+        }
+    }
+    if (pending_fail_s[0] &&
+        parse_list_pairs(pending_fail_s, fail_s, 1e9, st->gpus, why, why_len, "fail_gpu") != 0)
+        goto out;
+    if (pending_fail_calls[0] &&
+        parse_list_pairs(pending_fail_calls, fail_calls, 1, st->gpus, why, why_len, "fail_gpu_calls") != 0)
+        goto out;
+    if (pending_order[0]) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", pending_order);
+        int n = 0, used[VGPU_MAX_GPUS] = {0};
+        char *s2 = NULL;
+        for (char *tok = strtok_r(buf, ",", &s2); tok; tok = strtok_r(NULL, ",", &s2)) {
+            char *end = NULL;
+            long k = strtol(tok, &end, 10);
+            if (*end != '\0' || k < 0 || k >= st->gpus || used[k] || n >= st->gpus) {
+                n = -1;
+                break;
+            }
+            used[k] = 1;
+            order[n++] = (int)k;
+        }
+        if (n != st->gpus) {
+            say(why, why_len, "fastest_first=%s: expected a permutation of 0..%d", pending_order, st->gpus - 1);
+            goto out;
+        }
+        have_order = 1;
+    }
+    if (st->reserved_bytes + st->context_bytes > st->total_bytes) {
+        say(why, why_len, "reserved_mib + context_mib exceed total_mib");
+        goto out;
+    }
+
+    struct timespec mono, real;
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    clock_gettime(CLOCK_REALTIME, &real);
+    st->created_ns = (int64_t)mono.tv_sec * 1000000000 + mono.tv_nsec;
+    st->unix_offset_ns = ((int64_t)real.tv_sec * 1000000000 + real.tv_nsec) - st->created_ns;
+    for (int i = 0; i < st->gpus; i++) {
+        vgpu_device *d = &st->dev[i];
+        uint64_t rnd[3] = {0, 0, 0};
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            rnd[0] = (uint64_t)st->created_ns * 2654435761u + (uint64_t)i;
+            rnd[1] = rnd[0] * 6364136223846793005ull + 1442695040888963407ull;
+            rnd[2] = rnd[1] * 6364136223846793005ull + 1;
+        }
+        memcpy(d->uuid, rnd, 16);
+        d->uuid[6] = (uint8_t)((d->uuid[6] & 0x0f) | 0x40);  /* a version 4 UUID */
+        d->uuid[8] = (uint8_t)((d->uuid[8] & 0x3f) | 0x80);
+        snprintf(d->name, sizeof d->name, "%s", name);
+        d->pci_bus = PCI_BUSES[i];
+        snprintf(d->pci_bus_id, sizeof d->pci_bus_id, "00000000:%02X:00.0", d->pci_bus);
+        d->phase_ns = (int64_t)(rnd[2] % (uint64_t)st->window_ns);
+        d->lost_at_ns = fail_s[i] >= 0 ? st->created_ns + fail_s[i] : VGPU_NEVER;
+        d->lost_after_calls = fail_calls[i];
+        st->fastest_first[i] = have_order ? order[i] : i;
+    }
+
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        say(why, why_len, "cannot create %s: %s", dir, strerror(errno));
+        goto out;
+    }
+    chmod(dir, 0777);  /* shared with other users' processes (a container's non-root user) */
+    char path[4200], tmp[4200];
+    snprintf(path, sizeof path, "%s/slots", dir);
+    if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        say(why, why_len, "cannot create %s: %s", path, strerror(errno));
+        goto out;
+    }
+    chmod(path, 0777);
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+        snprintf(path, sizeof path, "%s/slots/%d", dir, i);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            say(why, why_len, "cannot create %s: %s", path, strerror(errno));
+            goto out;
+        }
+        fchmod(fd, 0666);
+        close(fd);
+    }
+    const char *files[] = {"kernels.jsonl", "unimplemented"};
+    for (unsigned i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            say(why, why_len, "cannot create %s: %s", path, strerror(errno));
+            goto out;
+        }
+        fchmod(fd, 0666);
+        close(fd);
+    }
+    snprintf(tmp, sizeof tmp, "%s/state.tmp", dir);
+    snprintf(path, sizeof path, "%s/state", dir);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        say(why, why_len, "cannot create %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    fchmod(fd, 0666);
+    const char *p = (const char *)st;
+    size_t left = sizeof *st;
+    while (left > 0) {
+        ssize_t n = write(fd, p, left);
+        if (n <= 0) {
+            say(why, why_len, "cannot write %s: %s", tmp, strerror(errno));
+            close(fd);
+            goto out;
+        }
+        p += n;
+        left -= (size_t)n;
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        say(why, why_len, "cannot rename %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    rc = 0;
+out:
+    free(text);
+    free(st);
+    return rc;
+}

@@ -1,0 +1,124 @@
+/* The virtual GPU's shared state: one file, mapped by every process that loads the stand-in libraries.
+ *
+ * The state directory (environment variable VGPU_STATE) holds:
+ *   state            this struct, mmap'd MAP_SHARED; flock(LOCK_EX) on it serialises every change
+ *   slots/<i>        one lock file per process slot; its owner holds flock(LOCK_EX) on it for its lifetime,
+ *                    so a slot whose lock can be taken belongs to a dead process (works across PID namespaces)
+ *   kernels.jsonl    one JSON line per kernel, appended at launch: the ground truth of what ran
+ *   unimplemented    one line per driver entry point called but not implemented
+ * Times are CLOCK_MONOTONIC nanoseconds (one clock for every process and container on a host).
+ */
+#ifndef VGPU_STATE_H
+#define VGPU_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#pragma GCC visibility push(hidden)
+
+#define VGPU_MAGIC 0x55504756u /* "VGPU" */
+#define VGPU_LAYOUT 1u
+#define VGPU_MAX_GPUS 8
+#define VGPU_MAX_PROCS 64
+#define VGPU_RING 65536 /* busy intervals kept per device (merged when back to back) */
+#define VGPU_NEVER INT64_MAX
+#define VGPU_ENV "VGPU_STATE"
+
+typedef struct {
+    int64_t start_ns, end_ns;
+} vgpu_interval;
+
+typedef struct {
+    uint8_t uuid[16];
+    char name[96];
+    char pci_bus_id[32]; /* NVML form, "00000000:18:00.0" */
+    uint32_t pci_bus;
+    int64_t phase_ns;            /* sample windows end at phase_ns + k * window_ns */
+    int64_t lost_at_ns;          /* lost from this time on (VGPU_NEVER: never) */
+    int64_t lost_after_calls;    /* lost once NVML was asked this many device queries (-1: never) */
+    uint64_t nvml_calls;         /* NVML device queries so far (atomic) */
+    int64_t tail_ns;             /* end of the last kernel queued on the device (FIFO across contexts) */
+    int64_t busy_queued_ns;      /* sum of the durations of every kernel ever queued */
+    uint64_t kernels;            /* kernels ever queued */
+    uint64_t ring_count;         /* intervals ever written; the newest is ring[(ring_count - 1) % VGPU_RING] */
+    vgpu_interval ring[VGPU_RING];
+} vgpu_device;
+
+typedef struct {
+    uint32_t in_use;
+    uint32_t generation;
+    int32_t pid;        /* in its own PID namespace */
+    uint32_t pad;
+    uint64_t pidns;     /* inode of /proc/self/ns/pid */
+    char comm[32];
+    int64_t started_ns;
+    uint8_t ctx_open[VGPU_MAX_GPUS];
+    uint64_t ctx_bytes[VGPU_MAX_GPUS];
+    uint64_t alloc_bytes[VGPU_MAX_GPUS];
+} vgpu_proc;
+
+typedef struct {
+    uint32_t magic, layout;
+    int32_t gpus, sms, threads_per_sm, max_blocks_per_sm;
+    int64_t wave_ns, overhead_ns, latency_ns, window_ns, history_ns;
+    uint64_t total_bytes, reserved_bytes, context_bytes, alloc_granularity;
+    int32_t timestamps_boot, hide_processes;
+    int32_t idle_power_mw, max_power_mw;
+    int64_t created_ns;      /* CLOCK_MONOTONIC at creation */
+    int64_t unix_offset_ns;  /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
+    int32_t fastest_first[VGPU_MAX_GPUS]; /* CUDA_DEVICE_ORDER=FASTEST_FIRST: k-th CUDA device = this index */
+    char not_supported[1024];             /* ",nvmlA,nvmlB," : NVML functions that answer NOT_SUPPORTED */
+    vgpu_device dev[VGPU_MAX_GPUS];
+    vgpu_proc proc[VGPU_MAX_PROCS];
+} vgpu_state;
+
+/* One process's view of the state (one per library: libcuda and libnvidia-ml each map it). */
+typedef struct {
+    vgpu_state *st;
+    int fd;          /* the state file: flock here serialises changes */
+    int kernels_fd;  /* kernels.jsonl, O_APPEND (libcuda only) */
+    int unimpl_fd;   /* unimplemented, O_APPEND */
+    int slot;        /* our process slot, -1 until the first context */
+    int slot_fd;     /* held with flock(LOCK_EX) while this process lives */
+    uint64_t pidns;
+    char dir[4096];
+} vgpu_view;
+
+int64_t vgpu_now_ns(void);
+/* Map the state named by $VGPU_STATE; 0 on success, else -1 with a one-line reason in `why`. */
+int vgpu_attach(vgpu_view *v, char *why, size_t why_len);
+void vgpu_detach(vgpu_view *v);
+/* After fork in the child: a fresh lock descriptor (flock is per open file description) and no slot. */
+void vgpu_after_fork_child(vgpu_view *v);
+void vgpu_lock(vgpu_view *v);
+void vgpu_unlock(vgpu_view *v);
+
+/* Under the lock. Release the slots of processes that are gone (their slot lock can be taken). */
+void vgpu_reap(vgpu_view *v);
+/* Under the lock. This process's slot, claimed on first use; -1 when all are taken. */
+int vgpu_own_slot(vgpu_view *v);
+
+/* Device time: is it lost at `now_ns`? Counts an NVML query when `nvml_call`. */
+int vgpu_lost(vgpu_view *v, int dev, int64_t now_ns, int nvml_call);
+
+/* Under the lock: queue a kernel of `duration_ns` that could start at `ready_ns` on device `dev`. */
+void vgpu_queue_kernel(vgpu_view *v, int dev, int64_t submit_ns, int64_t ready_ns, int64_t duration_ns,
+                       int64_t *start_ns, int64_t *end_ns);
+/* Under the lock: nanoseconds within [a, b) during which a kernel ran on `dev`. */
+int64_t vgpu_busy_ns(const vgpu_state *st, int dev, int64_t a_ns, int64_t b_ns);
+/* Under the lock: device memory in use by every live context and allocation (bytes, without reserved). */
+uint64_t vgpu_used_bytes(const vgpu_state *st, int dev);
+uint64_t vgpu_proc_bytes(const vgpu_state *st, int slot, int dev);
+
+/* Record a call to an entry point the stand-in does not implement (once per name per process). */
+void vgpu_unimplemented(vgpu_view *v, const char *what);
+
+/* Create a fresh state in `dir` from "key=value" lines; 0, or -1 with a one-line reason. */
+int vgpu_create(const char *dir, const char *config, char *why, size_t why_len);
+
+/* UUID as NVML prints it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (41 bytes with the NUL). */
+void vgpu_uuid_string(const uint8_t uuid[16], char out[48]);
+
+#pragma GCC visibility pop
+
+#endif
