@@ -7,6 +7,7 @@ pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from forge_load.worker import Completed
 STACK_BYTES = 1024  # per thread; our kernels use no local memory at all (ptxas proves it in the tests)
 ANCHOR_EVERY_S = 1.0  # float32 milliseconds keep ~0.1 µs of precision up to here
 CLOSE_WAIT_S = 1.0
+_OPEN_LOCK = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -36,16 +38,23 @@ class EventTimeline:
     nothing waits, so they complete at once and the host time of the record call is theirs. A kernel is
     timed from the anchor current at its launch (so the elapsed time is never negative); a fresh anchor
     every `anchor_every_s` keeps the float32 milliseconds of cuEventElapsedTime short and precise, and no
-    error accumulates from one anchor to the next. A kernel ends at its event's time after its anchor; it
-    starts when the kernel before it ended or when its launch call returned, whichever is later: a start
-    event on an idle stream completes before the kernel is even launched, and reads our busy time high.
+    error accumulates from one anchor to the next.
+
+    A kernel ends at its event's time after its anchor. A kernel queued behind another starts exactly when
+    that one ended, which also measures its length exactly. A kernel launched on an idle stream started at
+    some moment inside its launch call; it is given the length measured for its size (and never an earlier
+    start than the call's), or, before any was measured, the call's return. A start event would not do:
+    on an idle stream it completes before the kernel is even launched, and reads our busy time high.
     """
 
-    def __init__(self, elapsed_ms: Callable[[Any, Any], float], anchor_every_s: float = ANCHOR_EVERY_S) -> None:
+    def __init__(self, elapsed_ms: Callable[[Any, Any], float], anchor_every_s: float = ANCHOR_EVERY_S,
+                 length_weight: float = 0.2) -> None:
         self._elapsed_ms = elapsed_ms
         self._anchor_every_s = anchor_every_s
+        self._length_weight = length_weight
         self.current: Anchor | None = None
         self._last_end_s = float("-inf")
+        self.length_s: dict[int, float] = {}  # measured kernel length by multiplier
 
     def wants_anchor(self, host_s: float) -> bool:
         return self.current is None or host_s - self.current.host_s >= self._anchor_every_s
@@ -63,13 +72,23 @@ class EventTimeline:
         self.current.users += 1
         return self.current
 
-    def finish(self, anchor: Anchor, event: Any, returned_s: float, now_s: float) -> tuple[float, float]:
-        """(start, end) host times of the kernel whose end event has completed, seen at `now_s`;
-        `returned_s` is when its launch call returned."""
+    def finish(self, anchor: Anchor, event: Any, multiplier: int, called_s: float, returned_s: float,
+               now_s: float) -> tuple[float, float]:
+        """(start, end) host times of the kernel whose end event has completed, seen at `now_s`; its launch
+        call ran from `called_s` to `returned_s`."""
         anchor.users -= 1
         # The event had completed by now_s: a later reading is the anchor's error, never real.
         end_s = min(anchor.host_s + self._elapsed_ms(anchor.event, event) / 1e3, now_s)
-        start_s = min(max(self._last_end_s, returned_s), end_s)
+        if self._last_end_s >= returned_s:  # queued behind the kernel before it
+            start_s = min(self._last_end_s, end_s)
+            length_s = end_s - start_s
+            known = self.length_s.get(multiplier)
+            w = self._length_weight
+            self.length_s[multiplier] = length_s if known is None else (1 - w) * known + w * length_s
+        else:
+            known = self.length_s.get(multiplier)
+            start_s = returned_s if known is None else max(end_s - known, called_s)
+            start_s = min(max(start_s, self._last_end_s), end_s)
         self._last_end_s = end_s
         return start_s, end_s
 
@@ -79,6 +98,7 @@ class _Pending:
     event: Any
     anchor: Anchor
     multiplier: int
+    called_s: float
     returned_s: float
 
 
@@ -112,6 +132,12 @@ class CudaLauncher:
             raise NoGpuError(f"numba-cuda cannot start: {error}") from error
         # Our grids are sized on purpose; numba's low-occupancy warning is about beginners' grids.
         numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        # numba's driver and device list start lazily and not thread-safely: with FORGE_GPUS, GPU threads
+        # opening at once got CUDA_ERROR_NOT_INITIALIZED. One at a time, then.
+        with _OPEN_LOCK:
+            self._open(cuda, np, uuid, stack_bytes)
+
+    def _open(self, cuda: Any, np: Any, uuid: str, stack_bytes: int) -> None:
         device = find_device(cuda, uuid)
         try:
             from forge_load import kernels
@@ -138,25 +164,27 @@ class CudaLauncher:
         return self._free.pop() if self._free else self._cuda.event(timing=True)
 
     def launch(self, multiplier: int, now_s: float) -> None:
-        before_s = self._clock()
-        if self._timeline.wants_anchor(before_s):
+        if self._timeline.wants_anchor(self._clock()):
             event = self._event()
             event.record(self._clock_stream)
-            retired = self._timeline.anchor(event, (before_s + self._clock()) / 2)
+            # The driver call is the last thing numba's record() does: the event's time is the return's.
+            retired = self._timeline.anchor(event, self._clock())
             if retired is not None:
                 self._free.append(retired.event)
         anchor = self._timeline.launched()
+        called_s = self._clock()
         self._kernels.launch_burn(self._out, multiplier * self.sm_count, self._stream)
         returned_s = self._clock()
         end = self._event()
         end.record(self._stream)
-        self._pending.append(_Pending(end, anchor, multiplier, returned_s))
+        self._pending.append(_Pending(end, anchor, multiplier, called_s, returned_s))
 
     def poll(self, now_s: float) -> list[Completed]:
         done: list[Completed] = []
         while self._pending and self._pending[0].event.query():
             kernel = self._pending.popleft()
-            start_s, end_s = self._timeline.finish(kernel.anchor, kernel.event, kernel.returned_s, self._clock())
+            start_s, end_s = self._timeline.finish(kernel.anchor, kernel.event, kernel.multiplier,
+                                                   kernel.called_s, kernel.returned_s, self._clock())
             done.append(Completed(start_s, end_s, kernel.multiplier))
             self._free.append(kernel.event)
             if kernel.anchor.users == 0 and kernel.anchor is not self._timeline.current:
@@ -167,10 +195,12 @@ class CudaLauncher:
         return {"stack_bytes": self.stack_bytes, "stack_bytes_default": self.stack_bytes_default}
 
     def close(self) -> None:
-        """Let our kernels finish (bounded), then reset this device's context only.
+        """Let our kernels finish (bounded), free what we allocated, and leave this thread's context stack.
 
-        numba's cuda.close() resets every device when called from the thread numba takes for its main one
-        (the first to import it: with FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others.
+        The primary context itself stays until the process exits, when the driver frees it. Resetting it
+        here would break other users of the device in this process, and numba's cuda.close() resets every
+        device when called from the thread numba takes for its main one (the first to import it: with
+        FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others (docs/DESIGN.md §8).
         """
         deadline_s = self._clock() + CLOSE_WAIT_S
         while self._pending and not self._pending[-1].event.query() and self._clock() < deadline_s:
@@ -183,7 +213,6 @@ class CudaLauncher:
 
         while driver.pop_active_context() is not None:
             pass
-        self._device.reset()
 
 
 def find_device(cuda: Any, uuid: str) -> Any:

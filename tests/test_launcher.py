@@ -33,9 +33,11 @@ def gpu(host_s: float) -> Event:
     return Event(host_s + GPU_MINUS_HOST_S)
 
 
-def run(timeline: EventTimeline, end_s: float, returned_s: float, now_s: float) -> tuple[float, float]:
-    """One kernel: launched (its launch call returned at `returned_s`), ended at `end_s`, seen at `now_s`."""
-    return timeline.finish(timeline.launched(), gpu(end_s), returned_s, now_s)
+def run(timeline: EventTimeline, end_s: float, returned_s: float, now_s: float, multiplier: int = 8,
+        call_s: float = 3e-5) -> tuple[float, float]:
+    """One kernel: its launch call took `call_s` and returned at `returned_s`; it ended at `end_s`, seen at
+    `now_s`."""
+    return timeline.finish(timeline.launched(), gpu(end_s), multiplier, returned_s - call_s, returned_s, now_s)
 
 
 def test_back_to_back_kernels_start_where_the_one_before_ended() -> None:
@@ -44,8 +46,24 @@ def test_back_to_back_kernels_start_where_the_one_before_ended() -> None:
     # Three 2-ms kernels queued at once; their launch calls returned at 10.00002, 10.00004, 10.00006.
     anchors = [timeline.launched() for _ in range(3)]
     times = [t for k, a in enumerate(anchors, 1)
-             for t in timeline.finish(a, gpu(10.0 + 0.002 * k), 10.0 + 2e-5 * k, now_s=10.1)]
+             for t in timeline.finish(a, gpu(10.0 + 0.002 * k), 8, 10.0 + 2e-5 * (k - 1), 10.0 + 2e-5 * k,
+                                      now_s=10.1)]
     assert times == pytest.approx([10.00002, 10.002, 10.002, 10.004, 10.004, 10.006], abs=1e-9)
+    assert timeline.length_s == {8: pytest.approx(0.002)}  # measured exactly by the queued ones
+
+
+def test_a_kernel_on_an_idle_stream_gets_the_length_measured_for_its_size() -> None:
+    # It started somewhere inside its 30-µs launch call; the kernels queued behind others measured its size
+    # at 100 µs, which places its start better than the call's return.
+    timeline = EventTimeline(elapsed_ms)
+    timeline.anchor(gpu(1.0), 1.0)
+    a, b = timeline.launched(), timeline.launched()
+    timeline.finish(a, gpu(1.00012), 8, 1.0, 1.00003, now_s=1.1)
+    timeline.finish(b, gpu(1.00022), 8, 1.00003, 1.00006, now_s=1.1)
+    assert timeline.length_s[8] == pytest.approx(1e-4)
+    assert run(timeline, 2.0001, returned_s=2.00003, now_s=2.1) == pytest.approx((2.0, 2.0001), abs=1e-7)
+    # Never earlier than the call: a kernel cannot start before it was launched.
+    assert run(timeline, 3.00005, returned_s=3.00003, now_s=3.1, call_s=1e-5) == pytest.approx((3.00002, 3.00005))
 
 
 def test_a_kernel_on_an_idle_stream_starts_when_its_launch_returned_not_at_the_anchor() -> None:
@@ -77,7 +95,7 @@ def test_kernels_in_flight_stay_timed_from_the_anchor_of_their_launch() -> None:
     retired = timeline.anchor(gpu(2.5), 2.5)
     assert retired is None  # still in use: its event must not be recorded again yet
     assert queued.event is first
-    assert timeline.finish(queued, gpu(2.4), returned_s=1.00001, now_s=2.6) == pytest.approx((1.00001, 2.4))
+    assert timeline.finish(queued, gpu(2.4), 8, 1.0, 1.00001, now_s=2.6) == pytest.approx((1.00001, 2.4))
     assert queued.users == 0
     assert timeline.anchor(gpu(4.0), 4.0) is not None  # the 2.5-s one, which no kernel used
 

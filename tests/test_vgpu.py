@@ -574,7 +574,7 @@ def test_cli_forwards_sigterm_and_reports_a_signal_death(vgpu: VgpuFactory) -> N
 GPU_TESTS = {
     "tests/test_gpu.py::test_burn_computes_the_reference_value_on_hardware": "no-compute",
     "tests/test_gpu.py::test_launcher_times_its_kernels_with_events": "pass",
-    "tests/test_gpu.py::test_filler_holds_half_the_gpu_for_real": "defect",
+    "tests/test_gpu.py::test_filler_holds_half_the_gpu_for_real": "pass",
     "tests/test_nvml.py::test_real_gpu_answers_every_query": "pass",
     "tests/test_bench.py::test_real_gpu_short_run": "pass",
 }
