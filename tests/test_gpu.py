@@ -70,3 +70,31 @@ def test_filler_holds_half_the_gpu_for_real() -> None:
     late = [e["util"] for e in statuses if e["t"] >= 6.0]
     assert late and all(abs(u - 0.5) <= 0.05 for u in late), late
     assert events[0]["gpu_mem_mib"] is not None
+
+
+def test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel() -> None:
+    # The launcher's clock anchors rest on this (docs/DESIGN.md §8).
+    from forge_load.launcher import find_device, prepare_process
+
+    prepare_process()
+    from numba import cuda
+
+    from forge_load import kernels
+
+    device = find_device(cuda, nvml_gpu0_uuid())
+    cuda.select_device(device.id)
+    busy, empty = cuda.stream(), cuda.stream()
+    out = cuda.to_device(np.zeros(1, dtype=np.float32), stream=busy)
+    kernels.launch_burn(out, 1, busy)  # compile and load first
+    busy.synchronize()
+    kernel_end = cuda.event(timing=True)
+    kernels.launch_burn(out, 2000 * int(device.MULTIPROCESSOR_COUNT), busy)  # a long kernel: many waves
+    kernel_end.record(busy)
+    anchor = cuda.event(timing=True)
+    anchor.record(empty)
+    deadline_s = time.monotonic() + 1.0
+    while not anchor.query() and time.monotonic() < deadline_s:
+        time.sleep(0.0001)
+    assert anchor.query()
+    assert not kernel_end.query(), "the kernel was too short to tell"
+    busy.synchronize()

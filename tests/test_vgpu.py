@@ -575,6 +575,7 @@ GPU_TESTS = {
     "tests/test_gpu.py::test_burn_computes_the_reference_value_on_hardware": "no-compute",
     "tests/test_gpu.py::test_launcher_times_its_kernels_with_events": "pass",
     "tests/test_gpu.py::test_filler_holds_half_the_gpu_for_real": "pass",
+    "tests/test_gpu.py::test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel": "pass",
     "tests/test_nvml.py::test_real_gpu_answers_every_query": "pass",
     "tests/test_bench.py::test_real_gpu_short_run": "pass",
 }
@@ -603,11 +604,6 @@ def gpu_suite(tmp_path_factory: pytest.TempPathFactory, vgpu_lib_dir: Path) -> d
     return outcomes
 
 
-DEFECT_REASON = ("forge_load defect (issue 9, item 1): the previous test's CudaLauncher.close() calls numba's "
-                 "cuda.close(), which resets the primary context; cuda-core keeps the old handle, so the next "
-                 "CudaLauncher in the process fails with CUDA_ERROR_CONTEXT_IS_DESTROYED (run alone, it passes)")
-
-
 @pytest.mark.parametrize("test_id", list(GPU_TESTS))
 def test_gpu_marked_tests_on_the_virtual_gpu(gpu_suite: dict[str, str], test_id: str) -> None:
     assert set(gpu_suite) == set(GPU_TESTS), "a gpu-marked test was added or renamed: list it in GPU_TESTS"
@@ -615,9 +611,6 @@ def test_gpu_marked_tests_on_the_virtual_gpu(gpu_suite: dict[str, str], test_id:
     if GPU_TESTS[test_id] == "no-compute":
         # The virtual GPU models time, not arithmetic: a kernel's result is never written.
         assert outcome.startswith("failed"), outcome
-    elif GPU_TESTS[test_id] == "defect" and outcome.startswith("failed"):
-        assert "CUDA_ERROR_CONTEXT_IS_DESTROYED" in outcome, outcome
-        pytest.xfail(DEFECT_REASON)
     else:
         assert outcome == "passed", outcome
 
