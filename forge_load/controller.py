@@ -3,12 +3,14 @@
 Pure Python on purpose: no numba, no pynvml, no clock of its own. Time arrives with the samples.
 
 NVML utilization is the share of time during which any kernel ran (docs/DESIGN.md §1), so the quantity
-we steer is our own busy share of time (the duty). The multiplier only sizes each launch: the PI law
-keeps every launch near `slice_s` so that stopping and yielding take at most a few milliseconds.
+we steer is our own busy share of time (the duty). The multiplier only sizes each kernel: the PI law
+keeps the largest kernel near `slice_s`, and sets the Worker's period to a whole fraction of the sample
+window, so that every window holds the same number of bursts.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -19,14 +21,17 @@ from forge_load.probe import UtilSample
 class Plan:
     """What the Worker should do until the next plan.
 
-    multiplier: grid size in blocks per SM.
+    multiplier: grid size in blocks per SM: the largest kernel the Worker launches.
     duty_ratio: the share of wall time our kernels should be running; 0 launches nothing.
     gap_s: a fixed sleep after each launch completes (the legacy law's pacing); 0 paces by duty alone.
+    period_s: how often the Worker queues a burst; 0 leaves it to the Worker. One that divides NVML's
+        sample window gives every window the same busy share.
     """
 
     multiplier: int
     duty_ratio: float
     gap_s: float = 0.0
+    period_s: float = 0.0
 
 
 IDLE_PLAN = Plan(multiplier=1, duty_ratio=0.0)
@@ -54,9 +59,12 @@ class PiController:
 
     name = "pi"
 
-    def __init__(self, slice_s: float = 0.002, ki_per_s: float = 0.6, max_gain: float = 0.3,
-                 max_multiplier: int = 4096, initial_multiplier: int = 8) -> None:
+    def __init__(self, slice_s: float = 0.010, burst_s: float = 1.0 / 12.0, max_period_s: float = 1.0 / 6.0,
+                 ki_per_s: float = 0.6, max_gain: float = 0.3, max_multiplier: int = 4096,
+                 initial_multiplier: int = 8) -> None:
         self.slice_s = slice_s
+        self.burst_s = burst_s
+        self.max_period_s = max_period_s
         self.ki_per_s = ki_per_s
         self.max_gain = max_gain
         self.max_multiplier = max_multiplier
@@ -80,7 +88,30 @@ class PiController:
             scale = self.slice_s / launch_s
             if not 0.7 <= scale <= 1.4:  # dead band: kernel time moves in whole waves
                 self.multiplier = min(max(round(self.multiplier * scale), 1), self.max_multiplier)
-        return Plan(multiplier=self.multiplier, duty_ratio=target_ratio + self.integral_ratio)
+        return Plan(multiplier=self.multiplier, duty_ratio=target_ratio + self.integral_ratio,
+                    period_s=self.period_for(target_ratio, window_s))
+
+    def period_for(self, target_ratio: float, window_s: float) -> float:
+        """How often the Worker queues a burst: the longest period, up to `max_period_s`, whose burst at the
+        target is at most `burst_s` and that divides the sample window, so that each window holds whole
+        bursts.
+
+        Halvings of `max_period_s` come first: they divide every window of 1/6, 1/2 and 1 s (and 1/12 s
+        divides 1/4 s too), so the period does not change when the window is learned after the first
+        samples, which would upset one window. It is chosen by the target, not the duty, so that the
+        integral's small steps never change it. The window is learned from sample stamps: a hair over a
+        multiple is that multiple."""
+        if window_s <= 0:
+            return 0.0
+        period_s = self.max_period_s
+        while target_ratio * period_s > self.burst_s * 1.001 and period_s > self.burst_s / 64:
+            period_s /= 2
+        parts = window_s / period_s
+        if parts >= 0.99 and abs(parts - round(parts)) <= 0.01 * parts:
+            return window_s / round(parts)
+        parts = max(math.ceil(window_s / self.max_period_s - 0.01),
+                    math.ceil(target_ratio * window_s / self.burst_s - 0.01), 1)
+        return window_s / parts
 
 
 class LegacyController:

@@ -181,10 +181,10 @@ class FailingLauncher(SimLauncher):
         super().__init__(gpu)
         self.fail_at_s = time.monotonic() + fail_after_s
 
-    def launch(self, multiplier: int, now_s: float) -> None:
+    def launch(self, multiplier: int, now_s: float, count: int = 1) -> None:
         if time.monotonic() > self.fail_at_s:
             raise GpuFailedError("GPU 0 (GPU-test) failed: launch failed")
-        super().launch(multiplier, now_s)
+        super().launch(multiplier, now_s, count)
 
 
 def test_after_a_gpu_failure_nvml_is_closed_only_once_the_monitor_has_stopped() -> None:
