@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from statistics import median
 from typing import Callable
 
 from forge_load.probe import GpuFailedError, Probe, UtilSample
+from forge_load.sampling import SampleReader
 from forge_load.worker import BusyLog
-
-DEFAULT_WINDOW_S = 1.0 / 6.0
-FALLBACK_AFTER_S = 2.5  # longer than two of the longest (1 s) sample windows
 
 
 @dataclass(frozen=True)
@@ -80,15 +77,13 @@ class Monitor:
         self._latest: Reading | None = None
         self._seq = 0
         self._next_due_s: float | None = None
-        self._last_sample_s = float("-inf")
-        self._last_buffered_s = float("-inf")
+        self._samples = SampleReader(probe)
         self._pending: list[UtilSample] = []
-        self._gaps_s: list[float] = []
         self._over_count = 0
 
     @property
     def window_s(self) -> float:
-        return median(self._gaps_s) if self._gaps_s else DEFAULT_WINDOW_S
+        return self._samples.window_s
 
     def latest(self) -> Reading | None:
         with self._lock:
@@ -165,20 +160,7 @@ class Monitor:
         )
 
     def _new_samples(self, now_s: float) -> list[UtilSample]:
-        fresh = self.probe.utilization_samples(self._last_sample_s)
-        if fresh:
-            for sample in fresh:
-                if self._last_buffered_s > float("-inf"):
-                    self._gaps_s = (self._gaps_s + [sample.t_s - self._last_buffered_s])[-9:]
-                self._last_buffered_s = sample.t_s
-            self._pending.extend(fresh)
-            self._last_sample_s = fresh[-1].t_s
-        elif now_s - self._last_sample_s >= (self.window_s if fresh is None else FALLBACK_AFTER_S):
-            # No buffered samples (unsupported, or none while idle): read the latest window instead.
-            ratio = self.probe.utilization_ratio()
-            if ratio is not None:
-                self._pending.append(UtilSample(now_s, ratio))
-                self._last_sample_s = now_s
+        self._pending.extend(self._samples.read(now_s))
         # A window can be split into ours and foreign only once every kernel of ours in it is logged, and
         # only if it began after we started: our share of anything earlier is unknown.
         ready_until_s = self.busy_log.complete_until_s
