@@ -496,3 +496,20 @@ def test_cpu_scenario_real_path_on_fakes(tmp_path: Path, monkeypatch: pytest.Mon
     assert "Virtual GPU" not in (out / "cpu.md").read_text()
     assert runner.CHILDREN.alive == []
 
+
+
+def test_readme_blocks_are_generated_from_the_committed_results() -> None:
+    """Every generated block of the README is what --section draws from the results file it names."""
+    readme = (REPO / "README.md").read_text()
+    for name in ("BENCH-TABLE", "BENCH-SECTION", "BENCH-CPU"):
+        pattern = rf"<!-- {name} -->.*?<!-- /{name} -->"
+        block = re.search(pattern, readme, re.S)
+        assert block is not None, f"README.md has no {name} block"
+        source = re.search(r"--section from (\S+)/(results|cpu)\.json ", block.group(0))
+        assert source is not None, block.group(0)[:300]
+        out_dir = REPO / source.group(1)
+        saved = json.loads((out_dir / f"{source.group(2)}.json").read_text())
+        drawn = render.render_cpu_section(saved, out_dir) if name == "BENCH-CPU" else render.render_section(saved,
+                                                                                                           out_dir)
+        expected = re.search(pattern, drawn, re.S)
+        assert expected is not None and block.group(0) == expected.group(0), name
