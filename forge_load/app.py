@@ -28,6 +28,7 @@ from forge_load.filler import Filler
 from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
 from forge_load.policy import Policy
+from forge_load.signals import Thresholds
 from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
 from forge_load.sim import SimGpu, SimLauncher, SimProbe, VirtualClock
 from forge_load.worker import BusyLog, Launcher, Worker
@@ -59,10 +60,8 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
           heartbeat: Callable[[], None] | None = None) -> Runtime:
     busy_log = BusyLog()
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
-                      own_mem_context_mib=own_mem_context_mib, poll_interval_s=config.poll_interval_s,
-                      foreign_mem_mib=config.foreign_mem_mib, foreign_util_ratio=config.foreign_util_ratio,
-                      foreign_util_samples=config.foreign_util_samples,
-                      use_process_list=config.use_process_list, on_reading=on_reading, start_s=start_s)
+                      own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
+                      poll_interval_s=config.poll_interval_s, start_s=start_s, on_reading=on_reading)
     worker = Worker(launcher, busy_log)
     policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
                     config.boost_after_s, now_s=start_s)

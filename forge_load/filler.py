@@ -7,7 +7,8 @@ from typing import Callable
 
 from forge_load.controller import IDLE_PLAN, Controller
 from forge_load.log import EventLog
-from forge_load.monitor import Monitor, Reading, ShareSample
+from forge_load.monitor import Monitor, Reading
+from forge_load.signals import ShareSample
 from forge_load.policy import Policy, State
 from forge_load.probe import UtilSample
 from forge_load.worker import Worker
