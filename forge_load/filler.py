@@ -11,7 +11,7 @@ from forge_load.monitor import Monitor, Reading
 from forge_load.signals import ShareSample
 from forge_load.status import GpuStatus
 from forge_load.policy import Policy, State
-from forge_load.probe import UtilSample
+from forge_load.quantity import UTILIZATION, Quantity
 from forge_load.worker import Worker
 
 
@@ -31,8 +31,9 @@ class IntervalStats:
 class Filler:
     def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy,
                  log: EventLog, start_s: float, log_interval_s: float, stale_after_s: float = 2.0,
-                 heartbeat: Callable[[], None] | None = None) -> None:
+                 heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION) -> None:
         self.monitor = monitor
+        self.quantity = quantity  # what the target is a target of
         self.worker = worker
         self.controller = controller
         self.policy = policy
@@ -90,9 +91,8 @@ class Filler:
             self._stats.count += 1
         self._decide(now_s, reading.reason, reading)
         if self.policy.state is not State.YIELDING:
-            samples = [UtilSample(s.t_s, s.util_ratio) for s in reading.samples]
-            plan = self.controller.update(self.policy.current_target_ratio, samples, reading.window_s,
-                                          self.worker.launch_s)
+            plan = self.controller.update(self.policy.current_target, self.quantity.samples(reading),
+                                          reading.window_s, self.worker.launch_s)
             self.worker.set_plan(plan)
 
     def _decide(self, now_s: float, reason: str | None, reading: Reading | None = None) -> None:
@@ -139,8 +139,8 @@ class Filler:
         plan = self.worker.plan
         return GpuStatus(
             state=policy.state.value,
-            target_ratio=policy.target_ratio if policy.state is State.YIELDING else policy.current_target_ratio,
-            holding_ratio=policy.current_target_ratio,
+            target=policy.target if policy.state is State.YIELDING else policy.current_target,
+            holding=policy.current_target,
             util_ratio=share.util_ratio if share else None,
             own_ratio=share.own_ratio if share else None,
             foreign_ratio=share.foreign_ratio if share else None,
@@ -161,7 +161,7 @@ class Filler:
 def line_fields(status: GpuStatus) -> dict[str, object]:
     return {
         "state": status.state,
-        "target": status.target_ratio,
+        "target": status.target,
         "util": status.util_ratio,
         "own": status.own_ratio,
         "foreign": status.foreign_ratio,

@@ -99,7 +99,7 @@ class FillerCollector:
             busy.add_metric(labels, snapshot.own_busy_s)
             if slot.status != "running":
                 continue  # a stopped or failed GPU's last readings would read as current
-            target.add_metric(labels, snapshot.holding_ratio)
+            target.add_metric(labels, snapshot.holding)
             multiplier.add_metric(labels, float(snapshot.multiplier))
             for family_, value in ((util, snapshot.util_ratio), (own, snapshot.own_ratio),
                                    (foreign, snapshot.foreign_ratio)):

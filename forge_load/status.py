@@ -23,8 +23,9 @@ class GpuStatus:
     """One GPU's filler at one moment."""
 
     state: str  # filling, yielding or boosted
-    target_ratio: float  # the target (the boost target when boosted); while yielding, the one to return to
-    holding_ratio: float  # what the filler holds now: the target, or 0 while yielding
+    target: float  # the target (the boost target when boosted); while yielding, the one to return to
+    holding: float  # what the filler holds now: the target, or 0 while yielding (both in the held
+    # quantity's unit: quantity.py)
     util_ratio: float | None  # the latest NVML sample window: the device's utilization,
     own_ratio: float | None  # our own share of it,
     foreign_ratio: float | None  # and the rest
