@@ -434,6 +434,7 @@ def real_plan(args: argparse.Namespace, bench: RealBench, results: dict[str, Any
 def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None],
                    failures: list[str]) -> None:
     from forge_load import nvml
+    from forge_load.backend import NvidiaBackend
     from forge_load.probe import NoGpuError
 
     try:
@@ -443,8 +444,9 @@ def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Call
     info = probe.info
     results["gpu"] = {"name": info.name, "uuid": info.uuid, "driver": info.driver_version, "index": info.index,
                       "memory_total_mib": q(info.memory_total_mib, "MiB"), "mig": info.mig_enabled}
-    if nvml.mig_note(info):
-        results["notes"].append(nvml.mig_note(info))
+    note = NvidiaBackend().start_fields(info).get("note")
+    if note:
+        results["notes"].append(note)
     sampler = Sampler(probe)
     bench = RealBench(args, probe, sampler)
     try:

@@ -105,5 +105,18 @@ def main() -> int:
         signals.ignore()
 
 
+def entry() -> None:
+    """The console script: main(), then out at once. Everything is logged, flushed and closed by then; what is
+    left is the interpreter tearing down numba's objects, half a second of CPU that would stretch `docker
+    stop` past its second on a busy host."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a broken stdout was already reported (exit 5)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

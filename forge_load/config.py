@@ -71,6 +71,7 @@ class Config:
     sim: SimConfig = field(default_factory=SimConfig)
 
 
+MAX_FOREIGN_SAMPLES = 100  # the Monitor keeps this many judged sample windows for the signals
 CONTROLLER_NAMES = ("pi", "legacy")  # controller.make_controller makes each of these
 
 # Boost target used when none is given; a target above it means "no boost" rather than an error.
@@ -511,7 +512,7 @@ SETTINGS: tuple[Setting, ...] = (
             partial(_ratio_value, high_inclusive=False, example=0.1),
             "utilization beyond our own share that means a foreign job; default 0.1"),
     Setting("foreign_util_samples", "FORGE_FOREIGN_SAMPLES", "--foreign-samples",
-            partial(_int_value, low=1, high=100), "consecutive samples over that needed; default 2"),
+            partial(_int_value, low=1, high=MAX_FOREIGN_SAMPLES), "consecutive samples over that needed; default 2"),
     Setting("use_process_list", "FORGE_USE_PROCESS_LIST", "--process-list", _bool_value,
             "treat other processes on the GPU as foreign jobs; default on", boolean=True),
     Setting("simulate", "FORGE_SIMULATE", "--simulate", _bool_value,

@@ -1,18 +1,20 @@
-"""Control laws: (target, measured utilization) -> the next Plan for the Worker.
+"""Control laws: (target, samples of the held quantity) -> the next Plan for the Worker.
 
 Pure Python on purpose: no numba, no pynvml, no clock of its own. Time arrives with the samples.
 
-NVML utilization is the share of time during which any kernel ran (docs/DESIGN.md §1), so the quantity
-we steer is our own busy share of time (the duty). The multiplier only sizes each launch: the PI law
-keeps every launch near `slice_s` so that stopping and yielding take at most a few milliseconds.
+What we steer is our own busy share of time (the duty); the held quantity (quantity.py; today NVML's
+utilization, docs/DESIGN.md §1) says which duty holds a target before any feedback. The multiplier only sizes
+each launch: the PI law keeps every launch near `slice_s` so that stopping and yielding take at most a few
+milliseconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from forge_load.probe import UtilSample
+from forge_load.quantity import UTILIZATION, Quantity
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,9 @@ class Controller(Protocol):
     def start(self, now_s: float) -> None:
         """Begin (or resume) filling at `now_s`; samples whose window started earlier are ignored."""
 
-    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+    def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
                launch_s: float | None) -> Plan:
-        """Take the samples that arrived since the last call and return the plan to follow."""
+        """Take the samples of the held quantity that arrived since the last call; the plan to follow."""
 
 
 class PiController:
@@ -54,33 +56,35 @@ class PiController:
 
     name = "pi"
 
-    def __init__(self, slice_s: float = 0.002, ki_per_s: float = 0.6, max_gain: float = 0.3,
-                 max_multiplier: int = 4096, initial_multiplier: int = 8) -> None:
+    def __init__(self, quantity: Quantity = UTILIZATION, slice_s: float = 0.002, ki_per_s: float = 0.6,
+                 max_gain: float = 0.3, max_multiplier: int = 4096, initial_multiplier: int = 8) -> None:
+        self.quantity = quantity
         self.slice_s = slice_s
         self.ki_per_s = ki_per_s
         self.max_gain = max_gain
         self.max_multiplier = max_multiplier
         self.multiplier = initial_multiplier
-        self.integral_ratio = 0.0
+        self.integral_duty = 0.0
         self._filling_since_s = float("inf")
 
     def start(self, now_s: float) -> None:
         self._filling_since_s = now_s
 
-    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+    def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
                launch_s: float | None) -> Plan:
         # Per-sample gain grows with the window but stays well below the one-sample-delay limit (0.5).
         gain = min(self.ki_per_s * window_s, self.max_gain)
+        feed_forward = self.quantity.duty_for(target)
         for sample in samples:
             if sample.t_s - window_s < self._filling_since_s:
                 continue  # the window saw the GPU before we filled it
-            self.integral_ratio += gain * (target_ratio - sample.ratio)
-        self.integral_ratio = min(max(self.integral_ratio, -target_ratio), 1.0 - target_ratio)
+            self.integral_duty += gain * (target - sample.ratio) / self.quantity.per_duty
+        self.integral_duty = min(max(self.integral_duty, -feed_forward), 1.0 - feed_forward)
         if launch_s is not None and launch_s > 0:
             scale = self.slice_s / launch_s
             if not 0.7 <= scale <= 1.4:  # dead band: kernel time moves in whole waves
                 self.multiplier = min(max(round(self.multiplier * scale), 1), self.max_multiplier)
-        return Plan(multiplier=self.multiplier, duty_ratio=target_ratio + self.integral_ratio)
+        return Plan(multiplier=self.multiplier, duty_ratio=feed_forward + self.integral_duty)
 
 
 class LegacyController:
@@ -116,15 +120,15 @@ class LegacyController:
         self._run = []
         self._idle_until_s = float("-inf")
 
-    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+    def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
                launch_s: float | None) -> Plan:
         for sample in samples:
             self._last_s = max(self._last_s, sample.t_s)
-            self._observe(target_ratio, sample)
+            self._observe(target, sample)
         duty = 0.0 if self._last_s < self._idle_until_s else 1.0
         return Plan(multiplier=self.multiplier, duty_ratio=duty, gap_s=self.gap_s)
 
-    def _observe(self, target_ratio: float, sample: UtilSample) -> None:
+    def _observe(self, target: float, sample: UtilSample) -> None:
         if sample.t_s < self._idle_until_s:
             return
         if self._run_start_s is None:
@@ -133,25 +137,28 @@ class LegacyController:
         if sample.t_s - self._run_start_s < self.run_s:
             return
         mean_ratio = sum(s.ratio for s in self._run) / len(self._run)
-        if mean_ratio < 0.9 * target_ratio:
+        if mean_ratio < 0.9 * target:
             self.multiplier_f = min(self.multiplier_f * 1.2, self.max_multiplier)
-        elif mean_ratio > 1.2 * target_ratio:
+        elif mean_ratio > 1.2 * target:
             self.multiplier_f = max(self.multiplier_f / 1.5, 1.0)
         peak_ratio = max(s.ratio for s in self._run if s.t_s >= sample.t_s - self.peak_window_s)
         self._run_start_s = sample.t_s
         self._run = []
-        if peak_ratio > 1.1 * target_ratio:
+        if peak_ratio > 1.1 * target:
             self._idle_until_s = sample.t_s + self.idle_s
             self._run_start_s = self._idle_until_s
 
 
-CONTROLLERS: dict[str, type[PiController] | type[LegacyController]] = {
-    PiController.name: PiController, LegacyController.name: LegacyController}
+# name -> a fresh controller holding the quantity (the legacy law, the original's, knows utilization only).
+CONTROLLERS: dict[str, Callable[[Quantity], Controller]] = {
+    PiController.name: PiController,
+    LegacyController.name: lambda _quantity: LegacyController(),
+}
 
 
-def make_controller(name: str) -> Controller:
-    """A fresh controller of that name (config.py accepts exactly these names)."""
+def make_controller(name: str, quantity: Quantity = UTILIZATION) -> Controller:
+    """A fresh controller of that name (config.py accepts exactly these names), holding `quantity`."""
     try:
-        return CONTROLLERS[name]()
+        return CONTROLLERS[name](quantity)
     except KeyError:
         raise ValueError(f"no controller {name!r}: expected one of {', '.join(CONTROLLERS)}") from None

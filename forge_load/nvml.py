@@ -41,10 +41,6 @@ INSTALL_HINT: str = (
 STAMP_MAX_AGE_S: float = 7 * 86400.0
 STAMP_AHEAD_S: float = 1.0
 
-MIG_NOTE: str = (
-    "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
-    "utilization, and foreign-job detection falls back to processes and memory"
-)
 
 # sampleValType -> the field of the c_nvmlValue_t union that holds the value (nvmlValueType_t).
 _UNION_FIELD_BY_VALUE_TYPE: dict[int, str] = {
@@ -264,11 +260,6 @@ def list_devices(nvml: ModuleType | None = None) -> list[DeviceInfo]:
         return infos
     finally:
         _nvml_shutdown(lib)
-
-
-def mig_note(info: DeviceInfo) -> str | None:
-    """A one-line warning to log at start when the GPU is in MIG mode, else None."""
-    return f"GPU {info.index} ({info.uuid}): {MIG_NOTE}" if info.mig_enabled else None
 
 
 class NvmlProbe:

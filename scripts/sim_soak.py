@@ -46,6 +46,7 @@ from forge_load import app, metrics  # noqa: E402
 from forge_load.config import Config, load_config  # noqa: E402
 from forge_load.config import SimConfig  # noqa: E402
 from forge_load.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
+from forge_load.status import Fleet, GpuSlot  # noqa: E402
 
 FAIL_GPU = 1
 YIELD_WITHIN_S = 0.5  # from a job's start (its context) to our yield line
@@ -134,7 +135,7 @@ class Sink:
 class Sampler:
     """The fillers' heartbeat (once per loop second of each GPU): samples memory per period of GPU 0's time."""
 
-    def __init__(self, fleet: metrics.Fleet, trace: bool, period_s: float) -> None:
+    def __init__(self, fleet: Fleet, trace: bool, period_s: float) -> None:
         self.fleet = fleet
         self.trace = trace
         self.period_s = period_s
@@ -143,21 +144,28 @@ class Sampler:
         self._period_wall_s = time.perf_counter()
         self._period_cpu_s = time.process_time()
         self._lock = threading.Lock()
+        self.runtimes: dict[str, app.Runtime] = {}
+
+    def started(self, slot: GpuSlot, rt: app.Runtime) -> None:
+        """app.run_fleet's on_start: keep each GPU's runtime to look inside."""
+        with self._lock:
+            self.runtimes[slot.requested] = rt
 
     def __call__(self) -> None:
         slots = self.fleet.slots
-        if len(slots) < 2 or slots[0].runtime is None:
+        runtimes = [self.runtimes.get(slot.requested) for slot in slots[:2]]
+        if len(slots) < 2 or runtimes[0] is None:
             return
         with self._lock:
-            rt = slots[0].runtime
+            rt = runtimes[0]
             index = int(rt.now() // self.period_s)
             while len(self.rows) <= index:
                 self._close_period()
                 self.rows.append(Period(len(self.rows), len(self.rows) * self.period_s))
             row = self.rows[index]
-            for i, slot in enumerate(slots[:2]):
-                if slot.runtime is not None:
-                    gpu: SimGpu = slot.runtime.probe.gpu  # type: ignore[attr-defined]
+            for i, gpu_rt in enumerate(runtimes):
+                if gpu_rt is not None:
+                    gpu: SimGpu = gpu_rt.probe.gpu  # type: ignore[attr-defined]
                     row.kernels_kept_max[i] = max(row.kernels_kept_max[i], len(gpu._starts), len(gpu._ends))
             minute = int(rt.now() // 60)
             if minute != self._last_minute:
@@ -207,14 +215,15 @@ def run_soak(hours: float = 24.0, target: float = 0.5, resume_after_s: float = 2
              longest_gap_s: float = 60.0) -> Soak:
     jobs = schedule(hours, resume_after_s, seed, longest_s, longest_gap_s)
     config = soak_config(hours, jobs, fail_at_s, target, resume_after_s)
-    fleet = metrics.Fleet(simulated=True)
+    fleet = Fleet(simulated=True)
     sink, sampler = Sink(), Sampler(fleet, trace, period_s)
     if trace:
         tracemalloc.start()
     wall_s, cpu_s = time.perf_counter(), time.process_time()
     try:
         stream = cast(TextIO, sink)  # EventLog needs only write() and flush()
-        code = app.run_fleet(config, stream, threading.Event(), threading.Event(), fleet, sampler)
+        code = app.run_fleet(config, stream, threading.Event(), threading.Event(), fleet, sampler,
+                             on_start=sampler.started)
         sampler.finish()
     finally:
         if trace:
