@@ -45,6 +45,7 @@ GPU_COUNTS = (1, 8)
 RUN_S = 20.0
 VIRTUAL_WINDOW_S = 1 / 6  # the virtual GPU's NVML sample window (its default), for the tracking numbers
 OVERHEAD_S = 10.0  # a run's length beyond its own (start-up, exit), for --budget-s
+IDLE_WAIT_S = 20.0  # how long a real GPU may take to be free of the previous run's process
 
 # Issue 12's goals: CPU per GPU at 0.5 and 0.8 on one GPU, the whole process with 8 GPUs at 0.5, and the
 # tracking that must hold meanwhile (the worst run and GPU).
@@ -190,10 +191,12 @@ class RealGpus:
         self.probe.close()
 
     def prepare(self, gpus: int) -> tuple[dict[str, str], list[str]]:
-        procs = self.probe.processes()
-        if procs:
-            raise BenchError(f"GPU {self.index} is not idle: process(es) {', '.join(str(p.pid) for p in procs)} "
-                             "on it; the benchmark needs the GPU to itself")
+        deadline = time.monotonic() + IDLE_WAIT_S  # the previous run's process may still be listed
+        while procs := self.probe.processes():
+            if time.monotonic() > deadline:
+                raise BenchError(f"GPU {self.index} is not idle: process(es) {', '.join(str(p.pid) for p in procs)}"
+                                 " on it; the benchmark needs the GPU to itself")
+            time.sleep(0.25)
         env = base_env()
         env["FORGE_HEARTBEAT_FILE"] = str(self.tmp / "heartbeat")
         if gpus == 1:
