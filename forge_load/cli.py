@@ -95,7 +95,7 @@ def main() -> int:
         from forge_load.app import main as run
 
         return run(signals=signals)
-    except Exception as error:  # a bug outside the run loops: one line, not a traceback in docker logs
+    except Exception as error:  # noqa: BLE001 - a bug outside the run loops: one line, no traceback
         from forge_load.log import escape_controls
 
         print(escape_controls(f"forge-load: internal error, please report: {type(error).__name__}: {error}"),

@@ -10,8 +10,9 @@ milliseconds.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from forge_load.probe import UtilSample
 from forge_load.quantity import UTILIZATION, Quantity

@@ -7,8 +7,8 @@ is what a dashboard scraping once a second sees, whatever the GPU's own sample w
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from forge_load.probe import UtilSample
 

@@ -210,7 +210,9 @@ def test_healthcheck_follows_the_loop(docker_client: Any, forge_image: Any, name
     """Healthy while the loop runs; unhealthy once it stalls (the process frozen with SIGSTOP)."""
     name = _run(names, "--health-interval=1s", "--health-start-period=0s", "--health-retries=1",
                 "--health-timeout=5s", env={"FORGE_SIMULATE": "1", "FORGE_HEALTH_MAX_AGE": "3"})
-    health = lambda: (_state(docker_client, name).get("Health") or {}).get("Status")
+    def health() -> str | None:
+        return (_state(docker_client, name).get("Health") or {}).get("Status")
+
     _wait_for(lambda: health() == "healthy", 60, "the container to be healthy")
     assert docker_cli("kill", "--signal=SIGSTOP", name).returncode == 0
     try:
