@@ -23,7 +23,6 @@ from typing import TextIO, cast
 
 from forge_load import __version__, health, metrics
 from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
-from forge_load.cli import StopSignals
 from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
 from forge_load.filler import Filler, line_fields
@@ -34,6 +33,7 @@ from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
 from forge_load.signals import Thresholds
 from forge_load.sim import SimGpu, VirtualClock
 from forge_load.status import Fleet, GpuSlot
+from forge_load.stopsignals import StopSignals
 from forge_load.worker import BusyLog, Launcher, Worker
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5

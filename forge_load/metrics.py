@@ -38,7 +38,7 @@ POLL_INTERVAL_S = 0.2
 # name (as exposed) -> (type, help). The README's metric table and the dashboard test read this.
 METRICS: dict[str, tuple[str, str]] = {
     "forge_load_build_info": ("gauge", "Always 1; labels: version, python_version, simulated"),
-    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, Hostname (the node)"),
+    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, hostname (the node)"),
     "forge_load_up": ("gauge", "1 while this GPU's filler loop is alive and fresh (what /health checks), else 0"),
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
     "forge_load_target_ratio": ("gauge", "Utilization the filler holds now: the target, the boost target "
@@ -61,7 +61,7 @@ class FillerCollector:
 
     def __init__(self, fleet: Fleet, hostname: str | None = None) -> None:
         self.fleet = fleet
-        # dcgm-exporter's Hostname: the node's name (NODE_NAME from the downward API in a pod).
+        # dcgm-exporter's hostname (lowercase since its #655): the node (NODE_NAME, the downward API, in a pod).
         self.hostname = hostname or os.environ.get("NODE_NAME") or socket.gethostname()
 
     def collect(self) -> Iterator[Any]:
@@ -76,7 +76,7 @@ class FillerCollector:
         build = GaugeMetricFamily("forge_load_build_info", METRICS["forge_load_build_info"][1],
                                   labels=["version", "python_version", "simulated"])
         build.add_metric([__version__, platform.python_version(), str(self.fleet.simulated).lower()], 1.0)
-        info = family("forge_load_gpu_info", ["modelName", "Hostname"])
+        info = family("forge_load_gpu_info", ["modelName", "hostname"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
         own, foreign = family("forge_load_own_utilization_ratio"), family("forge_load_foreign_utilization_ratio")

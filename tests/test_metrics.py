@@ -131,7 +131,7 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     assert set(values) == set(metrics.METRICS), set(values) ^ set(metrics.METRICS)
     gpu_labels = {"gpu": "0", "UUID": slot.uuid}
     assert slot.uuid.startswith("GPU-")
-    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "Hostname"}}
+    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "hostname"}}
     for name, samples in values.items():
         if name == "forge_load_build_info":
             assert samples == [({"version": samples[0][0]["version"], "python_version": samples[0][0]["python_version"],
