@@ -4,18 +4,16 @@ a yield to a foreign CUDA job, resume and stop, with every shared object it maps
 recorded. The image leaves out what this never sees (scripts/image_prune.py; README, The image).
 
     scripts/vgpu run -- .venv/bin/python scripts/runtime_files.py [--json FILE] [--fill-s S]
-    # in the image (the virtual GPU's libraries mounted as in tests/test_container_vgpu.py):
-    docker run --rm -v .../libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1:ro ... \\
-        -v "$PWD/scripts:/opt/scripts:ro" --entrypoint python forge-load /opt/scripts/runtime_files.py
+    # in the image: the command in the README (The image), which mounts scripts/ at /opt/scripts
 
 It needs a GPU, virtual or real. The filler runs as a child (`python -c BOOTSTRAP`, which installs an audit hook
-for `open` and `ctypes.dlopen`, then calls forge_load.cli.main as the `forge-load` command does); the parent reads
-/proc/<child>/maps every --sample-s seconds and the child writes its sys.modules and its final maps at exit. The
-foreign job is scripts/foreign_job.py --backend numba, started once the filler fills; the run ends --after-s
-seconds after the filler has resumed. Shared objects mapped at any sample or at exit count as loaded; other files
-(bitcode, headers) count when Python opened them (what a C library opens by itself without mapping it is not
-seen: check that with strace where it matters). Each file is attributed to its distribution by the
-distribution's RECORD.
+for `open` and `ctypes.dlopen`, then calls forge_load.cli.main, what the `forge-load` command runs); the parent
+reads /proc/<child>/maps every --sample-s seconds and the child writes its sys.modules and its final maps when
+main() has returned. The foreign job is scripts/foreign_job.py --backend numba, started once the filler fills;
+the run ends --after-s seconds after the filler has resumed. Shared objects mapped at any sample or at the end
+count as loaded; other files (bitcode, headers) count when Python opened them (what a C library opens by itself
+without mapping it is not seen: check that with strace where it matters). Each file is attributed to its
+distribution by the distribution's RECORD.
 
 Prints a table per distribution (installed size, size of what was loaded, the loaded shared objects, the large
 files never loaded) and, with --json, writes everything. Exit codes: 0 done; 1 the filler did not start, fill,
@@ -45,24 +43,23 @@ HERE = Path(__file__).resolve().parent
 FOREIGN_JOB = HERE / "foreign_job.py"
 LARGE_BYTES = 1_000_000  # files never loaded and at least this big are listed by name
 
-# Runs in the child: record what Python opens and dlopens, dump sys.modules and the maps at exit, then be
-# the `forge-load` command (the console script calls forge_load.cli.main the same way).
+# Runs in the child: record what Python opens and dlopens, run forge_load.cli.main (what the `forge-load`
+# command runs), then write sys.modules and the maps before leaving.
 BOOTSTRAP = r"""
-import atexit, json, os, sys
+import json, os, sys
 _opened = set()
 def _hook(event, args):
     if event in ("open", "ctypes.dlopen") and args and isinstance(args[0], str):
         _opened.add(os.path.abspath(args[0]))
 sys.addaudithook(_hook)
-def _dump():
-    with open("/proc/self/maps") as maps:
-        text = maps.read()
-    with open(os.environ["RUNTIME_FILES_DUMP"], "w") as out:
-        json.dump({"modules": sorted(sys.modules), "opened": sorted(_opened), "maps": text}, out)
-atexit.register(_dump)
 sys.argv = ["forge-load", *sys.argv[1:]]
 from forge_load.cli import main
-sys.exit(main())
+code = main()
+with open("/proc/self/maps") as maps:
+    text = maps.read()
+with open(os.environ["RUNTIME_FILES_DUMP"], "w") as out:
+    json.dump({"modules": sorted(sys.modules), "opened": sorted(_opened), "maps": text}, out)
+sys.exit(code)
 """
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -159,3 +161,25 @@ def test_runtime_files_reads_the_files_behind_mappings() -> None:
     assert runtime_files.is_shared_object("/x/libnvrtc.so.12") and runtime_files.is_shared_object("/x/m.so")
     assert not runtime_files.is_shared_object("/x/libdevice.10.bc")
     assert not runtime_files.is_shared_object("/etc/ld.so.cache")
+
+
+def test_runtime_files_on_the_virtual_gpu_finds_what_the_image_keeps(vgpu: Any, tmp_path: Path,
+                                                                     prune: ModuleType) -> None:
+    """The measurement itself, in this environment, on the virtual GPU: the filler starts, fills, yields to the
+    foreign job, resumes and stops, and of the CUDA wheels and llvmlite it loads exactly RUNTIME_FILES (the
+    image's own run is in tests/test_container_vgpu.py)."""
+    gpu = vgpu()
+    out = tmp_path / "runtime_files.json"
+    proc = gpu.run([sys.executable, str(ROOT / "scripts" / "runtime_files.py"), "--json", str(out),
+                    "--fill-s", "1", "--after-s", "0.5"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["exit_code"] == 0 and {"start", "yield", "resume", "stop"} <= set(result["events"])
+    elsewhere = [p for p in result["shared_objects_outside_distributions"]
+                 if any(name in p for name in ("libnvvm", "libnvrtc", "libnvJitLink", "libcudart"))]
+    if elsewhere:
+        pytest.skip(f"this machine's own CUDA libraries were loaded instead of the wheels': {elsewhere}")
+    dists = result["distributions"].values()
+    loaded = {p for d in dists for p in d["shared_objects_loaded"] + d["data_files_loaded"]
+              if p.startswith(("nvidia/", "llvmlite/"))}
+    assert loaded == {p for paths in prune.RUNTIME_FILES.values() for p in paths}
