@@ -1,5 +1,6 @@
 """scripts/image_prune.py (what the image leaves out of the CUDA wheels) on a made-up site-packages, its rules
-against the wheels installed here, and scripts/runtime_files.py's reading of /proc/<pid>/maps.
+against the wheels installed here, and scripts/runtime_files.py (its reading of /proc/<pid>/maps, and a whole
+run on the virtual GPU).
 
 The image itself is checked in tests/test_container.py (nothing left out is there, everything the filler loads
 is) and tests/test_container_vgpu.py (the slim image runs in real mode; what it maps is RUNTIME_FILES).
