@@ -8,12 +8,15 @@ can never pass as skipped.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -55,6 +58,18 @@ def image(client: Any, name: str = IMAGE) -> Any:
     except ImageNotFound:
         _unavailable(f"image {name} is not built on this engine; build it with: scripts/docker_engine.sh build "
                      "(or docker build -t forge-load .)")
+
+
+def image_prune() -> ModuleType:
+    """scripts/image_prune.py, which says what the image leaves out (LEAVE_OUT) and what the filler loads
+    (RUNTIME_FILES)."""
+    if "image_prune" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("image_prune", ROOT / "scripts" / "image_prune.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["image_prune"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["image_prune"]
 
 
 def docker_cli(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
