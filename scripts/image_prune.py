@@ -22,7 +22,6 @@ import argparse
 import csv
 import fnmatch
 import io
-import os
 import re
 import sys
 import sysconfig

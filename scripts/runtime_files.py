@@ -246,7 +246,8 @@ def print_table(result: dict[str, Any]) -> None:
             loaded = f"{loaded}{', ' if loaded else ''}{n_ext} Python extension modules"
         print(f"| {name}{'' if d['imported'] else ' (never loaded)'} | {_mb(d['installed_bytes'])} | "
               f"{_mb(d['loaded_bytes'])} | {loaded or '-'} | {never or '-'} |")
-    print("\nshared objects from outside the distributions: " + ", ".join(result["shared_objects_outside_distributions"]))
+    outside = ", ".join(result["shared_objects_outside_distributions"])
+    print(f"\nshared objects from outside the distributions: {outside}")
     print("\ntop-level modules imported: " + " ".join(m for m in result["top_level_modules"] if not m.startswith("_")))
 
 

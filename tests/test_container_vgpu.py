@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_support import (IMAGE, ROOT, docker_cli, docker_client, forge_image, image_prune, remove_containers,
-                            unique_name)
+from docker_support import (
+    IMAGE,
+    ROOT,
+    docker_cli,
+    docker_client,
+    forge_image,
+    image_prune,
+    remove_containers,
+    unique_name,
+)
 
 from vgpu import VirtualGpu
 

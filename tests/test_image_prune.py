@@ -111,9 +111,9 @@ def test_dry_run_deletes_nothing(demo_rules: ModuleType, tmp_path: Path) -> None
 def test_a_failed_check_deletes_nothing(demo_rules: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                        change: str, message: str) -> None:
     site = make_site(tmp_path)
-    Rule = demo_rules.Rule
-    extra = {"no match": Rule("demo-cu12", "demo/include/*.hpp", ""), "clash": Rule("demo-cu12", "demo/lib/*", ""),
-             "not installed": Rule("absent-cu12", "x/*", "")}
+    rule = demo_rules.Rule
+    extra = {"no match": rule("demo-cu12", "demo/include/*.hpp", ""), "clash": rule("demo-cu12", "demo/lib/*", ""),
+             "not installed": rule("absent-cu12", "x/*", "")}
     if change == "missing":
         monkeypatch.setattr(demo_rules, "RUNTIME_FILES", {"demo-cu12": ("demo/lib/libdemo.so.2",)})
     else:
