@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from bench.results import JUDGE_FROM_S, Quantity, TrackingMetrics, YieldMetrics, mean
 from forge_load.probe import UtilSample

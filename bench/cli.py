@@ -14,14 +14,24 @@ import sys
 from datetime import date, datetime, timezone
 from pathlib import Path
 
-from bench import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_GPU, EXIT_OK, EXIT_USAGE, REPO, BenchError, \
-    Interrupted, NoGpu, log
-from bench import cpu
+from bench import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    EXIT_USAGE,
+    REPO,
+    BenchError,
+    Interrupted,
+    NoGpu,
+    cpu,
+    log,
+)
 from bench.render import render_cpu_section, render_section, write_cpu_outputs, write_outputs, write_section
 from bench.results import CONTROLLERS, JUDGE_FROM_S, SCHEMA, TARGETS, YIELD_TARGET, Json, q, slug
 from bench.runner import CHILDREN
 from bench.scenarios import REAL_VARIANTS, SIM_VARIANTS, real_plan, run_real_bench, run_simulated_bench
-from forge_load import __version__ as FORGE_VERSION
+from forge_load import __version__ as forge_version
 
 SCENARIOS = ("tracking", "yield", "footprint", "cpu")
 DEFAULT_SCENARIOS = "tracking,yield,footprint"
@@ -137,7 +147,7 @@ def estimate_s(args: argparse.Namespace) -> float:
 
 
 def software() -> Json:
-    out: Json = {"forge_load": FORGE_VERSION, "python": platform.python_version()}
+    out: Json = {"forge_load": forge_version, "python": platform.python_version()}
     try:
         import numba
 

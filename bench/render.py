@@ -203,7 +203,9 @@ def write_section(path: Path, text: str) -> list[str]:
     for name in present:
         block = re.search(rf"<!-- {name} -->.*?<!-- /{name} -->", text, re.S)
         assert block is not None, name
-        current = re.sub(rf"<!-- {name} -->.*?<!-- /{name} -->", lambda _m: block.group(0), current, flags=re.S)
+        old = re.search(rf"<!-- {name} -->.*?<!-- /{name} -->", current, re.S)
+        assert old is not None, name
+        current = current[:old.start()] + block.group(0) + current[old.end():]
     path.write_text(current)
     return [n for n in names if n not in present]
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Sequence
+from typing import Any
 
 SCHEMA = 1
 TARGETS = (0.3, 0.5, 0.8)

@@ -13,8 +13,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from bench import REPO, BenchError
 from bench.analysis import parse_events

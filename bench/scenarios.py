@@ -15,15 +15,34 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from bench import REPO, BenchError, NoGpu, log
-from bench.analysis import YIELD_SLACK_S, count, first, marks, parse_events, status_series, tracking_metrics, \
-    yield_metrics
-from bench.results import FOOTPRINT_TARGET, JUDGE_FROM_S, YIELD_TARGET, Quantity, Scenario, add_scenario, \
-    add_tracking, mean, q, val
+from bench.analysis import (
+    YIELD_SLACK_S,
+    count,
+    first,
+    marks,
+    parse_events,
+    status_series,
+    tracking_metrics,
+    yield_metrics,
+)
+from bench.results import (
+    FOOTPRINT_TARGET,
+    JUDGE_FROM_S,
+    YIELD_TARGET,
+    Quantity,
+    Scenario,
+    add_scenario,
+    add_tracking,
+    mean,
+    q,
+    val,
+)
 from bench.runner import CHILDREN, Child, cpu_percent
 from bench.sampler import Sampler
 

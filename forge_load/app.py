@@ -11,28 +11,29 @@ its own: the others keep filling and /health reports it. The process exits when 
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TextIO, cast
+from typing import TextIO, cast
 
 from forge_load import __version__, health, metrics
-from forge_load.cli import StopSignals
-from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
+from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
 from forge_load.filler import Filler, line_fields
 from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
 from forge_load.policy import Policy
-from forge_load.signals import Thresholds
-from forge_load.status import Fleet, GpuSlot
 from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
-from forge_load.sim import SimGpu, VirtualClock, WallClock
+from forge_load.signals import Thresholds
+from forge_load.sim import SimGpu, VirtualClock
+from forge_load.status import Fleet, GpuSlot
+from forge_load.stopsignals import StopSignals
 from forge_load.worker import BusyLog, Launcher, Worker
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
@@ -114,15 +115,18 @@ def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[
 class SimRun:
     runtime: Runtime
     gpu: SimGpu
-    clock: VirtualClock | WallClock
+    clock: VirtualClock
 
 
 def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
                    keep_history: bool = False) -> SimRun:
     backend = SimBackend(config.sim, keep_history)
     probe = backend.open_probe(config.gpu)
-    rt = open_runtime(config, backend, probe, probe.gpu.clock.now, stream, heartbeat=heartbeat)
-    return SimRun(rt, probe.gpu, probe.gpu.clock)
+    clock = probe.gpu.clock
+    if not isinstance(clock, VirtualClock):
+        raise TypeError("the simulated run loop steps a virtual clock")
+    rt = open_runtime(config, backend, probe, clock.now, stream, heartbeat=heartbeat)
+    return SimRun(rt, probe.gpu, clock)
 
 
 def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
@@ -295,7 +299,7 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
         reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
     except GpuFailedError as error:
         reason, code = str(error), EXIT_GPU_FAILED
-    except Exception as error:  # a bug, but one GPU's: the others go on
+    except Exception as error:  # noqa: BLE001 - a bug, but one GPU's: the others go on
         reason, code = f"internal error, please report: {type(error).__name__}: {error}", EXIT_INTERNAL
     slot.failed(reason, code)
     if started:  # on the filler's own clock, like its other lines
@@ -442,7 +446,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
     except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none
         say(f"forge-load: no usable GPU: {error}")
         code = EXIT_NO_GPU
-    except Exception as error:  # a bug: say so in one line, keep the traceback out of docker logs
+    except Exception as error:  # noqa: BLE001 - a bug: one line, not a traceback in docker logs
         error_log.emit("error", reason=f"internal error, please report: {type(error).__name__}: {error}",
                        exit_code=EXIT_INTERNAL)
         code = EXIT_INTERNAL

@@ -10,28 +10,12 @@ milliseconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from forge_load.probe import UtilSample
 from forge_load.quantity import UTILIZATION, Quantity
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the Worker should do until the next plan.
-
-    multiplier: grid size in blocks per SM.
-    duty_ratio: the share of wall time our kernels should be running; 0 launches nothing.
-    gap_s: a fixed sleep after each launch completes (the legacy law's pacing); 0 paces by duty alone.
-    """
-
-    multiplier: int
-    duty_ratio: float
-    gap_s: float = 0.0
-
-
-IDLE_PLAN = Plan(multiplier=1, duty_ratio=0.0)
+from forge_load.worker import Plan
 
 
 class Controller(Protocol):

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from forge_load.controller import IDLE_PLAN, Controller
+from forge_load.controller import Controller
 from forge_load.log import EventLog
 from forge_load.monitor import Monitor, Reading
-from forge_load.signals import ShareSample
-from forge_load.status import GpuStatus
 from forge_load.policy import Policy, State
 from forge_load.quantity import UTILIZATION, Quantity
-from forge_load.worker import Worker
+from forge_load.signals import ShareSample
+from forge_load.status import GpuStatus
+from forge_load.worker import IDLE_PLAN, Worker
 
 
 @dataclass

@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from types import ModuleType
-from typing import Any, cast
+from typing import IO, Any, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from forge_load import __version__
 from forge_load.config import ConfigError
-from forge_load.status import STATES, Fleet, GpuSlot
+from forge_load.status import STATES, Fleet
 
 MIB_BYTES = 1024 * 1024
 # dcgm-exporter's label names (case included), so `on(UUID)` joins our series with DCGM_FI_* ones.
@@ -38,7 +38,7 @@ POLL_INTERVAL_S = 0.2
 # name (as exposed) -> (type, help). The README's metric table and the dashboard test read this.
 METRICS: dict[str, tuple[str, str]] = {
     "forge_load_build_info": ("gauge", "Always 1; labels: version, python_version, simulated"),
-    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, Hostname (the node)"),
+    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, hostname (the node)"),
     "forge_load_up": ("gauge", "1 while this GPU's filler loop is alive and fresh (what /health checks), else 0"),
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
     "forge_load_target_ratio": ("gauge", "Utilization the filler holds now: the target, the boost target "
@@ -61,7 +61,7 @@ class FillerCollector:
 
     def __init__(self, fleet: Fleet, hostname: str | None = None) -> None:
         self.fleet = fleet
-        # dcgm-exporter's Hostname: the node's name (NODE_NAME from the downward API in a pod).
+        # dcgm-exporter's hostname (lowercase since its #655): the node (NODE_NAME, the downward API, in a pod).
         self.hostname = hostname or os.environ.get("NODE_NAME") or socket.gethostname()
 
     def collect(self) -> Iterator[Any]:
@@ -76,7 +76,7 @@ class FillerCollector:
         build = GaugeMetricFamily("forge_load_build_info", METRICS["forge_load_build_info"][1],
                                   labels=["version", "python_version", "simulated"])
         build.add_metric([__version__, platform.python_version(), str(self.fleet.simulated).lower()], 1.0)
-        info = family("forge_load_gpu_info", ["modelName", "Hostname"])
+        info = family("forge_load_gpu_info", ["modelName", "hostname"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
         own, foreign = family("forge_load_own_utilization_ratio"), family("forge_load_foreign_utilization_ratio")
@@ -121,7 +121,8 @@ def require_prometheus_client() -> ModuleType:
             f"FORGE_METRICS_PORT (--metrics-port) is set but prometheus_client cannot be imported ({error}): "
             "expected `pip install 'forge-load[metrics]'` (or prometheus_client), or leave FORGE_METRICS_PORT unset"
         ) from None
-    return prometheus_client
+    module: ModuleType = prometheus_client
+    return module
 
 
 def make_registry(fleet: Fleet) -> Any:
@@ -312,7 +313,7 @@ class _Server(ThreadingMixIn, WSGIServer):
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
-        except Exception:
+        except Exception:  # noqa: BLE001 - as socketserver's own: one client's trouble ends its thread only
             self.handle_error(request, client_address)
         finally:
             with self._lock:  # before closing, so no one shuts down a descriptor already reused
@@ -343,6 +344,8 @@ def _report(error: BaseException | None) -> None:
 
 
 class _ServerHandler(ServerHandler):
+    request_handler: WSGIRequestHandler | None = None  # wsgiref sets this back-pointer for its logging
+
     def log_exception(self, exc_info: Any) -> None:
         _report(exc_info[1])
 
@@ -359,14 +362,18 @@ class _QuietHandler(WSGIRequestHandler):
         head = self._read_head()
         if head is None:
             return
-        socket_rfile, self.rfile = self.rfile, io.BytesIO(head)
+        request = io.BytesIO(head)
+        socket_rfile, self.rfile = self.rfile, request
         socket_rfile.close()  # never read: the head came from the socket directly
-        self.raw_requestline = self.rfile.readline()
+        self.raw_requestline = request.readline()
         if not self.parse_request():  # it has answered with an error
             return
-        handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        answer = cast(IO[bytes], self.wfile)  # a socket file: typeshed calls it a BufferedIOBase
+        handler = _ServerHandler(request, answer, self.get_stderr(), self.get_environ(), multithread=False)
         handler.request_handler = self
-        handler.run(self.server.get_app())
+        app = self.server.get_app()
+        if app is not None:
+            handler.run(app)
 
     def _read_head(self) -> bytes | None:
         """The request line and headers, checked; None when an error was answered or the client is gone."""
@@ -415,8 +422,8 @@ def serve(fleet: Fleet, addr: str, port: int, limits: ServerLimits = ServerLimit
     registry = make_registry(fleet)
     server_class = _Server6 if ":" in addr else _Server
     try:
-        server = cast(_Server, make_server(addr, port, make_app(registry, fleet), server_class=server_class,
-                                           handler_class=_QuietHandler))
+        server = make_server(addr, port, make_app(registry, fleet), server_class=server_class,
+                             handler_class=_QuietHandler)
     except OSError as error:
         raise ConfigError(
             f"FORGE_METRICS_PORT={port} is not usable: cannot listen on {addr}:{port} ({error.strerror or error}): "

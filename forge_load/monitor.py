@@ -7,15 +7,13 @@ and the baseline, and each new sample window split into our own share and the re
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Callable
-
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from forge_load.probe import Probe, UtilSample
 from forge_load.sampling import SampleReader
-from forge_load.signals import RECENT_SAMPLES, SIGNALS, Observation, ShareSample, Signal, Thresholds
+from forge_load.signals import DEFAULT_THRESHOLDS, RECENT_SAMPLES, SIGNALS, Observation, ShareSample, Signal, Thresholds
 from forge_load.worker import BusyLog
 
 
@@ -45,7 +43,7 @@ class Monitor:
     `start_s` is when we started: samples of windows that began earlier only teach the window length."""
 
     def __init__(self, probe: Probe, busy_log: BusyLog, own_pid: int, baseline_mem_mib: float,
-                 own_mem_context_mib: float, thresholds: Thresholds = Thresholds(), poll_interval_s: float = 0.1,
+                 own_mem_context_mib: float, thresholds: Thresholds = DEFAULT_THRESHOLDS, poll_interval_s: float = 0.1,
                  start_s: float = float("-inf"), on_reading: Callable[[], None] | None = None,
                  signals: Sequence[tuple[str, Signal]] = SIGNALS) -> None:
         self.probe = probe
@@ -94,7 +92,7 @@ class Monitor:
             while not stop.is_set():
                 due_s = self.step(now())
                 stop.wait(max(due_s - now(), 0.0))
-        except Exception as error:  # the filler raises it: a lost GPU exits 4, a bug 1, never silently
+        except Exception as error:  # noqa: BLE001 - the filler raises it: lost GPU 4, bug 1, never silent
             self.failure = error
             if self.on_reading is not None:
                 self.on_reading()

@@ -16,8 +16,9 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any, Callable, Iterable
+from typing import Any, cast
 
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
 
@@ -78,7 +79,8 @@ def _load_nvml(nvml: ModuleType | None) -> ModuleType:
         import pynvml  # the only import of pynvml in the project
     except ImportError as err:
         raise NoGpuError(f"cannot import pynvml ({err}): {INSTALL_HINT}") from err
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def _err_class(nvml: ModuleType, name: str) -> type[BaseException]:
@@ -480,7 +482,7 @@ def _sample_value(value: Any, value_type: int) -> float:
     number = getattr(value, field, None)
     if number is None:
         number = getattr(value, "uiVal", 0)  # utilization samples are unsigned ints on every driver seen
-    return float(number)
+    return float(cast(float, number))
 
 
 def _used_mib(used_bytes: int | None) -> float | None:

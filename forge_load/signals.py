@@ -49,6 +49,8 @@ class Observation:
     recent: tuple[ShareSample, ...]  # the latest judged sample windows, oldest first
 
 
+DEFAULT_THRESHOLDS = Thresholds()
+
 Signal = Callable[[Observation, Thresholds], "str | None"]
 
 

@@ -13,8 +13,24 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from forge_load.controller import IDLE_PLAN, Plan
 from forge_load.probe import GpuFailedError
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the Worker should do until the next plan.
+
+    multiplier: grid size in blocks per SM.
+    duty_ratio: the share of wall time our kernels should be running; 0 launches nothing.
+    gap_s: a fixed sleep after each launch completes (the legacy law's pacing); 0 paces by duty alone.
+    """
+
+    multiplier: int
+    duty_ratio: float
+    gap_s: float = 0.0
+
+
+IDLE_PLAN = Plan(multiplier=1, duty_ratio=0.0)
 
 
 @dataclass(frozen=True)

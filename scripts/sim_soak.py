@@ -42,9 +42,12 @@ from typing import Any, NamedTuple, TextIO, cast
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from forge_load import app, metrics  # noqa: E402
-from forge_load.config import Config, load_config  # noqa: E402
-from forge_load.config import SimConfig  # noqa: E402
+from forge_load import app  # noqa: E402
+from forge_load.config import (  # noqa: E402
+    Config,
+    SimConfig,  # noqa: E402
+    load_config,
+)
 from forge_load.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
 from forge_load.status import Fleet, GpuSlot  # noqa: E402
 
@@ -284,17 +287,19 @@ def verify(soak: Soak) -> list[str]:
         problems.append(f"kernel lists grew to {longest}, over {bound} ({soak.history_s:.1f} s of history)")
     # Flat: the second half's peaks are those of the first. Period 0 is left out: it holds the start and
     # GPU 1's life. Peaks, not means, since a period spent yielding holds fewer kernels than one filling.
-    rows = [row for row in soak.rows if row.start_s >= soak.fail_at_s]
-    early, late = rows[:len(rows) // 2], rows[len(rows) // 2:]
-    if not early or not late:
-        problems.append(f"too short to judge memory: {len(rows)} periods after GPU {FAIL_GPU} was lost")
+    periods = [row for row in soak.rows if row.start_s >= soak.fail_at_s]
+    first_half, second_half = periods[:len(periods) // 2], periods[len(periods) // 2:]
+    if not first_half or not second_half:
+        problems.append(f"too short to judge memory: {len(periods)} periods after GPU {FAIL_GPU} was lost")
         return problems
-    blocks_early, blocks_late = max(r.blocks_max for r in early), max(r.blocks_max for r in late)
+    blocks_early = max(p.blocks_max for p in first_half)
+    blocks_late = max(p.blocks_max for p in second_half)
     if blocks_late > blocks_early * (1 + BLOCKS_SLACK_RATIO):
-        problems.append(f"allocated blocks grew from {blocks_early} (periods {early[0].index}-{early[-1].index}) to "
-                        f"{blocks_late} (periods {late[0].index}-{late[-1].index})")
-    heaps_early = [r.heap_peak_mib for r in early if r.heap_peak_mib is not None]
-    heaps_late = [r.heap_peak_mib for r in late if r.heap_peak_mib is not None]
+        problems.append(f"allocated blocks grew from {blocks_early} (periods {first_half[0].index}-"
+                        f"{first_half[-1].index}) to {blocks_late} (periods {second_half[0].index}-"
+                        f"{second_half[-1].index})")
+    heaps_early = [p.heap_peak_mib for p in first_half if p.heap_peak_mib is not None]
+    heaps_late = [p.heap_peak_mib for p in second_half if p.heap_peak_mib is not None]
     if heaps_early and heaps_late and max(heaps_late) > max(heaps_early) + HEAP_SLACK_MIB:
         problems.append(f"heap peak grew from {max(heaps_early):.2f} MiB to {max(heaps_late):.2f} MiB")
     return problems
@@ -390,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         "fail_gpu": FAIL_GPU, "fail_at_s": soak.fail_at_s, "seed": args.seed, "exit_code": soak.exit_code,
         "jobs": [dataclasses.asdict(j) for j in soak.jobs], "history_s": soak.history_s,
         "kernel_bound": kernel_bound(soak.history_s), "rows": [dataclasses.asdict(r) for r in soak.rows],
-        "query_cost": [dataclasses.asdict(c) for c in costs], "period_s": args.period, "wall_s": soak.wall_s, "cpu_s": soak.cpu_s, "problems": problems,
+        "query_cost": [dataclasses.asdict(c) for c in costs], "period_s": args.period, "wall_s": soak.wall_s,
+        "cpu_s": soak.cpu_s, "problems": problems,
         "python": platform.python_version(), "machine": platform.machine(),
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

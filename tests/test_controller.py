@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from forge_load.controller import IDLE_PLAN, LegacyController, PiController, Plan, make_controller
+from forge_load.controller import LegacyController, PiController, make_controller
 from forge_load.probe import UtilSample
+from forge_load.worker import IDLE_PLAN, Plan
 
 
 def samples_at(times_s: list[float], ratio: float) -> list[UtilSample]:

@@ -511,7 +511,7 @@ def test_a_full_stdout_stops_cleanly(loop: str) -> None:
 
 
 def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
-    from forge_load import app, metrics
+    from forge_load import app
     from forge_load.log import LogStream
 
     class Broken(io.StringIO):

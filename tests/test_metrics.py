@@ -114,7 +114,10 @@ def scrape(fleet: Fleet) -> dict[str, list[tuple[str, dict[str, str], float]]]:
     return families
 
 
-def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) -> dict[str, list[tuple[dict[str, str], float]]]:
+Samples = list[tuple[dict[str, str], float]]
+
+
+def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) -> dict[str, Samples]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for samples in families.values():
         for name, labels, value in samples:
@@ -128,7 +131,7 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     assert set(values) == set(metrics.METRICS), set(values) ^ set(metrics.METRICS)
     gpu_labels = {"gpu": "0", "UUID": slot.uuid}
     assert slot.uuid.startswith("GPU-")
-    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "Hostname"}}
+    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "hostname"}}
     for name, samples in values.items():
         if name == "forge_load_build_info":
             assert samples == [({"version": samples[0][0]["version"], "python_version": samples[0][0]["python_version"],
@@ -252,7 +255,8 @@ def forge_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def forge(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> tuple[int, list[dict[str, Any]], str]:
+def forge(*args: str, env: dict[str, str] | None = None,
+          timeout_s: float = 60.0) -> tuple[int, list[dict[str, Any]], str]:
     result = subprocess.run([sys.executable, "-m", "forge_load", "--log-format", "json", *args], capture_output=True,
                             text=True, env=forge_env(env), timeout=timeout_s, cwd=ROOT)
     return result.returncode, [json.loads(line) for line in result.stdout.splitlines()], result.stderr

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from forge_load.monitor import Monitor, Reading
-from forge_load.signals import Observation, Thresholds
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
 from forge_load.sampling import DEFAULT_WINDOW_S, FALLBACK_AFTER_S
+from forge_load.signals import Observation, Thresholds
 from forge_load.worker import BusyLog
 
 OWN_PID = 100

@@ -6,12 +6,13 @@ import ctypes.util
 import pathlib
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pynvml
 import pytest
-
 from fake_pynvml import MIB, FakeDevice, FakeNvml, FakeProcess
+
 from forge_load.backend import NvidiaBackend
 from forge_load.nvml import NvmlProbe, list_devices
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample

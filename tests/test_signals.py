@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from forge_load.config import load_config
-from forge_load.signals import (SIGNALS, Observation, ShareSample, Thresholds, memory_signal, process_signal,
-                                utilization_signal)
+from forge_load.signals import (
+    SIGNALS,
+    Observation,
+    ShareSample,
+    Thresholds,
+    memory_signal,
+    process_signal,
+    utilization_signal,
+)
 
 
 def seen(pids: tuple[int, ...] = (), mem_mib: float | None = 0.0, *foreign: float) -> Observation:

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from forge_load.config import SimConfig
-from forge_load.controller import IDLE_PLAN, Plan
 from forge_load.probe import GpuFailedError
 from forge_load.sim import LAUNCH_LATENCY_S, LAUNCH_OVERHEAD_S, WAVE_S, SimGpu, SimLauncher, VirtualClock
-from forge_load.worker import BusyLog, Completed, Worker
+from forge_load.worker import IDLE_PLAN, BusyLog, Completed, Plan, Worker
 
 # --- BusyLog ----------------------------------------------------------------------------------------
 
