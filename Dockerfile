@@ -7,10 +7,11 @@
 # builds on a local debootstrap'd bookworm (scripts/docker_engine.sh; Python 3.11 at /usr/bin/python3).
 # The driver's libcuda and libnvidia-ml are NOT in the image: the NVIDIA Container Toolkit mounts them from
 # the host at `docker run --gpus ...`. The CUDA 12 user-space parts (NVVM, NVRTC, nvJitLink, the runtime)
-# come as wheels with numba-cuda[cu12]; any CUDA 12 driver (>= 525.60.13) runs them, and NVIDIA_REQUIRE_CUDA
-# makes the toolkit refuse older drivers at `docker run` with a clear message. No NVIDIA_VISIBLE_DEVICES
-# here: which GPU a container gets is said at `docker run` (--gpus device=N, or NV_GPU=N with nvidia-docker);
-# an image that defaulted to "all" would quietly take every GPU on hosts whose default runtime is nvidia.
+# come as wheels with numba-cuda[cu12], less what the filler never loads; any CUDA 12 driver (>= 525.60.13)
+# runs them, and NVIDIA_REQUIRE_CUDA makes the toolkit refuse older drivers at `docker run` with a clear
+# message. No NVIDIA_VISIBLE_DEVICES here: which GPU a container gets is said at `docker run` (--gpus
+# device=N, or NV_GPU=N with nvidia-docker); an image that defaulted to "all" would quietly take every GPU on
+# hosts whose default runtime is nvidia.
 ARG BASE_IMAGE=python:3.12-slim
 FROM ${BASE_IMAGE}
 
@@ -53,13 +54,17 @@ ENTRYPOINT ["forge-load"]
 # A non-root user, with no home and no shell.
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin forge
 
-# The dependencies next, in a layer of their own: they change far less often than the code. The packages'
-# own test suites (numpy, numba: ~35 MB) are never imported at run time and are left out.
-COPY requirements.txt /tmp/forge-requirements.txt
+# The dependencies next, in a layer of their own: they change far less often than the code. Left out in the
+# same layer, so they never reach the image: the packages' own test suites (numpy, numba: ~35 MB), never
+# imported at run time, and the files of the CUDA wheels that the filler never loads (~190 MB: a second NVRTC,
+# ptxas, headers, static libraries; measured on the virtual GPU, see scripts/image_prune.py and the README).
+# image_prune.py fails the build if a wheel no longer matches what was measured.
+COPY requirements.txt scripts/image_prune.py /tmp/forge-build/
 RUN python3 -m venv /opt/forge \
-    && pip install --no-cache-dir -r /tmp/forge-requirements.txt \
+    && pip install --no-cache-dir -r /tmp/forge-build/requirements.txt \
     && find /opt/forge/lib -depth -type d -path '*/site-packages/*' -name tests -exec rm -rf {} + \
-    && rm -f /tmp/forge-requirements.txt
+    && python /tmp/forge-build/image_prune.py \
+    && rm -rf /tmp/forge-build
 
 COPY . /tmp/forge-src
 RUN pip install --no-cache-dir --no-deps /tmp/forge-src \

@@ -1,3 +1,3 @@
-from forge_load.cli import main
+from forge_load.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -11,25 +11,29 @@ its own: the others keep filling and /health reports it. The process exits when 
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TextIO, cast
+from typing import TextIO, cast
 
 from forge_load import __version__, health, metrics
-from forge_load.cli import StopSignals
+from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
 from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
-from forge_load.filler import Filler
+from forge_load.filler import Filler, line_fields
 from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
 from forge_load.policy import Policy
 from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
-from forge_load.sim import SimGpu, SimLauncher, SimProbe, VirtualClock
+from forge_load.signals import Thresholds
+from forge_load.sim import SimGpu, VirtualClock
+from forge_load.status import Fleet, GpuSlot
+from forge_load.stopsignals import StopSignals
 from forge_load.worker import BusyLog, Launcher, Worker
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
@@ -59,10 +63,8 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
           heartbeat: Callable[[], None] | None = None) -> Runtime:
     busy_log = BusyLog()
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
-                      own_mem_context_mib=own_mem_context_mib, poll_interval_s=config.poll_interval_s,
-                      foreign_mem_mib=config.foreign_mem_mib, foreign_util_ratio=config.foreign_util_ratio,
-                      foreign_util_samples=config.foreign_util_samples,
-                      use_process_list=config.use_process_list, on_reading=on_reading, start_s=start_s)
+                      own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
+                      poll_interval_s=config.poll_interval_s, start_s=start_s, on_reading=on_reading)
     worker = Worker(launcher, busy_log)
     policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
                     config.boost_after_s, now_s=start_s)
@@ -91,11 +93,20 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
-    fields = rt.filler.fields()
-    fields.update(reason=reason, yields=rt.filler.yields,
-                  yielding_s=round(rt.filler.seconds_yielding(now_s), 3),
-                  own_busy_s=round(rt.worker.busy_log.total_busy_s, 3))
-    rt.log.emit("stop", t=now_s - rt.start_s, **fields)
+    status = rt.filler.status(now_s)
+    rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
+                yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3))
+
+
+def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[], float], stream: TextIO,
+                 on_reading: Callable[[], None] | None = None,
+                 heartbeat: Callable[[], None] | None = None) -> Runtime:
+    """Our context on the probe's GPU, and its filler wired; the memory it took is measured on the way."""
+    baseline_mib = probe.memory_used_mib() or 0.0  # before our context exists
+    launcher = backend.open_launcher(probe)
+    own_mib = max((probe.memory_used_mib() or baseline_mib) - baseline_mib, 0.0)
+    return build(config, probe, launcher, now, stream, baseline_mib, own_mib, start_s=now(),
+                 on_reading=on_reading, heartbeat=heartbeat)
 
 
 # --- the simulated GPU, in virtual time ------------------------------------------------------------------
@@ -107,27 +118,15 @@ class SimRun:
     clock: VirtualClock
 
 
-def sim_index(config: Config) -> int:
-    """The simulated device `config.gpu` names, among `--sim-gpus` of them (NoGpuError, as on a real host)."""
-    uuids = [SimGpu(config.sim, VirtualClock(), i).info.uuid for i in range(config.sim.gpus)]
-    index = int(config.gpu) if config.gpu.isdigit() else uuids.index(config.gpu) if config.gpu in uuids else -1
-    if not 0 <= index < config.sim.gpus:
-        visible = ", ".join(f"{i} {u}" for i, u in enumerate(uuids))
-        raise NoGpuError(f"GPU {config.gpu} does not exist: {config.sim.gpus} simulated (--sim-gpus): {visible}")
-    return index
-
-
 def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
                    keep_history: bool = False) -> SimRun:
-    clock = VirtualClock()
-    gpu = SimGpu(config.sim, clock, sim_index(config), keep_history=keep_history)
-    probe = SimProbe(gpu)
-    baseline_mib = probe.memory_used_mib() or 0.0
-    launcher = SimLauncher(gpu)
-    own_mib = (probe.memory_used_mib() or 0.0) - baseline_mib
-    rt = build(config, probe, launcher, clock.now, stream, baseline_mib, own_mib, start_s=0.0,
-               heartbeat=heartbeat)
-    return SimRun(rt, gpu, clock)
+    backend = SimBackend(config.sim, keep_history)
+    probe = backend.open_probe(config.gpu)
+    clock = probe.gpu.clock
+    if not isinstance(clock, VirtualClock):
+        raise TypeError("the simulated run loop steps a virtual clock")
+    rt = open_runtime(config, backend, probe, clock.now, stream, heartbeat=heartbeat)
+    return SimRun(rt, probe.gpu, clock)
 
 
 def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
@@ -144,7 +143,7 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
     if on_start is not None:
         on_start(rt)
     stop = stop or threading.Event()
-    log_start(rt, {"simulated": True})
+    log_start(rt, SimBackend(config.sim).start_fields(rt.info))
     speed = config.sim.speed
     end_s = config.duration_s if config.duration_s > 0 else float("inf")
     monitor_due_s = rt.monitor.step(0.0)
@@ -178,44 +177,23 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
 
 # --- a real GPU -------------------------------------------------------------------------------------------
 
-def open_nvml(config: Config) -> Probe:
-    from forge_load.nvml import NvmlProbe
-
-    return NvmlProbe(config.gpu)
-
-
-def open_cuda(info: DeviceInfo) -> Launcher:
-    from forge_load.launcher import CudaLauncher
-
-    return CudaLauncher(info.uuid)
-
-
 def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
-             heartbeat: Callable[[], None] | None = None,
-             open_probe: Callable[[Config], Probe] = open_nvml,
-             open_launcher: Callable[[DeviceInfo], Launcher] = open_cuda,
+             heartbeat: Callable[[], None] | None = None, backend: Backend | None = None,
              on_start: Callable[[Runtime], None] | None = None) -> None:
     """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker."""
-    from forge_load.nvml import mig_note
-
-    probe = open_probe(config)
-    launcher: Launcher | None = None
+    backend = backend or NvidiaBackend()
+    probe = backend.open_probe(config.gpu)
+    rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
     try:
-        baseline_mib = probe.memory_used_mib() or 0.0
-        launcher = open_launcher(probe.info)
-        own_mib = max((probe.memory_used_mib() or baseline_mib) - baseline_mib, 0.0)
-        start_s = time.monotonic()
-        rt = build(config, probe, launcher, time.monotonic, stream, baseline_mib, own_mib, start_s,
-                   on_reading=wake.set, heartbeat=heartbeat)
+        rt = open_runtime(config, backend, probe, time.monotonic, stream, on_reading=wake.set, heartbeat=heartbeat)
         if on_start is not None:
             on_start(rt)
-        note = mig_note(probe.info)
-        log_start(rt, {"note": note} if note else {})
+        log_start(rt, backend.start_fields(probe.info))
         monitor_thread = threading.Thread(target=rt.monitor.run, args=(time.monotonic, stop), name="monitor",
                                           daemon=True)
         monitor_thread.start()
-        end_s = start_s + config.duration_s if config.duration_s > 0 else float("inf")
+        end_s = rt.start_s + config.duration_s if config.duration_s > 0 else float("inf")
         reason = "duration reached"
         try:
             while True:
@@ -243,8 +221,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
             monitor_thread.join(timeout=MONITOR_JOIN_S)
         # After a GPU failure these may fail too; the first error is the one to report.
         with contextlib.suppress(Exception):
-            if launcher is not None:
-                launcher.close()
+            if rt is not None:
+                rt.launcher.close()
         with contextlib.suppress(Exception):
             probe.close()
 
@@ -267,8 +245,8 @@ class LockedStream:
             self._stream.flush()
 
 
-def gpu_selectors(config: Config) -> list[str]:
-    """The GPUs FORGE_GPUS names: `all` is every GPU NVML (or the simulator) shows, in index order.
+def gpu_selectors(config: Config, backend: Backend) -> list[str]:
+    """The GPUs FORGE_GPUS names: `all` is every GPU the backend shows, in index order.
 
     A GPU named both by index and by UUID is filled once (by its first name): the names are resolved to
     UUIDs before any filler starts, rather than two fillers taking each other for a foreign job.
@@ -279,75 +257,76 @@ def gpu_selectors(config: Config) -> list[str]:
         named = list(config.gpus)
         if all(n.isdigit() for n in named) or not any(n.isdigit() for n in named):
             return named  # config refuses a name given twice; only an index and a UUID can meet
-        uuid_of = _uuids_by_index(config)
+        uuid_of = {str(info.index): info.uuid for info in backend.devices()}
         selectors: list[str] = []
         for name in named:
             if uuid_of.get(name, name) not in {uuid_of.get(s, s) for s in selectors}:
                 selectors.append(name)
         return selectors
-    if config.simulate:
-        return [str(i) for i in range(config.sim.gpus)]
-    from forge_load.nvml import list_devices
-
-    selectors = [str(info.index) for info in list_devices()]
+    selectors = [str(info.index) for info in backend.devices()]
     if not selectors:
         raise NoGpuError("FORGE_GPUS=all but NVML shows no GPU: in Kubernetes, set NVIDIA_VISIBLE_DEVICES=all "
                          "with runtimeClassName: nvidia; in Docker, --gpus all")
     return selectors
 
 
-def _uuids_by_index(config: Config) -> dict[str, str]:
-    if config.simulate:
-        return {str(i): SimGpu(config.sim, VirtualClock(), i).info.uuid for i in range(config.sim.gpus)}
-    from forge_load.nvml import list_devices
-
-    return {str(info.index): info.uuid for info in list_devices()}
+OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools and tests look inside)
 
 
-def run_gpu(config: Config, slot: metrics.GpuSlot, stream: TextIO, stop: threading.Event,
-            wake: threading.Event, heartbeat: Callable[[], None]) -> None:
+def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
+            wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None) -> None:
     """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised."""
+    started: list[Runtime] = []
+
     def beat() -> None:
         slot.beat()
         heartbeat()
 
+    def attach(rt: Runtime) -> None:
+        started.append(rt)
+        slot.attach(rt.info, lambda: rt.filler.status(rt.now()))
+        if on_start is not None:
+            on_start(slot, rt)
+
     try:
-        if config.simulate:
-            run_simulated(config, stream, stop, heartbeat=beat, on_start=slot.attach)
+        if backend.virtual_time:
+            run_simulated(config, stream, stop, heartbeat=beat, on_start=attach)
         else:
-            run_real(config, stream, stop, wake, heartbeat=beat, on_start=slot.attach)
+            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach)
         slot.stopped()
         return
     except NoGpuError as error:
         reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
     except GpuFailedError as error:
         reason, code = str(error), EXIT_GPU_FAILED
-    except Exception as error:  # a bug, but one GPU's: the others go on
+    except Exception as error:  # noqa: BLE001 - a bug, but one GPU's: the others go on
         reason, code = f"internal error, please report: {type(error).__name__}: {error}", EXIT_INTERNAL
     slot.failed(reason, code)
-    if slot.runtime is not None:  # on the filler's own clock, like its other lines
-        slot.runtime.log.emit("error", reason=reason, exit_code=code)
+    if started:  # on the filler's own clock, like its other lines
+        started[0].log.emit("error", reason=reason, exit_code=code)
     else:
         static: dict[str, object] = {"gpu": slot.index, "uuid": slot.uuid or None, "gpu_requested": config.gpu}
         EventLog(config.log_format, stream, static=static).emit("error", t=0.0, reason=reason, exit_code=code)
 
 
 def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
-              fleet: metrics.Fleet, heartbeat: Callable[[], None]) -> int:
+              fleet: Fleet, heartbeat: Callable[[], None], on_start: OnStart | None = None) -> int:
     """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
     stream = cast(TextIO, LockedStream(out))  # EventLog needs only write() and flush()
-    slots: list[metrics.GpuSlot] = []
+    backend = backend_for(config)
+    slots: list[GpuSlot] = []
     threads: list[threading.Thread] = []
     stops: list[tuple[threading.Event, threading.Event]] = []
     ended: list[threading.Event] = []
-    for selector in gpu_selectors(config):
+    for selector in gpu_selectors(config, backend):
         slot = fleet.add(selector)
         gpu_stop, gpu_wake, gpu_ended = threading.Event(), threading.Event(), threading.Event()
 
-        def body(selector: str = selector, slot: metrics.GpuSlot = slot, gpu_stop: threading.Event = gpu_stop,
+        def body(selector: str = selector, slot: GpuSlot = slot, gpu_stop: threading.Event = gpu_stop,
                  gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
             try:
-                run_gpu(dataclasses.replace(config, gpu=selector), slot, stream, gpu_stop, gpu_wake, heartbeat)
+                run_gpu(dataclasses.replace(config, gpu=selector), backend, slot, stream, gpu_stop, gpu_wake,
+                        heartbeat, on_start)
             finally:
                 gpu_ended.set()
                 wake.set()  # the main thread counts the fillers still running
@@ -448,7 +427,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
     error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
-    fleet = metrics.Fleet(config.health_max_age_s, simulated=config.simulate)
+    fleet = Fleet(config.health_max_age_s, simulated=config.simulate)
     server: metrics.MetricsServer | None = None
     if config.metrics_port is not None:
         try:
@@ -467,7 +446,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
     except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none
         say(f"forge-load: no usable GPU: {error}")
         code = EXIT_NO_GPU
-    except Exception as error:  # a bug: say so in one line, keep the traceback out of docker logs
+    except Exception as error:  # noqa: BLE001 - a bug: one line, not a traceback in docker logs
         error_log.emit("error", reason=f"internal error, please report: {type(error).__name__}: {error}",
                        exit_code=EXIT_INTERNAL)
         code = EXIT_INTERNAL

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from forge_load import __version__
 from forge_load.log import escape_controls
@@ -71,6 +71,7 @@ class Config:
     sim: SimConfig = field(default_factory=SimConfig)
 
 
+MAX_FOREIGN_SAMPLES = 100  # the Monitor keeps this many judged sample windows for the signals
 CONTROLLER_NAMES = ("pi", "legacy")  # controller.make_controller makes each of these
 
 # Boost target used when none is given; a target above it means "no boost" rather than an error.
@@ -191,7 +192,8 @@ def _ratio_value(
         value = _float_of(text, accepted)
         if value > 1:
             # The legacy TARGET was a percent; FORGE_* ratios are not, so "50" is ambiguous.
-            hint = f" (did you mean {text}%?)" if _in_range(value / 100, low, low_inclusive, high, high_inclusive) else ""
+            fits_as_percent = _in_range(value / 100, low, low_inclusive, high, high_inclusive)
+            hint = f" (did you mean {text}%?)" if fits_as_percent else ""
             raise _Rejected(accepted, f"a ratio above 1 needs %{hint}")
     if not _in_range(value, low, low_inclusive, high, high_inclusive):
         raise _Rejected(accepted, "out of range")
@@ -426,7 +428,8 @@ def parse_ratio(
     parser = partial(
         _ratio_value, low=low, low_inclusive=low_inclusive, high=high, high_inclusive=high_inclusive, example=example
     )
-    return _apply(name, raw, parser)
+    ratio: float = _apply(name, raw, parser)
+    return ratio
 
 
 def _shown(raw: str) -> str:
@@ -446,7 +449,7 @@ def _unusable(raw: str) -> str | None:
     return None
 
 
-def _apply(name: str, raw: str, parser: Callable[[str], object], also: str = "") -> object:
+def _apply(name: str, raw: str, parser: Callable[[str], Any], also: str = "") -> Any:
     why = _unusable(raw)
     try:
         if why is None:
@@ -511,7 +514,7 @@ SETTINGS: tuple[Setting, ...] = (
             partial(_ratio_value, high_inclusive=False, example=0.1),
             "utilization beyond our own share that means a foreign job; default 0.1"),
     Setting("foreign_util_samples", "FORGE_FOREIGN_SAMPLES", "--foreign-samples",
-            partial(_int_value, low=1, high=100), "consecutive samples over that needed; default 2"),
+            partial(_int_value, low=1, high=MAX_FOREIGN_SAMPLES), "consecutive samples over that needed; default 2"),
     Setting("use_process_list", "FORGE_USE_PROCESS_LIST", "--process-list", _bool_value,
             "treat other processes on the GPU as foreign jobs; default on", boolean=True),
     Setting("simulate", "FORGE_SIMULATE", "--simulate", _bool_value,
@@ -591,7 +594,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 class _Given:
     name: str  # the env variable or flag it came from
     raw: str
-    value: object
+    value: Any  # of the type its setting's Config field has (tests/test_config.py checks every parser's)
 
 
 def _read(setting: Setting, args: argparse.Namespace, env: Mapping[str, str]) -> _Given | None:
@@ -623,26 +626,26 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         if got is not None:
             given[s.key] = got
 
-    top: dict[str, object] = {k: g.value for k, g in given.items() if "." not in k}
-    sim: dict[str, object] = {k.split(".", 1)[1]: g.value for k, g in given.items() if "." in k}
-
-    target = float(top.get("target_ratio", Config.target_ratio))  # type: ignore[arg-type]
+    # Each value was checked by its setting's parser; replace() takes them by name, typed by the dataclass.
+    config = dataclasses.replace(
+        Config(), **{k: g.value for k, g in given.items() if "." not in k},
+        sim=dataclasses.replace(SimConfig(), **{k.split(".", 1)[1]: g.value for k, g in given.items() if "." in k}))
     boost = given.get("boost_target_ratio")
     if boost is None:
         # An operator who asks for more than the default boost means "this much", not "error".
-        top["boost_target_ratio"] = max(DEFAULT_BOOST_TARGET, target)
-    elif float(boost.value) < target:  # type: ignore[arg-type]
+        config = dataclasses.replace(config, boost_target_ratio=max(DEFAULT_BOOST_TARGET, config.target_ratio))
+    elif config.boost_target_ratio < config.target_ratio:
         t = given.get("target_ratio")
         target_text = (f"{t.name}={_shown(t.raw)}" if t
-                       else f"the default target {_num(target)} ({_BY_KEY['target_ratio'].env})")
+                       else f"the default target {_num(config.target_ratio)} ({_BY_KEY['target_ratio'].env})")
         raise ConfigError(
             f"{boost.name}={_shown(boost.raw)} is below {target_text}: expected a boost target >= the target "
-            f"and <= 1 (or leave {boost.name} unset to boost to {_num(max(DEFAULT_BOOST_TARGET, target))})"
+            f"and <= 1 (or leave {boost.name} unset to boost to "
+            f"{_num(max(DEFAULT_BOOST_TARGET, config.target_ratio))})"
         )
     _check_gpu_choice(given)
-    _check_sim_devices(given, int(sim.get("gpus", SimConfig.gpus)))  # type: ignore[call-overload]
-    _check_sim_jobs(given)
-    config = Config(**top, sim=SimConfig(**sim))  # type: ignore[arg-type]
+    _check_sim_devices(config.sim, given)
+    _check_sim_jobs(config.sim, given)
     return _check_health_max_age(config, given)
 
 
@@ -709,16 +712,13 @@ def _check_gpu_choice(given: Mapping[str, _Given]) -> None:
         )
 
 
-def _check_sim_devices(given: Mapping[str, _Given], count: int) -> None:
-    """Devices named by the simulator's settings must exist among the `count` simulated GPUs."""
-    foreign, fail = given.get("sim.foreign_gpus"), given.get("sim.fail_gpus")
-    named: list[tuple[_Given, int]] = []
-    if foreign is not None and foreign.value is not None:
-        named += [(foreign, i) for i in foreign.value]  # type: ignore[attr-defined]
-    if fail is not None:
-        named += [(fail, i) for i, _ in fail.value]  # type: ignore[attr-defined]
-    for got, device in named:
+def _check_sim_devices(sim: SimConfig, given: Mapping[str, _Given]) -> None:
+    """Devices named by the simulator's settings must exist among the simulated GPUs."""
+    count = sim.gpus
+    named = [("sim.foreign_gpus", i) for i in sim.foreign_gpus or ()] + [("sim.fail_gpus", i) for i, _ in sim.fail_gpus]
+    for key, device in named:
         if device >= count:
+            got = given[key]
             count_name = given["sim.gpus"].name if "sim.gpus" in given else "the default " + _BY_KEY["sim.gpus"].env
             devices = "device 0" if count == 1 else f"devices 0 to {count - 1}"
             raise ConfigError(
@@ -727,14 +727,12 @@ def _check_sim_devices(given: Mapping[str, _Given], count: int) -> None:
             )
 
 
-def _check_sim_jobs(given: Mapping[str, _Given]) -> None:
+def _check_sim_jobs(sim: SimConfig, given: Mapping[str, _Given]) -> None:
     """Visible and hidden simulated jobs together must not overlap, as within each list."""
-    shown, hidden = given.get("sim.foreign_s"), given.get("sim.foreign_hidden_s")
-    if shown is None or hidden is None:
-        return
-    spans = sorted([*shown.value, *hidden.value])  # type: ignore[misc]
+    spans = sorted([*sim.foreign_s, *sim.foreign_hidden_s])
     for (a, b), (c, d) in zip(spans, spans[1:]):
         if c < b:  # each list is free of overlaps already, so this pair has one of each
+            shown, hidden = given["sim.foreign_s"], given["sim.foreign_hidden_s"]
             raise ConfigError(
                 f"{hidden.name}={hidden.raw!r} overlaps {shown.name}={shown.raw!r} ({_num(a)}-{_num(b)} and "
                 f"{_num(c)}-{_num(d)}): expected jobs that do not overlap, visible or hidden"

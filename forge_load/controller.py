@@ -1,40 +1,22 @@
-"""Control laws: (target, measured utilization) -> the next Plan for the Worker.
+"""Control laws: (target, samples of the held quantity) -> the next Plan for the Worker.
 
 Pure Python on purpose: no numba, no pynvml, no clock of its own. Time arrives with the samples.
 
-NVML utilization is the share of time during which any kernel ran (docs/DESIGN.md §1), so the quantity
-we steer is our own busy share of time (the duty). The multiplier only sizes each kernel: the PI law
-keeps the largest kernel near `slice_s`, and sets the Worker's period to a whole fraction of the sample
-window, so that every window holds the same number of bursts.
+What we steer is our own busy share of time (the duty); the held quantity (quantity.py; today NVML's
+utilization, docs/DESIGN.md §1) says which duty holds a target before any feedback. The multiplier only sizes
+each kernel: the PI law keeps the largest kernel near `slice_s`, and sets the Worker's period to a whole
+fraction of the sample window, so that every window holds the same number of bursts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from forge_load.probe import UtilSample
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the Worker should do until the next plan.
-
-    multiplier: grid size in blocks per SM: the largest kernel the Worker launches.
-    duty_ratio: the share of wall time our kernels should be running; 0 launches nothing.
-    gap_s: a fixed sleep after each launch completes (the legacy law's pacing); 0 paces by duty alone.
-    period_s: how often the Worker queues a burst; 0 leaves it to the Worker. One that divides NVML's
-        sample window gives every window the same busy share.
-    """
-
-    multiplier: int
-    duty_ratio: float
-    gap_s: float = 0.0
-    period_s: float = 0.0
-
-
-IDLE_PLAN = Plan(multiplier=1, duty_ratio=0.0)
+from forge_load.quantity import UTILIZATION, Quantity
+from forge_load.worker import Plan
 
 
 class Controller(Protocol):
@@ -43,9 +25,9 @@ class Controller(Protocol):
     def start(self, now_s: float) -> None:
         """Begin (or resume) filling at `now_s`; samples whose window started earlier are ignored."""
 
-    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+    def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
                launch_s: float | None) -> Plan:
-        """Take the samples that arrived since the last call and return the plan to follow."""
+        """Take the samples of the held quantity that arrived since the last call; the plan to follow."""
 
 
 class PiController:
@@ -59,9 +41,10 @@ class PiController:
 
     name = "pi"
 
-    def __init__(self, slice_s: float = 0.010, burst_s: float = 1.0 / 12.0, max_period_s: float = 1.0 / 6.0,
-                 ki_per_s: float = 0.6, max_gain: float = 0.3, max_multiplier: int = 4096,
-                 initial_multiplier: int = 8) -> None:
+    def __init__(self, quantity: Quantity = UTILIZATION, slice_s: float = 0.010, burst_s: float = 1.0 / 12.0,
+                 max_period_s: float = 1.0 / 6.0, ki_per_s: float = 0.6, max_gain: float = 0.3,
+                 max_multiplier: int = 4096, initial_multiplier: int = 8) -> None:
+        self.quantity = quantity
         self.slice_s = slice_s
         self.burst_s = burst_s
         self.max_period_s = max_period_s
@@ -69,48 +52,49 @@ class PiController:
         self.max_gain = max_gain
         self.max_multiplier = max_multiplier
         self.multiplier = initial_multiplier
-        self.integral_ratio = 0.0
+        self.integral_duty = 0.0
         self._filling_since_s = float("inf")
 
     def start(self, now_s: float) -> None:
         self._filling_since_s = now_s
 
-    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+    def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
                launch_s: float | None) -> Plan:
         # Per-sample gain grows with the window but stays well below the one-sample-delay limit (0.5).
         gain = min(self.ki_per_s * window_s, self.max_gain)
+        feed_forward = self.quantity.duty_for(target)
         for sample in samples:
             if sample.t_s - window_s < self._filling_since_s:
                 continue  # the window saw the GPU before we filled it
-            self.integral_ratio += gain * (target_ratio - sample.ratio)
-        self.integral_ratio = min(max(self.integral_ratio, -target_ratio), 1.0 - target_ratio)
+            self.integral_duty += gain * (target - sample.ratio) / self.quantity.per_duty
+        self.integral_duty = min(max(self.integral_duty, -feed_forward), 1.0 - feed_forward)
         if launch_s is not None and launch_s > 0:
             scale = self.slice_s / launch_s
             if not 0.7 <= scale <= 1.4:  # dead band: kernel time moves in whole waves
                 self.multiplier = min(max(round(self.multiplier * scale), 1), self.max_multiplier)
-        return Plan(multiplier=self.multiplier, duty_ratio=target_ratio + self.integral_ratio,
-                    period_s=self.period_for(target_ratio, window_s))
+        return Plan(multiplier=self.multiplier, duty_ratio=feed_forward + self.integral_duty,
+                    period_s=self.period_for(feed_forward, window_s))
 
-    def period_for(self, target_ratio: float, window_s: float) -> float:
-        """How often the Worker queues a burst: the longest period, up to `max_period_s`, whose burst at the
-        target is at most `burst_s` and that divides the sample window, so that each window holds whole
+    def period_for(self, duty: float, window_s: float) -> float:
+        """How often the Worker queues a burst: the longest period, up to `max_period_s`, whose burst at this
+        duty is at most `burst_s` and that divides the sample window, so that each window holds whole
         bursts.
 
         Halvings of `max_period_s` come first: they divide every window of 1/6, 1/2 and 1 s (and 1/12 s
         divides 1/4 s too), so the period does not change when the window is learned after the first
-        samples, which would upset one window. It is chosen by the target, not the duty, so that the
-        integral's small steps never change it. The window is learned from sample stamps: a hair over a
-        multiple is that multiple."""
+        samples, which would upset one window. It is chosen by the target's feed-forward duty, not the
+        integral's, so that the integral's small steps never change it. The window is learned from sample
+        stamps: a hair over a multiple is that multiple."""
         if window_s <= 0:
             return 0.0
         period_s = self.max_period_s
-        while target_ratio * period_s > self.burst_s * 1.001 and period_s > self.burst_s / 64:
+        while duty * period_s > self.burst_s * 1.001 and period_s > self.burst_s / 64:
             period_s /= 2
         parts = window_s / period_s
         if parts >= 0.99 and abs(parts - round(parts)) <= 0.01 * parts:
             return window_s / round(parts)
         parts = max(math.ceil(window_s / self.max_period_s - 0.01),
-                    math.ceil(target_ratio * window_s / self.burst_s - 0.01), 1)
+                    math.ceil(duty * window_s / self.burst_s - 0.01), 1)
         return window_s / parts
 
 
@@ -147,15 +131,15 @@ class LegacyController:
         self._run = []
         self._idle_until_s = float("-inf")
 
-    def update(self, target_ratio: float, samples: Sequence[UtilSample], window_s: float,
+    def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
                launch_s: float | None) -> Plan:
         for sample in samples:
             self._last_s = max(self._last_s, sample.t_s)
-            self._observe(target_ratio, sample)
+            self._observe(target, sample)
         duty = 0.0 if self._last_s < self._idle_until_s else 1.0
         return Plan(multiplier=self.multiplier, duty_ratio=duty, gap_s=self.gap_s)
 
-    def _observe(self, target_ratio: float, sample: UtilSample) -> None:
+    def _observe(self, target: float, sample: UtilSample) -> None:
         if sample.t_s < self._idle_until_s:
             return
         if self._run_start_s is None:
@@ -164,25 +148,28 @@ class LegacyController:
         if sample.t_s - self._run_start_s < self.run_s:
             return
         mean_ratio = sum(s.ratio for s in self._run) / len(self._run)
-        if mean_ratio < 0.9 * target_ratio:
+        if mean_ratio < 0.9 * target:
             self.multiplier_f = min(self.multiplier_f * 1.2, self.max_multiplier)
-        elif mean_ratio > 1.2 * target_ratio:
+        elif mean_ratio > 1.2 * target:
             self.multiplier_f = max(self.multiplier_f / 1.5, 1.0)
         peak_ratio = max(s.ratio for s in self._run if s.t_s >= sample.t_s - self.peak_window_s)
         self._run_start_s = sample.t_s
         self._run = []
-        if peak_ratio > 1.1 * target_ratio:
+        if peak_ratio > 1.1 * target:
             self._idle_until_s = sample.t_s + self.idle_s
             self._run_start_s = self._idle_until_s
 
 
-CONTROLLERS: dict[str, type[PiController] | type[LegacyController]] = {
-    PiController.name: PiController, LegacyController.name: LegacyController}
+# name -> a fresh controller holding the quantity (the legacy law, the original's, knows utilization only).
+CONTROLLERS: dict[str, Callable[[Quantity], Controller]] = {
+    PiController.name: PiController,
+    LegacyController.name: lambda _quantity: LegacyController(),
+}
 
 
-def make_controller(name: str) -> Controller:
-    """A fresh controller of that name (config.py accepts exactly these names)."""
+def make_controller(name: str, quantity: Quantity = UTILIZATION) -> Controller:
+    """A fresh controller of that name (config.py accepts exactly these names), holding `quantity`."""
     try:
-        return CONTROLLERS[name]()
+        return CONTROLLERS[name](quantity)
     except KeyError:
         raise ValueError(f"no controller {name!r}: expected one of {', '.join(CONTROLLERS)}") from None

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from forge_load.controller import IDLE_PLAN, Controller
+from forge_load.controller import Controller
 from forge_load.log import EventLog
-from forge_load.monitor import Monitor, Reading, ShareSample
+from forge_load.monitor import Monitor, Reading
 from forge_load.policy import Policy, State
-from forge_load.probe import UtilSample
-from forge_load.worker import Worker
+from forge_load.quantity import UTILIZATION, Quantity
+from forge_load.signals import ShareSample
+from forge_load.status import GpuStatus
+from forge_load.worker import IDLE_PLAN, Worker
 
 
 @dataclass
@@ -29,8 +31,9 @@ class IntervalStats:
 class Filler:
     def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy,
                  log: EventLog, start_s: float, log_interval_s: float, stale_after_s: float = 2.0,
-                 heartbeat: Callable[[], None] | None = None) -> None:
+                 heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION) -> None:
         self.monitor = monitor
+        self.quantity = quantity  # what the target is a target of
         self.worker = worker
         self.controller = controller
         self.policy = policy
@@ -68,7 +71,7 @@ class Filler:
         due_s = self.worker.step(now_s)
         if self._draining and not self.worker.in_flight:
             self._draining = False
-            self.log.emit("drained", t=now_s - self.start_s, **self.fields(),
+            self.log.emit("drained", t=now_s - self.start_s, **self.fields(now_s),
                           last_kernel_end_t=round(self.worker.busy_log.last_end_s - self.start_s, 6))
         if now_s >= self._next_status_s:
             self._status(now_s)
@@ -88,9 +91,8 @@ class Filler:
             self._stats.count += 1
         self._decide(now_s, reading.reason, reading)
         if self.policy.state is not State.YIELDING:
-            samples = [UtilSample(s.t_s, s.util_ratio) for s in reading.samples]
-            plan = self.controller.update(self.policy.current_target_ratio, samples, reading.window_s,
-                                          self.worker.launch_s)
+            plan = self.controller.update(self.policy.current_target, self.quantity.samples(reading),
+                                          reading.window_s, self.worker.launch_s)
             self.worker.set_plan(plan)
 
     def _decide(self, now_s: float, reason: str | None, reading: Reading | None = None) -> None:
@@ -110,7 +112,7 @@ class Filler:
         extra: dict[str, object] = {}
         if reading is not None and reading.signals:
             extra["signals"] = ",".join(reading.signals)
-        fields = self.fields()
+        fields = self.fields(now_s)
         fields.update(reason=transition.reason, **extra)
         self.log.emit(transition.event, t=now_s - self.start_s, **fields)
 
@@ -123,7 +125,7 @@ class Filler:
         extra: dict[str, object] = {}
         if self.last is not None and self.last.power_w is not None:
             extra["power_w"] = round(self.last.power_w, 1)
-        fields = self.fields()
+        fields = self.fields(now_s)
         fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
                       foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
         self.log.emit("status", t=now_s - self.start_s, **fields)
@@ -131,17 +133,38 @@ class Filler:
         while self._next_status_s <= now_s:
             self._next_status_s += self.log_interval_s
 
-    def fields(self) -> dict[str, object]:
+    def status(self, now_s: float) -> GpuStatus:
+        """The snapshot the log lines and the metrics both read."""
+        last, share, policy = self.last, self.last_share, self.policy
+        plan = self.worker.plan
+        return GpuStatus(
+            state=policy.state.value,
+            target=policy.target if policy.state is State.YIELDING else policy.current_target,
+            holding=policy.current_target,
+            util_ratio=share.util_ratio if share else None,
+            own_ratio=share.own_ratio if share else None,
+            foreign_ratio=share.foreign_ratio if share else None,
+            multiplier=plan.multiplier if plan.duty_ratio > 0 else 0,
+            own_mem_mib=last.own_mem_mib if last is not None else None,
+            power_w=last.power_w if last is not None else None,
+            temperature_c=last.temperature_c if last is not None else None,
+            yields=self.yields,
+            yielding_s=self.seconds_yielding(now_s),
+            own_busy_s=self.worker.busy_log.total_busy_s,
+        )
+
+    def fields(self, now_s: float) -> dict[str, object]:
         """The fields every event line of this GPU carries: state, target, latest shares, multiplier, memory."""
-        last, share = self.last, self.last_share
-        return {
-            "state": self.policy.state.value,
-            "target": self.policy.current_target_ratio if self.policy.state is not State.YIELDING
-            else self.policy.target_ratio,
-            "util": share.util_ratio if share else None,
-            "own": share.own_ratio if share else None,
-            "foreign": share.foreign_ratio if share else None,
-            "multiplier": self.worker.plan.multiplier if self.worker.plan.duty_ratio > 0 else 0,
-            "gpu_mem_mib": round(last.own_mem_mib, 1) if last is not None and last.own_mem_mib is not None
-            else None,
-        }
+        return line_fields(self.status(now_s))
+
+
+def line_fields(status: GpuStatus) -> dict[str, object]:
+    return {
+        "state": status.state,
+        "target": status.target,
+        "util": status.util_ratio,
+        "own": status.own_ratio,
+        "foreign": status.foreign_ratio,
+        "multiplier": status.multiplier,
+        "gpu_mem_mib": round(status.own_mem_mib, 1) if status.own_mem_mib is not None else None,
+    }

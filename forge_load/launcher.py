@@ -1,7 +1,8 @@
 """The Launcher on a real GPU: our CUDA context, one stream, and the host times of our kernels.
 
-numba-cuda and cuda-bindings are imported only here (and in kernels.py, which holds the kernel). The timeline arithmetic is
-pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the rest (docs/DESIGN.md §3, §8).
+numba-cuda and cuda-bindings are imported only here (and in kernels.py, which holds the kernel). The timeline
+arithmetic is pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the rest
+(docs/DESIGN.md §3, §8).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from forge_load.probe import GpuFailedError, NoGpuError
 from forge_load.worker import Completed
@@ -300,12 +302,12 @@ def _stack_limit(stack_bytes: int) -> tuple[int | None, int | None]:
     limit = drv.binding.CUlimit.CU_LIMIT_STACK_SIZE
     try:
         default = int(drv.driver.cuCtxGetLimit(limit))
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: a driver that refuses keeps its default
         return None, None
     if default <= stack_bytes:
         return default, default
     try:
         drv.driver.cuCtxSetLimit(limit, stack_bytes)
         return default, int(drv.driver.cuCtxGetLimit(limit))
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort, as above
         return default, default

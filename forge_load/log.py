@@ -12,7 +12,8 @@ import math
 import re
 import sys
 import threading
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 # The fields every status-like line carries, in this order; anything else follows.
 CORE_FIELDS = ("t", "event", "state", "target", "util", "own", "foreign", "multiplier", "gpu_mem_mib", "reason")
@@ -32,7 +33,8 @@ class EventLog:
         t_s = fields.pop("t", None)
         if t_s is None and self.clock is not None:
             t_s = self.clock() - self.start_s
-        record: dict[str, object] = {"t": round(float(t_s), 3) if t_s is not None else None, "event": event}
+        record: dict[str, object] = {"t": round(float(t_s), 3) if isinstance(t_s, (int, float)) else None,
+                                     "event": event}
         record.update(self.static)
         record.update(fields)
         ordered = {k: record[k] for k in CORE_FIELDS if k in record}

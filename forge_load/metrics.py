@@ -1,7 +1,7 @@
-"""What operators see from outside the process: each GPU's status, Prometheus metrics and `/health`.
+"""Prometheus metrics and `/health` over HTTP, from the fleet's status (status.py).
 
-One GpuSlot per filler: its run thread writes it, the HTTP server's threads read it. Metrics are read from
-the live fillers at scrape time (a custom collector), so the run loops do no metrics work at all.
+Metrics are read from each filler's status snapshot at scrape time (a custom collector), so the run loops do
+no metrics work at all.
 
 prometheus_client is optional (the `[metrics]` extra): this module imports it only when the server starts,
 so forge_load runs without it while FORGE_METRICS_PORT is unset.
@@ -22,19 +22,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import IO, Any, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from forge_load import __version__
 from forge_load.config import ConfigError
-from forge_load.probe import NoGpuError
-
-if TYPE_CHECKING:
-    from forge_load.app import Runtime
+from forge_load.status import STATES, Fleet
 
 MIB_BYTES = 1024 * 1024
-# Every value forge_load_state's `state` label takes; exactly one is 1 per GPU.
-STATES = ("starting", "filling", "yielding", "boosted", "stopped", "failed")
 # dcgm-exporter's label names (case included), so `on(UUID)` joins our series with DCGM_FI_* ones.
 GPU_LABELS = ["gpu", "UUID"]
 # How often the accept loop looks for a shutdown request: close() returns within this.
@@ -43,7 +38,7 @@ POLL_INTERVAL_S = 0.2
 # name (as exposed) -> (type, help). The README's metric table and the dashboard test read this.
 METRICS: dict[str, tuple[str, str]] = {
     "forge_load_build_info": ("gauge", "Always 1; labels: version, python_version, simulated"),
-    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, Hostname (the node)"),
+    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, hostname (the node)"),
     "forge_load_up": ("gauge", "1 while this GPU's filler loop is alive and fresh (what /health checks), else 0"),
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
     "forge_load_target_ratio": ("gauge", "Utilization the filler holds now: the target, the boost target "
@@ -61,114 +56,12 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-class GpuSlot:
-    """One GPU's filler as seen from outside the process."""
-
-    def __init__(self, requested: str, clock: Callable[[], float] = time.monotonic,
-                 fleet: Fleet | None = None) -> None:
-        self.requested = requested  # the index or UUID asked for, until the GPU is open
-        self.clock = clock
-        self.fleet = fleet
-        self.runtime: Runtime | None = None
-        self.index: int | None = int(requested) if requested.isdigit() else None
-        self.uuid = "" if requested.isdigit() else requested
-        self.model = ""
-        self.status = "starting"  # starting -> running -> stopped | failed
-        self.reason: str | None = None
-        self.exit_code = 0
-        self.last_beat_s: float | None = None
-
-    def attach(self, runtime: Runtime) -> None:
-        """The GPU is open and its filler built. NoGpuError if another slot already fills this GPU."""
-        if self.fleet is not None:
-            self.fleet.claim(self, runtime.info.uuid)
-        self.runtime = runtime
-        self.index, self.uuid, self.model = runtime.info.index, runtime.info.uuid, runtime.info.name
-        self.status = "running"
-
-    def beat(self) -> None:
-        """Called by the filler's loop (at most once per loop second): the loop is alive."""
-        self.last_beat_s = self.clock()
-
-    def stopped(self) -> None:
-        self.status = "stopped"
-
-    def failed(self, reason: str, exit_code: int) -> None:
-        self.reason, self.exit_code, self.status = reason, exit_code, "failed"
-
-    @property
-    def state(self) -> str:
-        """One of STATES."""
-        if self.status == "running" and self.runtime is not None:
-            return self.runtime.filler.state.value
-        return self.status
-
-    @property
-    def labels(self) -> list[str]:
-        return ["" if self.index is None else str(self.index), self.uuid]
-
-    @property
-    def name(self) -> str:
-        index = "?" if self.index is None else str(self.index)
-        return f"gpu {index} {self.uuid or '(' + self.requested + ')'}"
-
-    def health(self, max_age_s: float) -> tuple[bool, str]:
-        """(alive and fresh, one line for /health)."""
-        if self.status == "failed":
-            return False, f"{self.name}: failed: {self.reason}"
-        if self.status == "stopped":
-            return False, f"{self.name}: stopped"
-        if self.last_beat_s is None:
-            return False, f"{self.name}: starting, no loop heartbeat yet"
-        age_s = self.clock() - self.last_beat_s
-        if age_s > max_age_s:
-            return False, (f"{self.name}: {self.state}, loop stalled: last heartbeat {age_s:.0f} s ago "
-                           f"(limit {max_age_s:g} s)")
-        return True, f"{self.name}: {self.state}, loop heartbeat {age_s:.1f} s ago"
-
-
-class Fleet:
-    """The process's GPU slots; a process with one GPU has one."""
-
-    def __init__(self, max_age_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 simulated: bool = False) -> None:
-        self.max_age_s = max_age_s
-        self.clock = clock
-        self.simulated = simulated
-        self.slots: list[GpuSlot] = []
-        self._owners: dict[str, GpuSlot] = {}
-        self._lock = threading.Lock()
-
-    def add(self, requested: str) -> GpuSlot:
-        slot = GpuSlot(requested, self.clock, self)
-        self.slots = [*self.slots, slot]  # replaced, not appended, so readers iterate a stable list
-        return slot
-
-    def claim(self, slot: GpuSlot, uuid: str) -> None:
-        """One filler per GPU: an index and a UUID naming the same GPU would each take the other for a job."""
-        with self._lock:
-            owner = self._owners.setdefault(uuid, slot)
-        if owner is not slot:
-            raise NoGpuError(f"{uuid} is named twice ({owner.requested!r} and {slot.requested!r} in "
-                             "FORGE_GPUS): it is filled once, by the first")
-
-    def health(self) -> tuple[bool, str]:
-        """(every filler alive and fresh, the /health body: a verdict line, then one line per GPU)."""
-        slots = self.slots
-        if not slots:
-            return False, "unhealthy: no GPU started yet\n"
-        results = [slot.health(self.max_age_s) for slot in slots]
-        bad = sum(not ok for ok, _ in results)
-        verdict = "ok" if not bad else f"unhealthy: {bad} of {len(results)} GPUs"
-        return not bad, "\n".join([verdict, *(line for _, line in results)]) + "\n"
-
-
 class FillerCollector:
     """A prometheus_client collector over a Fleet, read at scrape time."""
 
     def __init__(self, fleet: Fleet, hostname: str | None = None) -> None:
         self.fleet = fleet
-        # dcgm-exporter's Hostname: the node's name (NODE_NAME from the downward API in a pod).
+        # dcgm-exporter's hostname (lowercase since its #655): the node (NODE_NAME, the downward API, in a pod).
         self.hostname = hostname or os.environ.get("NODE_NAME") or socket.gethostname()
 
     def collect(self) -> Iterator[Any]:
@@ -183,7 +76,7 @@ class FillerCollector:
         build = GaugeMetricFamily("forge_load_build_info", METRICS["forge_load_build_info"][1],
                                   labels=["version", "python_version", "simulated"])
         build.add_metric([__version__, platform.python_version(), str(self.fleet.simulated).lower()], 1.0)
-        info = family("forge_load_gpu_info", ["modelName", "Hostname"])
+        info = family("forge_load_gpu_info", ["modelName", "hostname"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
         own, foreign = family("forge_load_own_utilization_ratio"), family("forge_load_foreign_utilization_ratio")
@@ -193,31 +86,27 @@ class FillerCollector:
 
         for slot in self.fleet.slots:
             labels = slot.labels
-            current = slot.state
+            snapshot = slot.snapshot()
+            current = snapshot.state if snapshot is not None and slot.status == "running" else slot.status
             up.add_metric(labels, 1.0 if slot.health(self.fleet.max_age_s)[0] else 0.0)
             for name in STATES:
                 state.add_metric([*labels, name], 1.0 if name == current else 0.0)
-            rt = slot.runtime
-            if rt is None:
+            if snapshot is None:
                 continue
             info.add_metric([*labels, slot.model, self.hostname], 1.0)
-            filler = rt.filler
-            yields.add_metric(labels, float(filler.yields))
-            yielding.add_metric(labels, filler.seconds_yielding(rt.now()))
-            busy.add_metric(labels, rt.worker.busy_log.total_busy_s)
+            yields.add_metric(labels, float(snapshot.yields))
+            yielding.add_metric(labels, snapshot.yielding_s)
+            busy.add_metric(labels, snapshot.own_busy_s)
             if slot.status != "running":
                 continue  # a stopped or failed GPU's last readings would read as current
-            target.add_metric(labels, filler.policy.current_target_ratio)
-            plan = filler.worker.plan
-            multiplier.add_metric(labels, float(plan.multiplier if plan.duty_ratio > 0 else 0))
-            share = filler.last_share
-            if share is not None:
-                util.add_metric(labels, share.util_ratio)
-                own.add_metric(labels, share.own_ratio)
-                foreign.add_metric(labels, share.foreign_ratio)
-            reading = filler.last
-            if reading is not None and reading.own_mem_mib is not None:
-                memory.add_metric(labels, reading.own_mem_mib * MIB_BYTES)
+            target.add_metric(labels, snapshot.holding)
+            multiplier.add_metric(labels, float(snapshot.multiplier))
+            for family_, value in ((util, snapshot.util_ratio), (own, snapshot.own_ratio),
+                                   (foreign, snapshot.foreign_ratio)):
+                if value is not None:
+                    family_.add_metric(labels, value)
+            if snapshot.own_mem_mib is not None:
+                memory.add_metric(labels, snapshot.own_mem_mib * MIB_BYTES)
         yield from (build, info, up, state, target, util, own, foreign, multiplier, memory, yields, yielding, busy)
 
 
@@ -232,7 +121,8 @@ def require_prometheus_client() -> ModuleType:
             f"FORGE_METRICS_PORT (--metrics-port) is set but prometheus_client cannot be imported ({error}): "
             "expected `pip install 'forge-load[metrics]'` (or prometheus_client), or leave FORGE_METRICS_PORT unset"
         ) from None
-    return prometheus_client
+    module: ModuleType = prometheus_client
+    return module
 
 
 def make_registry(fleet: Fleet) -> Any:
@@ -423,7 +313,7 @@ class _Server(ThreadingMixIn, WSGIServer):
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
-        except Exception:
+        except Exception:  # noqa: BLE001 - as socketserver's own: one client's trouble ends its thread only
             self.handle_error(request, client_address)
         finally:
             with self._lock:  # before closing, so no one shuts down a descriptor already reused
@@ -454,6 +344,8 @@ def _report(error: BaseException | None) -> None:
 
 
 class _ServerHandler(ServerHandler):
+    request_handler: WSGIRequestHandler | None = None  # wsgiref sets this back-pointer for its logging
+
     def log_exception(self, exc_info: Any) -> None:
         _report(exc_info[1])
 
@@ -470,14 +362,18 @@ class _QuietHandler(WSGIRequestHandler):
         head = self._read_head()
         if head is None:
             return
-        socket_rfile, self.rfile = self.rfile, io.BytesIO(head)
+        request = io.BytesIO(head)
+        socket_rfile, self.rfile = self.rfile, request
         socket_rfile.close()  # never read: the head came from the socket directly
-        self.raw_requestline = self.rfile.readline()
+        self.raw_requestline = request.readline()
         if not self.parse_request():  # it has answered with an error
             return
-        handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        answer = cast(IO[bytes], self.wfile)  # a socket file: typeshed calls it a BufferedIOBase
+        handler = _ServerHandler(request, answer, self.get_stderr(), self.get_environ(), multithread=False)
         handler.request_handler = self
-        handler.run(self.server.get_app())
+        app = self.server.get_app()
+        if app is not None:
+            handler.run(app)
 
     def _read_head(self) -> bytes | None:
         """The request line and headers, checked; None when an error was answered or the client is gone."""
@@ -526,8 +422,8 @@ def serve(fleet: Fleet, addr: str, port: int, limits: ServerLimits = ServerLimit
     registry = make_registry(fleet)
     server_class = _Server6 if ":" in addr else _Server
     try:
-        server = cast(_Server, make_server(addr, port, make_app(registry, fleet), server_class=server_class,
-                                           handler_class=_QuietHandler))
+        server = make_server(addr, port, make_app(registry, fleet), server_class=server_class,
+                             handler_class=_QuietHandler)
     except OSError as error:
         raise ConfigError(
             f"FORGE_METRICS_PORT={port} is not usable: cannot listen on {addr}:{port} ({error.strerror or error}): "

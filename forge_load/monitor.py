@@ -1,36 +1,20 @@
 """Monitor: reads the probe on a monotonic schedule and publishes a Reading with the foreign verdict.
 
-Foreign activity is any of three signals (docs/DESIGN.md §4), each enough on its own:
-  process      a compute or graphics process on the GPU other than ours (needs the host PID namespace);
-  memory       device memory beyond our own and the baseline (a job's context appears before its kernels);
-  utilization  device utilization beyond our own busy share, for `foreign_util_samples` samples running.
+Each poll gathers what the signals judge (signals.py): the processes on the GPU, device memory beyond ours
+and the baseline, and each new sample window split into our own share and the rest.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from statistics import median
-from typing import Callable
 
-from forge_load.probe import GpuFailedError, Probe, UtilSample
+from forge_load.probe import Probe, UtilSample
+from forge_load.sampling import SampleReader
+from forge_load.signals import DEFAULT_THRESHOLDS, RECENT_SAMPLES, SIGNALS, Observation, ShareSample, Signal, Thresholds
 from forge_load.worker import BusyLog
-
-DEFAULT_WINDOW_S = 1.0 / 6.0
-FALLBACK_AFTER_S = 2.5  # longer than two of the longest (1 s) sample windows
-
-
-@dataclass(frozen=True)
-class ShareSample:
-    """One NVML sample window split into our share and the rest."""
-
-    t_s: float
-    util_ratio: float
-    own_ratio: float
-
-    @property
-    def foreign_ratio(self) -> float:
-        return max(self.util_ratio - self.own_ratio, 0.0)
 
 
 @dataclass(frozen=True)
@@ -59,36 +43,31 @@ class Monitor:
     `start_s` is when we started: samples of windows that began earlier only teach the window length."""
 
     def __init__(self, probe: Probe, busy_log: BusyLog, own_pid: int, baseline_mem_mib: float,
-                 own_mem_context_mib: float, poll_interval_s: float = 0.1, foreign_mem_mib: float = 64.0,
-                 foreign_util_ratio: float = 0.1, foreign_util_samples: int = 2,
-                 use_process_list: bool = True, on_reading: Callable[[], None] | None = None,
-                 start_s: float = float("-inf")) -> None:
+                 own_mem_context_mib: float, thresholds: Thresholds = DEFAULT_THRESHOLDS, poll_interval_s: float = 0.1,
+                 start_s: float = float("-inf"), on_reading: Callable[[], None] | None = None,
+                 signals: Sequence[tuple[str, Signal]] = SIGNALS) -> None:
         self.probe = probe
         self.busy_log = busy_log
         self.own_pid = own_pid
         self.baseline_mem_mib = baseline_mem_mib
         self.own_mem_context_mib = own_mem_context_mib
-        self.start_s = start_s
+        self.thresholds = thresholds
         self.poll_interval_s = poll_interval_s
-        self.foreign_mem_mib = foreign_mem_mib
-        self.foreign_util_ratio = foreign_util_ratio
-        self.foreign_util_samples = foreign_util_samples
-        self.use_process_list = use_process_list
+        self.start_s = start_s
         self.on_reading = on_reading
+        self.signals = tuple(signals)
         self.failure: Exception | None = None  # what ended run(): a GpuFailedError, or a bug
         self._lock = threading.Lock()
         self._latest: Reading | None = None
         self._seq = 0
         self._next_due_s: float | None = None
-        self._last_sample_s = float("-inf")
-        self._last_buffered_s = float("-inf")
+        self._samples = SampleReader(probe)
         self._pending: list[UtilSample] = []
-        self._gaps_s: list[float] = []
-        self._over_count = 0
+        self._recent: deque[ShareSample] = deque(maxlen=RECENT_SAMPLES)
 
     @property
     def window_s(self) -> float:
-        return median(self._gaps_s) if self._gaps_s else DEFAULT_WINDOW_S
+        return self._samples.window_s
 
     def latest(self) -> Reading | None:
         with self._lock:
@@ -113,7 +92,7 @@ class Monitor:
             while not stop.is_set():
                 due_s = self.step(now())
                 stop.wait(max(due_s - now(), 0.0))
-        except Exception as error:  # the filler raises it: a lost GPU exits 4, a bug 1, never silently
+        except Exception as error:  # noqa: BLE001 - the filler raises it: lost GPU 4, bug 1, never silent
             self.failure = error
             if self.on_reading is not None:
                 self.on_reading()
@@ -139,46 +118,21 @@ class Monitor:
             self.baseline_mem_mib = min(self.baseline_mem_mib, used_mib - own_mem_mib)
             foreign_mem_mib = used_mib - own_mem_mib - self.baseline_mem_mib
 
-        signals: list[str] = []
-        reasons: list[str] = []
-        if self.use_process_list and foreign_pids:
-            signals.append("process")
-            reasons.append("process " + ",".join(map(str, foreign_pids[:5])) + " on the GPU")
-        if foreign_mem_mib is not None and foreign_mem_mib > self.foreign_mem_mib:
-            signals.append("memory")
-            reasons.append(f"{foreign_mem_mib:.0f} MiB of device memory beyond ours and the baseline")
-        for share in shares:
-            over = share.foreign_ratio > self.foreign_util_ratio
-            self._over_count = self._over_count + 1 if over else 0
-        if self._over_count >= self.foreign_util_samples:
-            last = shares[-1] if shares else None
-            signals.append("utilization")
-            detail = f" {last.util_ratio:.2f} beyond our own {last.own_ratio:.2f}" if last else ""
-            reasons.append(f"utilization{detail} for {self._over_count} samples")
+        self._recent.extend(shares)
+        seen = Observation(foreign_pids, foreign_mem_mib, tuple(self._recent))
+        fired = [(name, reason) for name, signal in self.signals
+                 if (reason := signal(seen, self.thresholds)) is not None]
         return Reading(
             seq=self._seq, t_s=now_s, window_s=self.window_s, samples=tuple(shares),
             memory_used_mib=used_mib, own_mem_mib=own_mem_mib, own_mem_process_mib=own_process_mib,
             foreign_mem_mib=foreign_mem_mib,
-            foreign_pids=foreign_pids, signals=tuple(signals),
-            reason="; ".join(reasons) if reasons else None,
+            foreign_pids=foreign_pids, signals=tuple(name for name, _ in fired),
+            reason="; ".join(reason for _, reason in fired) or None,
             power_w=self.probe.power_w(), temperature_c=self.probe.temperature_c(),
         )
 
     def _new_samples(self, now_s: float) -> list[UtilSample]:
-        fresh = self.probe.utilization_samples(self._last_sample_s)
-        if fresh:
-            for sample in fresh:
-                if self._last_buffered_s > float("-inf"):
-                    self._gaps_s = (self._gaps_s + [sample.t_s - self._last_buffered_s])[-9:]
-                self._last_buffered_s = sample.t_s
-            self._pending.extend(fresh)
-            self._last_sample_s = fresh[-1].t_s
-        elif now_s - self._last_sample_s >= (self.window_s if fresh is None else FALLBACK_AFTER_S):
-            # No buffered samples (unsupported, or none while idle): read the latest window instead.
-            ratio = self.probe.utilization_ratio()
-            if ratio is not None:
-                self._pending.append(UtilSample(now_s, ratio))
-                self._last_sample_s = now_s
+        self._pending.extend(self._samples.read(now_s))
         # A window can be split into ours and foreign only once every kernel of ours in it is logged, and
         # only if it began after we started: our share of anything earlier is unknown.
         ready_until_s = self.busy_log.complete_until_s

@@ -16,8 +16,9 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any, Callable, Iterable
+from typing import Any, cast
 
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
 
@@ -41,10 +42,6 @@ INSTALL_HINT: str = (
 STAMP_MAX_AGE_S: float = 7 * 86400.0
 STAMP_AHEAD_S: float = 1.0
 
-MIG_NOTE: str = (
-    "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
-    "utilization, and foreign-job detection falls back to processes and memory"
-)
 
 # sampleValType -> the field of the c_nvmlValue_t union that holds the value (nvmlValueType_t).
 _UNION_FIELD_BY_VALUE_TYPE: dict[int, str] = {
@@ -82,7 +79,8 @@ def _load_nvml(nvml: ModuleType | None) -> ModuleType:
         import pynvml  # the only import of pynvml in the project
     except ImportError as err:
         raise NoGpuError(f"cannot import pynvml ({err}): {INSTALL_HINT}") from err
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def _err_class(nvml: ModuleType, name: str) -> type[BaseException]:
@@ -264,11 +262,6 @@ def list_devices(nvml: ModuleType | None = None) -> list[DeviceInfo]:
         return infos
     finally:
         _nvml_shutdown(lib)
-
-
-def mig_note(info: DeviceInfo) -> str | None:
-    """A one-line warning to log at start when the GPU is in MIG mode, else None."""
-    return f"GPU {info.index} ({info.uuid}): {MIG_NOTE}" if info.mig_enabled else None
 
 
 class NvmlProbe:
@@ -489,7 +482,7 @@ def _sample_value(value: Any, value_type: int) -> float:
     number = getattr(value, field, None)
     if number is None:
         number = getattr(value, "uiVal", 0)  # utilization samples are unsigned ints on every driver seen
-    return float(number)
+    return float(cast(float, number))
 
 
 def _used_mib(used_bytes: int | None) -> float | None:

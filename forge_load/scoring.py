@@ -6,9 +6,10 @@ is what a dashboard scraping once a second sees, whatever the GPU's own sample w
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from forge_load.probe import UtilSample
 
@@ -29,6 +30,24 @@ def one_second_readings(samples: Iterable[UtilSample], start_s: float, end_s: fl
         if start_s <= sample.t_s < end_s:
             bins.setdefault(math.floor(sample.t_s - start_s), []).append(sample.ratio)
     return [(start_s + k, sum(v) / len(v)) for k, v in sorted(bins.items())]
+
+
+def busy_samples(spans: Iterable[tuple[float, float]], begin_s: float, end_s: float,
+                 window_s: float = 1 / 6) -> list[UtilSample]:
+    """What NVML would report from one device's kernels alone, given as (start, end) spans: the busy share of
+    each window of `window_s` from `begin_s` to `end_s` (a device runs one kernel at a time: no overlaps)."""
+    ordered = sorted(spans)
+    starts = [a for a, _ in ordered]
+    longest_s = max((b - a for a, b in ordered), default=0.0)
+    samples = []
+    t_s = begin_s + window_s
+    while t_s <= end_s:
+        lo = bisect.bisect_left(starts, t_s - window_s - longest_s)
+        hi = bisect.bisect_left(starts, t_s)
+        busy_s = sum(max(0.0, min(b, t_s) - max(a, t_s - window_s)) for a, b in ordered[lo:hi])
+        samples.append(UtilSample(t_s, busy_s / window_s))
+        t_s += window_s
+    return samples
 
 
 def settle_time_s(readings: Sequence[tuple[float, float]], target_ratio: float, start_s: float,

@@ -18,7 +18,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from forge_load.controller import IDLE_PLAN, Plan
 from forge_load.probe import GpuFailedError
 
 DEFAULT_PERIOD_S = 1.0 / 12.0  # divides every NVML sample window of 1/6 s, 1/4 s, 1/2 s and 1 s
@@ -26,6 +25,26 @@ QUEUE_S = 0.09  # the most work queued at once: a yield's last kernel ends at mo
 MAX_KERNELS = 16  # per launch call: more would cost CPU; kernels then grow past the plan's size
 RETARGET_RATIO = 0.05  # a duty change this large applies at once, not from the next period
 IDLE_WAKE_S = 1.0  # nothing to launch: a new plan comes with a reading, which steps the Worker anyway
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the Worker should do until the next plan.
+
+    multiplier: grid size in blocks per SM: the largest kernel the Worker launches.
+    duty_ratio: the share of wall time our kernels should be running; 0 launches nothing.
+    gap_s: a fixed sleep after each launch completes (the legacy law's pacing); 0 paces by duty alone.
+    period_s: how often the Worker queues a burst; 0 leaves it to the Worker. One that divides NVML's
+        sample window gives every window the same busy share.
+    """
+
+    multiplier: int
+    duty_ratio: float
+    gap_s: float = 0.0
+    period_s: float = 0.0
+
+
+IDLE_PLAN = Plan(multiplier=1, duty_ratio=0.0)
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,7 @@ class BusyLog:
         self._starts: list[float] = []
         self._ends: list[float] = []
         self._complete_until_s = float("-inf")
+        self._idle = False  # nothing of ours in flight since mark_idle
         self.total_busy_s = 0.0
         self.last_end_s = float("-inf")
 
@@ -80,10 +100,24 @@ class BusyLog:
         with self._lock:
             self._complete_until_s = max(self._complete_until_s, t_s)
 
+    def mark_idle(self, t_s: float) -> None:
+        """Every kernel of ours is in the log and none is in flight: the log is complete up to whenever the
+        next launch begins (`launching`), so the Monitor need not wait for the Worker's next wake-up."""
+        with self._lock:
+            self._complete_until_s = max(self._complete_until_s, t_s)
+            self._idle = True
+
+    def launching(self, t_s: float) -> None:
+        """A launch begins at `t_s` (called before the launch call): complete up to here, no further."""
+        with self._lock:
+            if self._idle:
+                self._complete_until_s = max(self._complete_until_s, t_s)
+                self._idle = False
+
     @property
     def complete_until_s(self) -> float:
         with self._lock:
-            return self._complete_until_s
+            return float("inf") if self._idle else self._complete_until_s
 
     def busy_s(self, begin_s: float, end_s: float) -> float:
         """Seconds within [begin_s, end_s] during which one of our kernels was running."""
@@ -153,8 +187,9 @@ class Worker:
         """Collect finished kernels, launch what is due; returns when to call again."""
         duty = min(self.plan.duty_ratio, 1.0)
         if (duty > 0 and self.plan.gap_s <= 0 and not self._in_burst and now_s < self._next_burst_s
-                and self._retarget_from is None):
-            return self._next_burst_s  # woken early (a reading): what is in flight is collected at the burst
+                and self._retarget_from is None and not (self._queue and self._queue[0][0] <= now_s)):
+            # Woken early (by a reading) with nothing due and nothing finished: not even a query.
+            return self._next_burst_s
         self._collect(now_s)
         if duty <= 0:
             self._next_burst_s = float("-inf")  # filling again starts with a burst at once
@@ -221,6 +256,7 @@ class Worker:
         return self._gap_until_s
 
     def _launch(self, now_s: float, multiplier: int, count: int, expected_s: float) -> None:
+        self.busy_log.launching(now_s)
         try:
             self.launcher.launch(multiplier, now_s, count)
         except GpuFailedError:
@@ -252,7 +288,7 @@ class Worker:
                 w = self._ema_weight
                 self._rate_s = rate_s if self._rate_s is None else (1 - w) * self._rate_s + w * rate_s
         if not self._queue:
-            self.busy_log.mark_complete_until(now_s)
+            self.busy_log.mark_idle(now_s)
         elif done:
             self.busy_log.mark_complete_until(done[-1].end_s)
 

@@ -27,7 +27,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 BACKENDS = ("torch", "cupy", "numba")
 DEFAULT_SIZE = {"torch": 4096, "cupy": 4096, "numba": 1024}

@@ -275,11 +275,11 @@ def cmd_up(args: argparse.Namespace, out: Any) -> int:
         if gpu.mig_enabled:
             say(f"warning: GPU {gpu.index} ({gpu.uuid}) is in MIG mode: NVML reports no utilization there")
     # Decide everything before changing anything: a name collision stops the whole `up`.
-    steps = []
+    steps: list[tuple[Any, dict[str, Any], Any, str]] = []  # plan() recreates, starts or keeps only one found
     for gpu in gpus:
         spec = desired(gpu, opts, image.id)
-        existing = find_container(client, spec["name"])
-        steps.append((gpu, spec, existing, plan(existing, spec)))
+        found = find_container(client, spec["name"])
+        steps.append((gpu, spec, found, plan(found, spec)))
     for gpu, spec, existing, action in steps:
         if action == "recreate":
             existing.stop(timeout=STOP_TIMEOUT_S)
@@ -319,8 +319,8 @@ def cmd_down(args: argparse.Namespace, out: Any) -> int:
 def last_status_line(container: Any) -> str:
     """The last status (or start/yield/resume/error/stop) line the filler logged, from `docker logs`."""
     try:
-        raw = container.logs(tail=200, stdout=True, stderr=True).decode(errors="replace")
-    except Exception as error:  # the engine may refuse logs for a container being removed
+        raw: str = container.logs(tail=200, stdout=True, stderr=True).decode(errors="replace")
+    except Exception as error:  # noqa: BLE001 - the engine may refuse logs for a container going away
         return f"(no logs: {_short(error)})"
     lines = [line for line in raw.splitlines() if line.strip()]
     for wanted in ("status", None):

@@ -42,10 +42,14 @@ from typing import Any, NamedTuple, TextIO, cast
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from forge_load import app, metrics  # noqa: E402
-from forge_load.config import Config, load_config  # noqa: E402
-from forge_load.config import SimConfig  # noqa: E402
+from forge_load import app  # noqa: E402
+from forge_load.config import (  # noqa: E402
+    Config,
+    SimConfig,  # noqa: E402
+    load_config,
+)
 from forge_load.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
+from forge_load.status import Fleet, GpuSlot  # noqa: E402
 
 FAIL_GPU = 1
 YIELD_WITHIN_S = 0.5  # from a job's start (its context) to our yield line
@@ -134,7 +138,7 @@ class Sink:
 class Sampler:
     """The fillers' heartbeat (once per loop second of each GPU): samples memory per period of GPU 0's time."""
 
-    def __init__(self, fleet: metrics.Fleet, trace: bool, period_s: float) -> None:
+    def __init__(self, fleet: Fleet, trace: bool, period_s: float) -> None:
         self.fleet = fleet
         self.trace = trace
         self.period_s = period_s
@@ -143,21 +147,28 @@ class Sampler:
         self._period_wall_s = time.perf_counter()
         self._period_cpu_s = time.process_time()
         self._lock = threading.Lock()
+        self.runtimes: dict[str, app.Runtime] = {}
+
+    def started(self, slot: GpuSlot, rt: app.Runtime) -> None:
+        """app.run_fleet's on_start: keep each GPU's runtime to look inside."""
+        with self._lock:
+            self.runtimes[slot.requested] = rt
 
     def __call__(self) -> None:
         slots = self.fleet.slots
-        if len(slots) < 2 or slots[0].runtime is None:
+        runtimes = [self.runtimes.get(slot.requested) for slot in slots[:2]]
+        if len(slots) < 2 or runtimes[0] is None:
             return
         with self._lock:
-            rt = slots[0].runtime
+            rt = runtimes[0]
             index = int(rt.now() // self.period_s)
             while len(self.rows) <= index:
                 self._close_period()
                 self.rows.append(Period(len(self.rows), len(self.rows) * self.period_s))
             row = self.rows[index]
-            for i, slot in enumerate(slots[:2]):
-                if slot.runtime is not None:
-                    gpu: SimGpu = slot.runtime.probe.gpu  # type: ignore[attr-defined]
+            for i, gpu_rt in enumerate(runtimes):
+                if gpu_rt is not None:
+                    gpu: SimGpu = gpu_rt.probe.gpu  # type: ignore[attr-defined]
                     row.kernels_kept_max[i] = max(row.kernels_kept_max[i], len(gpu._starts), len(gpu._ends))
             minute = int(rt.now() // 60)
             if minute != self._last_minute:
@@ -207,14 +218,15 @@ def run_soak(hours: float = 24.0, target: float = 0.5, resume_after_s: float = 2
              longest_gap_s: float = 60.0) -> Soak:
     jobs = schedule(hours, resume_after_s, seed, longest_s, longest_gap_s)
     config = soak_config(hours, jobs, fail_at_s, target, resume_after_s)
-    fleet = metrics.Fleet(simulated=True)
+    fleet = Fleet(simulated=True)
     sink, sampler = Sink(), Sampler(fleet, trace, period_s)
     if trace:
         tracemalloc.start()
     wall_s, cpu_s = time.perf_counter(), time.process_time()
     try:
         stream = cast(TextIO, sink)  # EventLog needs only write() and flush()
-        code = app.run_fleet(config, stream, threading.Event(), threading.Event(), fleet, sampler)
+        code = app.run_fleet(config, stream, threading.Event(), threading.Event(), fleet, sampler,
+                             on_start=sampler.started)
         sampler.finish()
     finally:
         if trace:
@@ -275,17 +287,19 @@ def verify(soak: Soak) -> list[str]:
         problems.append(f"kernel lists grew to {longest}, over {bound} ({soak.history_s:.1f} s of history)")
     # Flat: the second half's peaks are those of the first. Period 0 is left out: it holds the start and
     # GPU 1's life. Peaks, not means, since a period spent yielding holds fewer kernels than one filling.
-    rows = [row for row in soak.rows if row.start_s >= soak.fail_at_s]
-    early, late = rows[:len(rows) // 2], rows[len(rows) // 2:]
-    if not early or not late:
-        problems.append(f"too short to judge memory: {len(rows)} periods after GPU {FAIL_GPU} was lost")
+    periods = [row for row in soak.rows if row.start_s >= soak.fail_at_s]
+    first_half, second_half = periods[:len(periods) // 2], periods[len(periods) // 2:]
+    if not first_half or not second_half:
+        problems.append(f"too short to judge memory: {len(periods)} periods after GPU {FAIL_GPU} was lost")
         return problems
-    blocks_early, blocks_late = max(r.blocks_max for r in early), max(r.blocks_max for r in late)
+    blocks_early = max(p.blocks_max for p in first_half)
+    blocks_late = max(p.blocks_max for p in second_half)
     if blocks_late > blocks_early * (1 + BLOCKS_SLACK_RATIO):
-        problems.append(f"allocated blocks grew from {blocks_early} (periods {early[0].index}-{early[-1].index}) to "
-                        f"{blocks_late} (periods {late[0].index}-{late[-1].index})")
-    heaps_early = [r.heap_peak_mib for r in early if r.heap_peak_mib is not None]
-    heaps_late = [r.heap_peak_mib for r in late if r.heap_peak_mib is not None]
+        problems.append(f"allocated blocks grew from {blocks_early} (periods {first_half[0].index}-"
+                        f"{first_half[-1].index}) to {blocks_late} (periods {second_half[0].index}-"
+                        f"{second_half[-1].index})")
+    heaps_early = [p.heap_peak_mib for p in first_half if p.heap_peak_mib is not None]
+    heaps_late = [p.heap_peak_mib for p in second_half if p.heap_peak_mib is not None]
     if heaps_early and heaps_late and max(heaps_late) > max(heaps_early) + HEAP_SLACK_MIB:
         problems.append(f"heap peak grew from {max(heaps_early):.2f} MiB to {max(heaps_late):.2f} MiB")
     return problems
@@ -381,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         "fail_gpu": FAIL_GPU, "fail_at_s": soak.fail_at_s, "seed": args.seed, "exit_code": soak.exit_code,
         "jobs": [dataclasses.asdict(j) for j in soak.jobs], "history_s": soak.history_s,
         "kernel_bound": kernel_bound(soak.history_s), "rows": [dataclasses.asdict(r) for r in soak.rows],
-        "query_cost": [dataclasses.asdict(c) for c in costs], "period_s": args.period, "wall_s": soak.wall_s, "cpu_s": soak.cpu_s, "problems": problems,
+        "query_cost": [dataclasses.asdict(c) for c in costs], "period_s": args.period, "wall_s": soak.wall_s,
+        "cpu_s": soak.cpu_s, "problems": problems,
         "python": platform.python_version(), "machine": platform.machine(),
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

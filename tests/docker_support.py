@@ -8,12 +8,15 @@ can never pass as skipped.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -57,6 +60,18 @@ def image(client: Any, name: str = IMAGE) -> Any:
                      "(or docker build -t forge-load .)")
 
 
+def image_prune() -> ModuleType:
+    """scripts/image_prune.py, which says what the image leaves out (LEAVE_OUT) and what the filler loads
+    (RUNTIME_FILES)."""
+    if "image_prune" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("image_prune", ROOT / "scripts" / "image_prune.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["image_prune"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["image_prune"]
+
+
 def docker_cli(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
     """The docker command line, as a person would type it."""
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
@@ -72,7 +87,7 @@ def remove_containers(client: Any, names: list[str] | None = None, name_prefix: 
         if (names and container.name in names) or (name_prefix and container.name.startswith(name_prefix)):
             try:
                 container.remove(force=True)
-            except Exception:
+            except Exception:  # noqa: BLE001 - cleanup: one that will not go must not hide the test's result
                 pass
 
 

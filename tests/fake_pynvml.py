@@ -16,9 +16,10 @@ older driver would.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pynvml
 

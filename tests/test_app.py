@@ -16,8 +16,9 @@ import pytest
 
 from forge_load.app import run_real
 from forge_load.config import load_config
-from forge_load.probe import GpuFailedError, GpuProcess
+from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
 from forge_load.sim import SimGpu, SimLauncher, SimProbe, WallClock
+from forge_load.worker import Launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +61,7 @@ def test_no_gpu_exits_3_with_a_hint() -> None:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
         pytest.skip("this machine has a working NVML")
-    except Exception:
+    except Exception:  # noqa: BLE001 - no NVML here, whatever pynvml raises
         pass
     result = forge("--duration", "1")
     assert result.returncode == 3
@@ -106,7 +107,29 @@ def test_text_and_json_lines_carry_the_same_fields() -> None:
         assert text_line.startswith(f"t={record['t']:.2f} event={record['event']} ")
 
 
-def _threaded(config_flags: str, fail_after_s: float | None = None) -> tuple[list[dict[str, object]], BaseException | None]:
+class Given:
+    """A backend that hands out the probe and launcher it was given: run_real on the simulated GPU in wall time."""
+
+    virtual_time = False
+
+    def __init__(self, probe: Probe, launcher: Launcher) -> None:
+        self.probe, self.launcher = probe, launcher
+
+    def devices(self) -> list[DeviceInfo]:
+        return [self.probe.info]
+
+    def open_probe(self, selector: str) -> Probe:
+        return self.probe
+
+    def open_launcher(self, probe: Probe) -> Launcher:
+        return self.launcher
+
+    def start_fields(self, info: DeviceInfo) -> dict[str, object]:
+        return {}
+
+
+def _threaded(config_flags: str,
+              fail_after_s: float | None = None) -> tuple[list[dict[str, object]], BaseException | None]:
     config = load_config(f"--log-format json {config_flags}".split(), env={})
     gpu = SimGpu(config.sim, WallClock())
     probe = SimProbe(gpu)
@@ -124,7 +147,7 @@ def _threaded(config_flags: str, fail_after_s: float | None = None) -> tuple[lis
     stop, wake = threading.Event(), threading.Event()
     error: BaseException | None = None
     try:
-        run_real(config, out, stop, wake, open_probe=lambda _c: probe, open_launcher=lambda _i: SimLauncher(gpu))
+        run_real(config, out, stop, wake, backend=Given(probe, SimLauncher(gpu)))
     except GpuFailedError as caught:
         error = caught
     return [json.loads(line) for line in out.getvalue().splitlines()], error
@@ -192,8 +215,8 @@ def test_after_a_gpu_failure_nvml_is_closed_only_once_the_monitor_has_stopped() 
     gpu = SimGpu(config.sim, WallClock())
     probe = SlowProbe(gpu)
     with pytest.raises(GpuFailedError):
-        run_real(config, io.StringIO(), threading.Event(), threading.Event(), open_probe=lambda _c: probe,
-                 open_launcher=lambda _i: FailingLauncher(gpu, fail_after_s=0.5))
+        run_real(config, io.StringIO(), threading.Event(), threading.Event(),
+                 backend=Given(probe, FailingLauncher(gpu, fail_after_s=0.5)))
     time.sleep(0.2)  # a Monitor thread left running would query again by now
     assert probe.closed
     assert probe.misuse == []
@@ -213,6 +236,5 @@ def test_a_crash_in_the_monitor_thread_ends_the_run_with_that_error() -> None:
     probe.processes = processes  # type: ignore[method-assign]
     started_s = time.monotonic()
     with pytest.raises(KeyError):
-        run_real(config, io.StringIO(), threading.Event(), threading.Event(), open_probe=lambda _c: probe,
-                 open_launcher=lambda _i: SimLauncher(gpu))
+        run_real(config, io.StringIO(), threading.Event(), threading.Event(), backend=Given(probe, SimLauncher(gpu)))
     assert time.monotonic() - started_s < 2.0  # at once, not at the end of the run

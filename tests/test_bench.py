@@ -1,6 +1,7 @@
-"""scripts/gpu_bench.py: the benchmark on the simulated GPU (short durations), its output format, the goals
-our controller must meet there, and the real-GPU path driven end to end against a fake NVML, with the
-filler on the simulator and the foreign job on numba's CUDA simulator (so it runs in CI without a GPU)."""
+"""scripts/gpu_bench.py (the bench package): the benchmark on the simulated GPU (short durations), its output
+format, the goals our controller must meet there, and the real-GPU path driven end to end against a fake NVML,
+with the filler on the simulator and the foreign job on numba's CUDA simulator (so it runs in CI without a GPU);
+the cpu scenario on the virtual GPU and on the fakes; the README's generated blocks against their results."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from bench import analysis, cli, render, runner
+from bench.results import judge_goals, q, to_json
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_bench.py"
 
@@ -29,18 +33,6 @@ BARE_NUMBERS = {("schema",), ("settings", "seed"), ("gpu", "index")}
 SIM_ARGS = ["--simulate", "--track-s", "20", "--foreign-s", "20", "--warmup-s", "5", "--resume-after", "2"]
 
 
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("gpu_bench", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
-
-
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sim_bench")
@@ -49,7 +41,7 @@ def sim_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        code = bench.main(SIM_ARGS + ["--out", str(out)])
+        code = cli.main(SIM_ARGS + ["--out", str(out)])
     results = json.loads((out / "results.json").read_text())
     return {"code": code, "out": out, "stdout": stdout.getvalue(), "results": results,
             "md": (out / "results.md").read_text()}
@@ -195,18 +187,18 @@ def test_goals_fail_when_the_numbers_miss(sim_run: dict[str, Any]) -> None:
     results = json.loads(json.dumps(sim_run["results"]))
     results["tracking"]["pi"]["0.5"]["settle_s"]["value"] = 9.0
     results["yield"]["pi_visible"]["yield_s"]["value"] = 0.7
-    results["tracking"]["pi"]["0.8"]["mae"] = bench.q(None, "ratio", "never settled")
-    goals = {g["key"]: g for g in bench.judge_goals(results)}
+    results["tracking"]["pi"]["0.8"]["mae"] = q(None, "ratio", "never settled")
+    goals = {g["key"]: g for g in judge_goals(results)}
     assert goals["settle"]["pass"] is False and goals["settle"]["measured"]["value"] == 9.0
     assert goals["yield"]["pass"] is False
     assert goals["mae"]["pass"] is False  # a run that never settled misses the goal
     results["mode"] = "real"
-    results["footprint"] = {"over_bare_mib": bench.q(40.0, "MiB"), "cpu_pct_one_core": bench.q(1.0, "% of one core")}
+    results["footprint"] = {"over_bare_mib": q(40.0, "MiB"), "cpu_pct_one_core": q(1.0, "% of one core")}
     for m in results["yield"].values():
-        m["foreign_throughput_ratio"] = bench.q(0.95, "ratio")
-    goals = {g["key"]: g for g in bench.judge_goals(results)}
+        m["foreign_throughput_ratio"] = q(0.95, "ratio")
+    goals = {g["key"]: g for g in judge_goals(results)}
     assert goals["memory"]["pass"] is False and goals["cpu"]["pass"] is True and goals["foreign"]["pass"] is False
-    assert "**FAIL**" in bench.render_markdown({**results, "goals": list(goals.values())})
+    assert "**FAIL**" in render.render_markdown({**results, "goals": list(goals.values())})
 
 
 def test_yield_metrics_from_a_real_log() -> None:
@@ -217,23 +209,23 @@ def test_yield_metrics_from_a_real_log() -> None:
         {"t": 10.13, "event": "drained", "last_kernel_end_t": 10.12},
         {"t": 23.2, "event": "resume"},
     ]
-    m = bench.yield_metrics(events, 10.0, 20.0, 3.0, context_begin_t=9.8)
+    m = to_json(analysis.yield_metrics(events, 10.0, 20.0, 3.0, context_begin_t=9.8))
     assert m["detect_s"]["value"] == pytest.approx(0.1) and m["yield_s"]["value"] == pytest.approx(0.12)
     assert m["yield_from_context_begin_s"]["value"] == pytest.approx(0.32)
     assert m["resume_s"]["value"] == pytest.approx(3.2) and m["yields"]["value"] == 1
     assert m["signals"] == "process,memory"
     # Our last kernel ended before the job's context existed: nothing of ours ran into it.
     early = [dict(events[1]), {"t": 10.13, "event": "drained", "last_kernel_end_t": 9.99}]
-    assert bench.yield_metrics(early, 10.0, 20.0, 3.0)["yield_s"]["value"] == 0.0
-    never = bench.yield_metrics([events[0]], 10.0, 20.0, 3.0)
+    assert analysis.yield_metrics(early, 10.0, 20.0, 3.0).yield_s.value == 0.0
+    never = to_json(analysis.yield_metrics([events[0]], 10.0, 20.0, 3.0))
     assert never["detected"] is False and never["yield_s"]["value"] is None and never["yield_s"]["note"]
 
 
 def test_cpu_percent_and_proc_stat() -> None:
-    assert bench.cpu_percent([(0.0, 0), (5.0, 5 * bench.CLK_TCK // 100)], 0.0, 10.0) == pytest.approx(1.0, abs=0.2)
-    assert bench.cpu_percent([(0.0, 0)], 0.0, 10.0) is None
-    assert isinstance(bench.cpu_ticks(os.getpid()), int)
-    assert bench.cpu_ticks(2**22 + 12345) is None
+    assert runner.cpu_percent([(0.0, 0), (5.0, 5 * runner.CLK_TCK // 100)], 0.0, 10.0) == pytest.approx(1.0, abs=0.2)
+    assert runner.cpu_percent([(0.0, 0)], 0.0, 10.0) is None
+    assert isinstance(runner.cpu_ticks(os.getpid()), int)
+    assert runner.cpu_ticks(2**22 + 12345) is None
 
 
 def test_no_gpu_is_a_clear_error_with_exit_3(tmp_path: Path) -> None:
@@ -247,8 +239,11 @@ def test_no_gpu_is_a_clear_error_with_exit_3(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_exit_2() -> None:
-    assert bench.main(["--targets", "0.5,2"]) == 2
-    assert bench.main(["--simulate", "--variants", "nope"]) == 2
+    assert cli.main(["--targets", "0.5,2"]) == 2
+    assert cli.main(["--simulate", "--variants", "nope"]) == 2
+    assert cli.main(["--simulate", "--scenarios", "cpu"]) == 2  # virtual time has no CPU cost
+    assert cli.main(["--scenarios", "cpu", "--cpu-gpus", "1,9"]) == 2
+    assert cli.main(["--scenarios", "cpu", "--cpu-s", "3"]) == 2
 
 
 # --- the real path, end to end, on fakes --------------------------------------------------------------------
@@ -308,7 +303,7 @@ def test_real_path_end_to_end_on_fakes(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv(*marker.split("="))
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")  # the foreign job's numba backend, on the CPU
     out = tmp_path / "real"
-    code = bench.main([
+    code = cli.main([
         "--out", str(out), "--track-s", "10", "--targets", "0.5", "--controllers", "pi",
         "--variants", "visible", "--scenarios", "tracking,yield", "--warmup-s", "1", "--foreign-s", "4",
         "--resume-after", "1", "--start-timeout", "60",
@@ -338,7 +333,7 @@ def test_real_path_end_to_end_on_fakes(tmp_path: Path, monkeypatch: pytest.Monke
     for path, leaf in leaves(r):
         if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
             assert path in BARE_NUMBERS, f"{path} = {leaf} has no unit"
-    assert bench.CHILDREN.alive == []
+    assert runner.CHILDREN.alive == []
     assert processes_with_marker(marker) == [], "a child of the benchmark outlived it"
 
 
@@ -355,7 +350,7 @@ def test_render_redraws_from_saved_results(sim_run: dict[str, Any], tmp_path: Pa
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):
-        assert bench.main(["--render", str(copy), "--section", str(section)]) == 0
+        assert cli.main(["--render", str(copy), "--section", str(section)]) == 0
     assert (copy / "results.md").read_text() == sim_run["md"]
     text = section.read_text()
     assert text.count("<!-- BENCH-TABLE -->") == 1 and text.count("<!-- /BENCH-SECTION -->") == 1
@@ -363,7 +358,7 @@ def test_render_redraws_from_saved_results(sim_run: dict[str, Any], tmp_path: Pa
     assert re.search(r"^\| 0\.5 \| 1\.0 / ", text, flags=re.M)
     if importlib.util.find_spec("matplotlib"):
         assert (copy / "tracking.png").exists() and "tracking.png)" in text
-    assert bench.main(["--render", str(tmp_path / "nothing")]) == 2
+    assert cli.main(["--render", str(tmp_path / "nothing")]) == 2
 
 
 @pytest.mark.gpu
@@ -390,7 +385,7 @@ def test_without_matplotlib_the_rest_is_written_and_it_says_so(tmp_path: Path, m
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     out = tmp_path / "noplots"
-    code = bench.main(["--simulate", "--track-s", "10", "--targets", "0.5", "--controllers", "pi",
+    code = cli.main(["--simulate", "--track-s", "10", "--targets", "0.5", "--controllers", "pi",
                        "--scenarios", "tracking", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0
@@ -398,3 +393,123 @@ def test_without_matplotlib_the_rest_is_written_and_it_says_so(tmp_path: Path, m
     assert r["plots"] == [] and "matplotlib is not installed" in r["plots_note"]
     assert "matplotlib is not installed" in captured.err and "matplotlib is not installed" in captured.out
     assert not list(out.glob("*.png")) and (out / "series.json").exists()
+
+
+# --- the cpu scenario ----------------------------------------------------------------------------------------
+
+CPU_UNITS = {"s", "ratio", "count", "% of one core", "launches/s", "us", "MiB"}
+CPU_RUN_KEYS = {"label", "gpus", "target", "duration_s", "cpu_pct_one_core", "cpu_pct_per_gpu", "steady_s",
+                "launches_per_s_per_gpu", "cpu_us_per_launch", "startup_s", "startup_to_start_line_s",
+                "startup_cpu_s", "settle_s", "mae", "p95_error", "mae_from_5s", "p95_error_from_5s", "mean_util",
+                "yields", "tracking_from"}
+CPU_GOALS = ["cpu_1gpu_0.5", "cpu_1gpu_0.8", "cpu_8gpus_0.5", "settle", "mae", "p95"]
+
+
+def check_cpu_results(r: dict[str, Any]) -> None:
+    """The shape every cpu.json has: units on every number, a reason for every missing one, the six goals."""
+    assert r["schema"] == 1 and r["scenario"] == "cpu" and r["mode"] == "real" and r["complete"] is True
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["date"]) and r["command"].startswith("python scripts/gpu_bench.py")
+    assert r["machine"]["cpu_model"] and r["machine"]["logical_cpus"]["value"] >= 1
+    assert r["machine"]["usable_cpus"]["value"] >= 1
+    for path, leaf in leaves(r):
+        if isinstance(leaf, dict):
+            assert set(leaf) <= {"value", "unit", "note"} and leaf["unit"] in CPU_UNITS, (path, leaf)
+            if leaf["value"] is None:
+                assert leaf.get("note"), f"{path}: a missing number must say why"
+        elif isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+            assert path in {("schema",), ("gpu", "index")}, f"{path} = {leaf} has no unit"
+    for run in r["runs"]:
+        assert set(run) == CPU_RUN_KEYS
+        assert run["cpu_pct_one_core"]["unit"] == run["cpu_pct_per_gpu"]["unit"] == "% of one core"
+        assert run["cpu_pct_one_core"]["value"] is not None and run["startup_cpu_s"]["value"] is not None
+        assert run["cpu_pct_per_gpu"]["value"] == pytest.approx(run["cpu_pct_one_core"]["value"]
+                                                                / run["gpus"]["value"], rel=1e-4)
+        for key in ("settle_s", "mae", "p95_error"):  # a run may never settle (a busy machine): it says so
+            assert run[key]["value"] is not None or run[key]["note"] == "never settled on at least one GPU"
+    assert [g["key"] for g in r["goals"]] == CPU_GOALS
+    for goal in r["goals"]:
+        assert goal["pass"] in (True, False, None) and goal["limit"]["unit"] in CPU_UNITS
+
+
+def test_cpu_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A short run of 1 GPU and 2 GPUs in one process: the files, their shape and their labels (not the numbers,
+    which the benchmark is for)."""
+    out = tmp_path / "cpu"
+    section = tmp_path / "section.md"
+    code = cli.main(["--vgpu", "--scenarios", "cpu", "--cpu-s", "7", "--targets", "0.5", "--cpu-gpus", "1,2",
+                     "--out", str(out), "--section", str(section)])
+    printed = capsys.readouterr()
+    r = json.loads((out / "cpu.json").read_text())
+    assert code == 0, r["failures"]
+    assert not (out / "results.json").exists()  # the cpu scenario alone writes only its own files
+    check_cpu_results(r)
+    assert r["virtual_gpu"] is True and r["failures"] == [] and r["skipped"] == []
+    assert r["gpu"]["name"] == "Virtual GPU (H100-like)" and r["gpu"]["driver"].endswith("-virtual")
+    assert [(x["gpus"]["value"], x["target"]["value"], x["label"]) for x in r["runs"]] == [
+        (1, 0.5, "1 GPU"), (2, 0.5, "2 GPUs in one process")]
+    for run in r["runs"]:  # the virtual GPU's record gives the first kernel and the launches
+        assert run["tracking_from"] == "the virtual GPU's kernel record, 1/6-s windows"
+        for key in ("startup_s", "launches_per_s_per_gpu", "cpu_us_per_launch"):
+            assert run[key]["value"] is not None, (key, run[key])
+        assert run["yields"]["value"] == 0
+    goals = {g["key"]: g for g in r["goals"]}
+    assert goals["cpu_1gpu_0.5"]["measured"]["value"] == r["runs"][0]["cpu_pct_per_gpu"]["value"]
+    assert goals["cpu_1gpu_0.8"]["pass"] is False and goals["cpu_1gpu_0.8"]["note"] == "no run of 1 GPU at 0.8"
+    assert goals["cpu_8gpus_0.5"]["pass"] is False  # the virtual GPU has 8: a run left out is a goal missed
+    md = (out / "cpu.md").read_text()
+    assert "(virtual GPU)" in md.splitlines()[0] and "Virtual GPU: not a GPU measurement" in md
+    assert printed.out.strip() == md.strip()
+    assert "virtual GPU" in printed.err
+    text = section.read_text()
+    assert text.startswith("<!-- BENCH-CPU -->\n<!-- generated by scripts/gpu_bench.py --section from ")
+    assert text.rstrip().endswith("<!-- /BENCH-CPU -->") and "<!-- BENCH-TABLE -->" not in text
+    assert "on the virtual GPU (Virtual GPU (H100-like)" in text and "not hardware" in text
+    for words in (md, text):  # "GPU measurement" only ever as "not a GPU measurement"
+        assert words.count("GPU measurement") == words.count("not a GPU measurement") >= 1
+
+
+def test_cpu_scenario_real_path_on_fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Real mode without a GPU: NVML is the fake above (steady at 0.5, one GPU), the filler the simulated one in
+    a child process. No kernel record there: start-up to the start line, tracking from NVML."""
+    from forge_load import nvml
+
+    monkeypatch.setattr(nvml, "NvmlProbe", FakeProbe)
+    monkeypatch.setattr(nvml, "list_devices", lambda: [FakeProbe("0").info])
+    out = tmp_path / "real_cpu"
+    code = cli.main(["--scenarios", "cpu", "--cpu-s", "7", "--targets", "0.5", "--out", str(out),
+                     "--filler-args", "--simulate --sim-speed 1"])
+    capsys.readouterr()
+    r = json.loads((out / "cpu.json").read_text())
+    assert code == 0, r["failures"]
+    check_cpu_results(r)
+    assert r["virtual_gpu"] is False and r["gpu"]["name"] == "Fake GPU" and r["gpu"]["devices"]["value"] == 1
+    [run] = r["runs"]
+    assert run["gpus"]["value"] == 1 and run["tracking_from"] == "NVML's samples of GPU 0"
+    assert run["settle_s"]["value"] == 1.0 and run["mae"]["value"] == 0.0  # the fake NVML reads 0.5 throughout
+    assert run["startup_s"]["value"] is None and run["startup_s"]["note"].startswith("n/a (real GPU)")
+    assert run["launches_per_s_per_gpu"]["value"] is None and run["startup_to_start_line_s"]["value"] > 0
+    assert r["skipped"] == ["cpu: 8 GPUs in one process at 0.5 (7 s): this machine has 1 GPU(s)"]
+    goals = {g["key"]: g for g in r["goals"]}
+    assert goals["cpu_8gpus_0.5"]["pass"] is None and goals["cpu_8gpus_0.5"]["note"] == "n/a: this machine has 1 GPU(s)"
+    assert "Virtual GPU" not in (out / "cpu.md").read_text()
+    assert runner.CHILDREN.alive == []
+
+
+
+def test_readme_blocks_are_generated_from_the_committed_results() -> None:
+    """Every generated block of the README is what --section draws from the results file it names."""
+    readme = (REPO / "README.md").read_text()
+    for name in ("BENCH-TABLE", "BENCH-SECTION", "BENCH-CPU"):
+        pattern = rf"<!-- {name} -->.*?<!-- /{name} -->"
+        block = re.search(pattern, readme, re.S)
+        assert block is not None, f"README.md has no {name} block"
+        source = re.search(r"--section from (\S+)/(results|cpu)\.json ", block.group(0))
+        assert source is not None, block.group(0)[:300]
+        out_dir = REPO / source.group(1)
+        saved = json.loads((out_dir / f"{source.group(2)}.json").read_text())
+        drawn = render.render_cpu_section(saved, out_dir) if name == "BENCH-CPU" else render.render_section(saved,
+                                                                                                           out_dir)
+        expected = re.search(pattern, drawn, re.S)
+        assert expected is not None and block.group(0) == expected.group(0), name

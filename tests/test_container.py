@@ -17,11 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_support import IMAGE, ROOT, docker_cli, docker_client, forge_image, remove_containers, unique_name
+from docker_support import (
+    IMAGE,
+    ROOT,
+    docker_cli,
+    docker_client,
+    forge_image,
+    image_prune,
+    remove_containers,
+    unique_name,
+)
 
 __all__ = ["docker_client", "forge_image"]  # fixtures, imported for pytest
 
-MAX_IMAGE_MB = 1100  # measured 880 MB on bookworm + Python 3.11 (README, The container); a jump means a fat layer
+MAX_IMAGE_MB = 800  # measured 722 MB on bookworm + Python 3.11 (README, The image); a jump means a fat layer
 STOP_LIMIT_S = 5.0  # docker stop's grace period is 10 s; the filler promises to exit within 1 s
 
 
@@ -85,7 +94,7 @@ def test_dockerignore_keeps_context_small() -> None:
     """The build context holds the package and its metadata only: no .git, venvs, tests."""
     rules = (ROOT / ".dockerignore").read_text().split()
     assert rules[rules.index("*")] == "*"  # everything excluded first, then the few files allowed back
-    for needed in ("!pyproject.toml", "!requirements.txt", "!forge_load/"):
+    for needed in ("!pyproject.toml", "!requirements.txt", "!scripts/image_prune.py", "!forge_load/"):
         assert needed in rules
 
 
@@ -165,15 +174,62 @@ def test_image_bundles_no_driver_libraries(docker_client: Any, forge_image: Any)
 
 
 @pytest.mark.docker
-def test_kernels_compile_in_the_image(docker_client: Any, forge_image: Any) -> None:
-    """NVVM from the cu12 wheels works inside the image, as its non-root user, with no GPU."""
-    code = ("from numba import cuda; from forge_load import kernels\n"
+def test_kernels_compile_and_link_in_the_image(docker_client: Any, forge_image: Any) -> None:
+    """The whole compile path of a launch, inside the image, as its non-root user, with no GPU and no driver:
+    NVVM makes PTX for every supported compute capability, and nvJitLink links it into machine code for that
+    capability (the virtual GPU only ever asks for 9.0). numba-cuda's _Linker is what its code library uses
+    to turn a kernel's PTX into the cubin it loads (numba.cuda.codegen)."""
+    code = ("import struct\n"
+            "from numba import cuda\n"
+            "from numba.cuda.cudadrv.driver import _Linker\n"
+            "from forge_load import kernels\n"
             "for cc in kernels.SUPPORTED_CC:\n"
             "    ptx, _ = cuda.compile_ptx(kernels.burn_py, kernels.BURN_SIGNATURE, cc=cc)\n"
-            "    print(cc, '.entry' in ptx)\n")
+            "    linker = _Linker(cc=cc)\n"
+            "    linker.add_ptx(ptx.encode())\n"
+            "    cubin = bytes(linker.complete().code)\n"
+            "    flags = struct.unpack_from('<I', cubin, 0x30)[0]\n"
+            "    # ELF e_flags: the SM in bits 0-7, or in bits 8-15 from the ELF ABI version 8 (sm_100 on)\n"
+            "    sm = (flags >> 8) & 0xff if cubin[8] >= 8 else flags & 0xff\n"
+            "    print(cc[0] * 10 + cc[1], '.entry' in ptx, cubin[:4] == b'\\x7fELF', sm)\n")
     out = docker_client.containers.run(IMAGE, entrypoint=["python", "-c", code], remove=True).decode()
-    lines = out.strip().splitlines()
-    assert len(lines) >= 1 and all(line.endswith("True") for line in lines), out
+    lines = [line.split() for line in out.strip().splitlines()]
+    from forge_load import kernels
+
+    assert [int(line[0]) for line in lines] == [major * 10 + minor for major, minor in kernels.SUPPORTED_CC], out
+    for sm, has_entry, is_elf, linked_sm in lines:
+        assert has_entry == "True" and is_elf == "True" and linked_sm == sm, out
+
+
+@pytest.mark.docker
+def test_image_leaves_out_what_the_filler_never_loads(docker_client: Any, forge_image: Any) -> None:
+    """No file that scripts/image_prune.py leaves out is in the image; every file the filler was measured to load
+    (RUNTIME_FILES) is; and the pruned wheels' RECORDs list only files that exist (pip and importlib.metadata
+    see the image as it is)."""
+    prune = image_prune()
+    rules = [[rule.dist, rule.pattern] for rule in prune.LEAVE_OUT]
+    keep = [path for paths in prune.RUNTIME_FILES.values() for path in paths]
+    code = ("import fnmatch, json, os, re, sys, sysconfig\n"
+            "from importlib import metadata\n"
+            "site = sysconfig.get_paths()['purelib']\n"
+            "files = [os.path.relpath(os.path.join(d, f), site) for d, _, fs in os.walk(site) for f in fs]\n"
+            "rules, keep = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+            "norm = lambda name: re.sub(r'[-_.]+', '-', name).lower()\n"
+            "owner = {os.path.relpath(str(f.locate()), site): norm(d.metadata['Name'])\n"
+            "         for d in metadata.distributions() for f in d.files or []}\n"
+            "# a file that matches a rule's glob but belongs to another distribution is not the rule's\n"
+            "left = {p: [f for f in files if fnmatch.fnmatchcase(f, p) and owner.get(f, norm(d)) == norm(d)]\n"
+            "        for d, p in rules}\n"
+            "missing = [p for p in keep if not os.path.isfile(os.path.join(site, p))]\n"
+            "listed = [str(f) for d in sorted({d for d, _ in rules}) for f in metadata.distribution(d).files or []\n"
+            "          if not f.locate().exists()]\n"
+            "print(json.dumps({'left': {p: f for p, f in left.items() if f}, 'missing': missing, 'listed': listed}))\n")
+    out = docker_client.containers.run(IMAGE, entrypoint=["python", "-c", code, json.dumps(rules), json.dumps(keep)],
+                                       remove=True).decode()
+    found = json.loads(out)
+    assert found["left"] == {}, f"left out by image_prune.py, yet in the image: {found['left']}"
+    assert found["missing"] == [], f"the filler loads these, yet they are not in the image: {found['missing']}"
+    assert found["listed"] == [], f"RECORD lists files that are not there: {found['listed'][:10]}"
 
 
 @pytest.mark.docker
@@ -210,7 +266,9 @@ def test_healthcheck_follows_the_loop(docker_client: Any, forge_image: Any, name
     """Healthy while the loop runs; unhealthy once it stalls (the process frozen with SIGSTOP)."""
     name = _run(names, "--health-interval=1s", "--health-start-period=0s", "--health-retries=1",
                 "--health-timeout=5s", env={"FORGE_SIMULATE": "1", "FORGE_HEALTH_MAX_AGE": "3"})
-    health = lambda: (_state(docker_client, name).get("Health") or {}).get("Status")
+    def health() -> str | None:
+        return (_state(docker_client, name).get("Health") or {}).get("Status")
+
     _wait_for(lambda: health() == "healthy", 60, "the container to be healthy")
     assert docker_cli("kill", "--signal=SIGSTOP", name).returncode == 0
     try:

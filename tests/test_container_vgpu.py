@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_support import IMAGE, ROOT, docker_cli, docker_client, forge_image, remove_containers, unique_name
+from docker_support import (
+    IMAGE,
+    ROOT,
+    docker_cli,
+    docker_client,
+    forge_image,
+    image_prune,
+    remove_containers,
+    unique_name,
+)
 
 from vgpu import VirtualGpu
 
@@ -59,6 +68,16 @@ def events(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def cuda_libraries_mapped(name: str) -> set[str]:
+    """The shared objects of the CUDA wheels and llvmlite that the container's PID 1 has mapped, relative to
+    site-packages."""
+    proc = docker_cli("exec", name, "cat", "/proc/1/maps")
+    assert proc.returncode == 0, proc.stderr
+    paths = {line.split(maxsplit=5)[5] for line in proc.stdout.splitlines() if len(line.split(maxsplit=5)) == 6}
+    relative = {p.split("/site-packages/", 1)[1] for p in paths if "/site-packages/" in p}
+    return {p for p in relative if p.startswith(("nvidia/", "llvmlite/")) and ".so" in p}
+
+
 def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -97,6 +116,10 @@ def test_real_mode_container_on_the_virtual_gpu_yields_to_a_foreign_container(
                                   lines["done"]["wall_time"])
 
     wait_for(lambda: any(e["event"] == "resume" for e in events(filler)), 60, "the filler to resume")
+    # Started, compiled, filled, yielded and resumed: what it has mapped by now is what the image must keep
+    # (scripts/image_prune.py's RUNTIME_FILES, which leaves the rest of the CUDA wheels out).
+    expected = {p for paths in image_prune().RUNTIME_FILES.values() for p in paths if ".so" in p}
+    assert cuda_libraries_mapped(filler) == expected, "measure again: scripts/runtime_files.py"
     stop = docker_cli("stop", filler)
     assert stop.returncode == 0
     state = docker_client.api.inspect_container(filler)["State"]

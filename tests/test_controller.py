@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from forge_load.controller import IDLE_PLAN, LegacyController, PiController, Plan, make_controller
+from forge_load.controller import LegacyController, PiController, make_controller
 from forge_load.probe import UtilSample
+from forge_load.worker import IDLE_PLAN, Plan
 
 
 def samples_at(times_s: list[float], ratio: float) -> list[UtilSample]:
@@ -34,7 +35,7 @@ def test_pi_feed_forward_duty_is_target_at_once(target: float) -> None:
 def test_pi_ignores_every_sample_before_start() -> None:
     c = PiController()
     plan = c.update(0.5, samples_at([1.0, 2.0, 3.0], 0.1), 0.5, None)
-    assert c.integral_ratio == 0.0
+    assert c.integral_duty == 0.0
     assert plan.duty_ratio == 0.5
 
 
@@ -43,11 +44,11 @@ def test_pi_ignores_samples_whose_window_began_before_start() -> None:
     c.start(10.0)
     # window 0.5 s: a sample at 10.4 s saw [9.9, 10.4], before we filled; one at 10.5 s saw [10.0, 10.5].
     plan = c.update(0.5, [UtilSample(10.4, 0.0)], 0.5, None)
-    assert c.integral_ratio == 0.0
+    assert c.integral_duty == 0.0
     assert plan.duty_ratio == 0.5
     plan = c.update(0.5, [UtilSample(10.5, 0.4)], 0.5, None)
     gain = 0.6 * 0.5
-    assert c.integral_ratio == pytest.approx(gain * (0.5 - 0.4))
+    assert c.integral_duty == pytest.approx(gain * (0.5 - 0.4))
     assert plan.duty_ratio == pytest.approx(0.5 + gain * 0.1)
 
 
@@ -56,11 +57,11 @@ def test_pi_restart_ignores_old_windows_but_keeps_learned_integral() -> None:
     c.start(0.0)
     for t in grid(1.0, 5.0, 0.5):
         c.update(0.5, [UtilSample(t, 0.45)], 0.5, None)
-    learned = c.integral_ratio
+    learned = c.integral_duty
     assert learned > 0
     c.start(20.0)  # resume after yielding: the learned bias still holds
     plan = c.update(0.5, [UtilSample(20.2, 0.0)], 0.5, None)  # window began at 19.7, before the resume
-    assert c.integral_ratio == learned
+    assert c.integral_duty == learned
     assert plan.duty_ratio == pytest.approx(0.5 + learned)
 
 
@@ -68,11 +69,11 @@ def test_pi_gain_grows_with_window_up_to_max_gain() -> None:
     small = PiController(ki_per_s=0.6, max_gain=0.3)
     small.start(0.0)
     small.update(0.5, [UtilSample(1.0, 0.4)], 0.1, None)
-    assert small.integral_ratio == pytest.approx(0.06 * 0.1)
+    assert small.integral_duty == pytest.approx(0.06 * 0.1)
     big = PiController(ki_per_s=0.6, max_gain=0.3)
     big.start(0.0)
     big.update(0.5, [UtilSample(2.0, 0.4)], 1.0, None)  # 0.6 per sample would be capped at 0.3
-    assert big.integral_ratio == pytest.approx(0.3 * 0.1)
+    assert big.integral_duty == pytest.approx(0.3 * 0.1)
 
 
 # --- PiController: the integral against a simulated plant ---------------------------------------------
@@ -131,14 +132,14 @@ def test_pi_integral_clamped_duty_stays_within_0_1(target: float) -> None:
         plan = high.update(target, [UtilSample(k * 1.0, 0.0)], 1.0, None)
         assert 0.0 <= plan.duty_ratio <= 1.0
     assert plan.duty_ratio == pytest.approx(1.0)
-    assert high.integral_ratio == pytest.approx(1.0 - target)
+    assert high.integral_duty == pytest.approx(1.0 - target)
     low = PiController()
     low.start(0.0)
     for k in range(1, 100):
         plan = low.update(target, [UtilSample(k * 1.0, 1.0)], 1.0, None)
         assert 0.0 <= plan.duty_ratio <= 1.0
     assert plan.duty_ratio == pytest.approx(0.0)
-    assert low.integral_ratio == pytest.approx(-target)
+    assert low.integral_duty == pytest.approx(-target)
 
 
 def test_pi_clamp_does_not_wind_up() -> None:

@@ -23,6 +23,7 @@ import pytest
 from forge_load import health, metrics
 from forge_load.app import run_simulated
 from forge_load.config import ConfigError, load_config
+from forge_load.status import Fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -353,9 +354,10 @@ def exported_names() -> set[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     config = load_config("--simulate --sim-speed 0 --duration 3 --sim-foreign 1-2".split(), env={})
-    fleet = metrics.Fleet(simulated=True)
+    fleet = Fleet(simulated=True)
     slot = fleet.add("0")
-    run_simulated(config, io.StringIO(), heartbeat=slot.beat, on_start=slot.attach)
+    run_simulated(config, io.StringIO(), heartbeat=slot.beat,
+                  on_start=lambda rt: slot.attach(rt.info, lambda: rt.filler.status(rt.now())))
     text = generate_latest(metrics.make_registry(fleet)).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 

@@ -85,7 +85,9 @@ def test_simulated_spec_has_no_device_request() -> None:
 
 
 def test_spec_hash_is_stable_and_tracks_what_matters() -> None:
-    h = lambda gpu, opts, image="sha256:1": fleet.desired(gpu, opts, image)["labels"][fleet.LABEL_SPEC]
+    def h(gpu: Any, opts: Any, image: str = "sha256:1") -> str:
+        return str(fleet.desired(gpu, opts, image)["labels"][fleet.LABEL_SPEC])
+
     assert h(GPUS[0], _opts()) == h(GPUS[0], _opts())
     assert h(GPUS[0], _opts()) != h(GPUS[0], _opts(target="0.4"))
     assert h(GPUS[0], _opts()) != h(GPUS[0], _opts(), image="sha256:2")  # a rebuilt image is rolled out
@@ -95,7 +97,9 @@ def test_spec_hash_is_stable_and_tracks_what_matters() -> None:
 
 def test_plan_create_keep_start_recreate_and_collision() -> None:
     spec = fleet.desired(GPUS[0], _opts(), "sha256:1")
-    mine = lambda status, labels=spec["labels"]: SimpleNamespace(labels=dict(labels), status=status)
+    def mine(status: str, labels: dict[str, str] = spec["labels"]) -> SimpleNamespace:
+        return SimpleNamespace(labels=dict(labels), status=status)
+
     assert fleet.plan(None, spec) == "create"
     assert fleet.plan(mine("running"), spec) == "keep"
     assert fleet.plan(mine("exited"), spec) == "start"
@@ -125,7 +129,7 @@ def test_no_nvml_without_simulate_says_use_simulate() -> None:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
         pytest.skip("this host has NVML: GPUs are found, nothing to report")
-    except Exception:
+    except Exception:  # noqa: BLE001 - no NVML here, whatever pynvml raises
         pass
     with pytest.raises(fleet.FleetError, match="--simulate"):
         fleet.discover_gpus(False, 0)

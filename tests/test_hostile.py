@@ -31,8 +31,10 @@ import pytest
 
 from forge_load import health
 from forge_load.app import run_simulated
+from forge_load.backend import backend_for
 from forge_load.config import SETTINGS, Config, ConfigError, load_config
 from forge_load.log import EventLog
+from forge_load.status import Fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "tests" / "hostile_entry.py"
@@ -509,7 +511,7 @@ def test_a_full_stdout_stops_cleanly(loop: str) -> None:
 
 
 def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
-    from forge_load import app, metrics
+    from forge_load import app
     from forge_load.log import LogStream
 
     class Broken(io.StringIO):
@@ -532,13 +534,16 @@ def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
         stop.set()
         wake.set()
 
-    fleet = metrics.Fleet(30.0, simulated=True)
-    code = app.run_fleet(config, LogStream(Broken(), lost), stop, wake, fleet, lambda: None)
+    fleet = Fleet(30.0, simulated=True)
+    runtimes: list[app.Runtime] = []
+    code = app.run_fleet(config, LogStream(Broken(), lost), stop, wake, fleet, lambda: None,
+                         on_start=lambda _slot, rt: runtimes.append(rt))
     assert code == 0 and len(failures) == 1
     [slot] = fleet.slots
     assert slot.status == "stopped"
-    assert slot.runtime is not None and not slot.runtime.worker.in_flight
-    assert not slot.runtime.launcher.gpu.context_open  # type: ignore[attr-defined]
+    [rt] = runtimes
+    assert not rt.worker.in_flight
+    assert not rt.launcher.gpu.context_open  # type: ignore[attr-defined]
 
 
 # --- signals at every moment --------------------------------------------------------------------------------------
@@ -777,4 +782,4 @@ def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch
                         memory_total_mib=1.0, driver_version="1", mig_enabled=False) for i in range(2)]
     monkeypatch.setattr(forge_load.nvml, "list_devices", lambda *a, **k: infos)
     config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
-    assert app.gpu_selectors(config) == ["1", "0"]
+    assert app.gpu_selectors(config, backend_for(config)) == ["1", "0"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from forge_load import metrics
+from forge_load.status import Fleet
 
 # Short limits keep these tests quick; the defaults are the documented ones and are checked once below.
 QUICK = metrics.ServerLimits(request_timeout_s=1.0, max_connections=8, max_head_bytes=8192)
@@ -27,8 +28,8 @@ class FakeClock:
 
 @contextmanager
 def server(limits: metrics.ServerLimits = QUICK,
-           fleet: metrics.Fleet | None = None) -> Iterator[metrics.MetricsServer]:
-    fleet = fleet or metrics.Fleet(clock=FakeClock())
+           fleet: Fleet | None = None) -> Iterator[metrics.MetricsServer]:
+    fleet = fleet or Fleet(clock=FakeClock())
     if not fleet.slots:
         fleet.add("0").beat()
     running = metrics.serve(fleet, "127.0.0.1", 0, limits=limits)
@@ -248,7 +249,7 @@ def test_connections_beyond_the_cap_cost_no_thread_and_metrics_still_answer() ->
 
 
 def test_when_every_connection_is_busy_a_new_one_is_refused_at_once() -> None:
-    fleet = metrics.Fleet(clock=FakeClock())
+    fleet = Fleet(clock=FakeClock())
     fleet.add("0").beat()
     release = threading.Event()
     real_health = fleet.health
@@ -283,7 +284,7 @@ def test_when_every_connection_is_busy_a_new_one_is_refused_at_once() -> None:
 
 
 def test_close_is_fast_with_connections_open_and_ends_them() -> None:
-    fleet = metrics.Fleet(clock=FakeClock())
+    fleet = Fleet(clock=FakeClock())
     fleet.add("0").beat()
     running = metrics.serve(fleet, "127.0.0.1", 0, limits=metrics.ServerLimits(max_connections=64))
     held: list[socket.socket] = []

@@ -21,8 +21,9 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from forge_load import metrics
-from forge_load.app import run_simulated
+from forge_load.app import Runtime, run_simulated
 from forge_load.config import ConfigError, load_config
+from forge_load.status import Fleet, GpuSlot
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -41,7 +42,7 @@ class FakeClock:
 
 def test_health_follows_each_slot_from_start_to_failure() -> None:
     clock = FakeClock()
-    fleet = metrics.Fleet(max_age_s=30.0, clock=clock)
+    fleet = Fleet(max_age_s=30.0, clock=clock)
     ok, body = fleet.health()
     assert not ok and "no GPU" in body
     slot = fleet.add("0")
@@ -63,7 +64,7 @@ def test_health_follows_each_slot_from_start_to_failure() -> None:
 
 def test_one_failed_gpu_makes_the_fleet_unhealthy_and_is_named() -> None:
     clock = FakeClock()
-    fleet = metrics.Fleet(clock=clock)
+    fleet = Fleet(clock=clock)
     good, bad = fleet.add("0"), fleet.add("GPU-51a00000-0000-4000-8000-000000000001")
     good.beat()
     bad.beat()
@@ -77,7 +78,7 @@ def test_one_failed_gpu_makes_the_fleet_unhealthy_and_is_named() -> None:
 
 
 def test_a_stopped_filler_is_not_healthy() -> None:
-    fleet = metrics.Fleet(clock=FakeClock())
+    fleet = Fleet(clock=FakeClock())
     slot = fleet.add("0")
     slot.beat()
     slot.stopped()
@@ -88,16 +89,21 @@ def test_a_stopped_filler_is_not_healthy() -> None:
 # --- the exposition, from a live simulated filler ----------------------------------------------------------
 
 
-def simulated_fleet(flags: str) -> tuple[metrics.Fleet, metrics.GpuSlot]:
+def simulated_fleet(flags: str) -> tuple[Fleet, GpuSlot, Runtime]:
     """Run the filler on the simulated GPU in virtual time; the slot is left as if the loop were still running."""
     config = load_config(f"--simulate --sim-speed 0 {flags}".split(), env={})
-    fleet = metrics.Fleet(simulated=True)
+    fleet = Fleet(simulated=True)
     slot = fleet.add(config.gpu)
-    run_simulated(config, io.StringIO(), heartbeat=slot.beat, on_start=slot.attach)
-    return fleet, slot
+    run = run_simulated(config, io.StringIO(), heartbeat=slot.beat, on_start=lambda rt: attach(slot, rt))
+    return fleet, slot, run.runtime
 
 
-def scrape(fleet: metrics.Fleet) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+def attach(slot: GpuSlot, rt: Runtime) -> None:
+    """As app.run_gpu does: the slot reads the filler's status snapshot."""
+    slot.attach(rt.info, lambda: rt.filler.status(rt.now()))
+
+
+def scrape(fleet: Fleet) -> dict[str, list[tuple[str, dict[str, str], float]]]:
     """Metric family name -> [(sample name, labels, value)], parsed back from the text exposition."""
     text = generate_latest(metrics.make_registry(fleet)).decode()
     families: dict[str, list[tuple[str, dict[str, str], float]]] = {}
@@ -108,7 +114,10 @@ def scrape(fleet: metrics.Fleet) -> dict[str, list[tuple[str, dict[str, str], fl
     return families
 
 
-def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) -> dict[str, list[tuple[dict[str, str], float]]]:
+Samples = list[tuple[dict[str, str], float]]
+
+
+def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) -> dict[str, Samples]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for samples in families.values():
         for name, labels, value in samples:
@@ -117,14 +126,12 @@ def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) 
 
 
 def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
-    fleet, slot = simulated_fleet("--duration 30 --resume-after 5 --sim-foreign 8-12")
-    rt = slot.runtime
-    assert rt is not None
+    fleet, slot, rt = simulated_fleet("--duration 30 --resume-after 5 --sim-foreign 8-12")
     values = sample_values(scrape(fleet))
     assert set(values) == set(metrics.METRICS), set(values) ^ set(metrics.METRICS)
-    gpu_labels = {"gpu": "0", "UUID": rt.info.uuid}
-    assert rt.info.uuid.startswith("GPU-")
-    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "Hostname"}}
+    gpu_labels = {"gpu": "0", "UUID": slot.uuid}
+    assert slot.uuid.startswith("GPU-")
+    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "hostname"}}
     for name, samples in values.items():
         if name == "forge_load_build_info":
             assert samples == [({"version": samples[0][0]["version"], "python_version": samples[0][0]["python_version"],
@@ -155,7 +162,7 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
 
 
 def test_a_yielding_gpu_says_so() -> None:
-    fleet, _ = simulated_fleet("--duration 10 --sim-foreign 5-20")
+    fleet, _, _ = simulated_fleet("--duration 10 --sim-foreign 5-20")
     values = sample_values(scrape(fleet))
     states = {labels["state"]: value for labels, value in values["forge_load_state"]}
     assert states["yielding"] == 1.0 and sum(states.values()) == 1.0
@@ -165,7 +172,7 @@ def test_a_yielding_gpu_says_so() -> None:
 
 
 def test_a_failed_gpu_keeps_its_counters_but_not_stale_readings() -> None:
-    fleet, slot = simulated_fleet("--duration 5")
+    fleet, slot, _ = simulated_fleet("--duration 5")
     slot.failed("GPU 0 was lost", 4)
     values = sample_values(scrape(fleet))
     assert values["forge_load_up"][0][1] == 0.0
@@ -176,7 +183,7 @@ def test_a_failed_gpu_keeps_its_counters_but_not_stale_readings() -> None:
 
 
 def test_a_gpu_that_never_opened_still_shows_as_failed() -> None:
-    fleet = metrics.Fleet(clock=FakeClock())
+    fleet = Fleet(clock=FakeClock())
     fleet.add("3").failed("no usable GPU: GPU 3 does not exist", 3)
     values = sample_values(scrape(fleet))
     assert values["forge_load_up"] == [({"gpu": "3", "UUID": ""}, 0.0)]
@@ -184,7 +191,7 @@ def test_a_gpu_that_never_opened_still_shows_as_failed() -> None:
 
 
 def test_our_registry_is_our_own() -> None:
-    fleet, _ = simulated_fleet("--duration 1")
+    fleet, _, _ = simulated_fleet("--duration 1")
     ours = generate_latest(metrics.make_registry(fleet)).decode()
     assert "process_cpu_seconds_total" not in ours and "python_gc" not in ours
     assert "forge_load_" not in generate_latest(REGISTRY).decode()
@@ -192,7 +199,7 @@ def test_our_registry_is_our_own() -> None:
 
 def test_exposition_lines_look_like_dcgm_exporters() -> None:
     # dcgm-exporter: DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-604ac76c-...",...} 0
-    fleet, slot = simulated_fleet("--duration 1")
+    fleet, slot, _ = simulated_fleet("--duration 1")
     text = generate_latest(metrics.make_registry(fleet)).decode()
     assert f'forge_load_up{{UUID="{slot.uuid}",gpu="0"}} 1.0' in text
 
@@ -210,7 +217,7 @@ def get(url: str) -> tuple[int, str, str]:
 
 def test_server_answers_metrics_health_and_404() -> None:
     clock = FakeClock()
-    fleet = metrics.Fleet(clock=clock)
+    fleet = Fleet(clock=clock)
     slot = fleet.add("0")
     server = metrics.serve(fleet, "127.0.0.1", 0)
     try:
@@ -234,7 +241,7 @@ def test_a_taken_port_is_a_config_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError) as info:
-            metrics.serve(metrics.Fleet(), "127.0.0.1", port)
+            metrics.serve(Fleet(), "127.0.0.1", port)
     message = str(info.value)
     assert f"FORGE_METRICS_PORT={port}" in message and "\n" not in message
 
@@ -248,7 +255,8 @@ def forge_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def forge(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> tuple[int, list[dict[str, Any]], str]:
+def forge(*args: str, env: dict[str, str] | None = None,
+          timeout_s: float = 60.0) -> tuple[int, list[dict[str, Any]], str]:
     result = subprocess.run([sys.executable, "-m", "forge_load", "--log-format", "json", *args], capture_output=True,
                             text=True, env=forge_env(env), timeout=timeout_s, cwd=ROOT)
     return result.returncode, [json.loads(line) for line in result.stdout.splitlines()], result.stderr

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from forge_load.monitor import DEFAULT_WINDOW_S, FALLBACK_AFTER_S, Monitor, Reading
+from forge_load.monitor import Monitor, Reading
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
+from forge_load.sampling import DEFAULT_WINDOW_S, FALLBACK_AFTER_S
+from forge_load.signals import Observation, Thresholds
 from forge_load.worker import BusyLog
 
 OWN_PID = 100
@@ -119,7 +121,7 @@ def test_process_signal(procs: list[GpuProcess] | None, fires: bool, pids: tuple
 
 def test_process_list_can_be_ignored() -> None:
     probe = FakeProbe(procs=[own_proc(), GpuProcess(4242, 900.0)])
-    r = poll(monitor(probe, use_process_list=False), 1.0)
+    r = poll(monitor(probe, thresholds=Thresholds(use_process_list=False)), 1.0)
     assert r.signals == ()
     assert r.reason is None
     assert r.foreign_pids == (4242,)  # still reported, just not a verdict
@@ -137,7 +139,7 @@ def test_process_list_can_be_ignored() -> None:
 ])
 def test_memory_signal(used_mib: float, fires: bool) -> None:
     probe = FakeProbe(memory_mib=used_mib, procs=[own_proc()])
-    r = poll(monitor(probe, baseline_mib=100.0, foreign_mem_mib=64.0), 1.0)
+    r = poll(monitor(probe, baseline_mib=100.0, thresholds=Thresholds(mem_mib=64.0)), 1.0)
     assert ("memory" in r.signals) is fires
     assert r.foreign_mem_mib == pytest.approx(used_mib - OWN_MIB - 100)
     if fires:
@@ -210,7 +212,7 @@ def test_memory_baseline_comes_down_and_never_goes_up() -> None:
 ])
 def test_utilization_signal_needs_consecutive_samples(ratios: list[float], fired_at: list[bool]) -> None:
     probe = FakeProbe()
-    m = monitor(probe, foreign_util_ratio=0.1, foreign_util_samples=2)
+    m = monitor(probe, thresholds=Thresholds(util_ratio=0.1, util_samples=2))
     fired = []
     for k, ratio in enumerate(ratios):
         t = 0.5 * (k + 1)
@@ -223,7 +225,7 @@ def test_utilization_signal_needs_consecutive_samples(ratios: list[float], fired
 
 def test_utilization_count_of_three() -> None:
     probe = FakeProbe()
-    m = monitor(probe, foreign_util_samples=3)
+    m = monitor(probe, thresholds=Thresholds(util_samples=3))
     fired = []
     for k in range(4):
         probe.samples = [UtilSample(0.5 * (k + 1), 0.6)]
@@ -233,7 +235,7 @@ def test_utilization_count_of_three() -> None:
 
 def test_two_samples_over_in_one_poll_fire_at_once() -> None:
     probe = FakeProbe(samples=[UtilSample(0.5, 0.6), UtilSample(1.0, 0.7)])
-    r = poll(monitor(probe, foreign_util_samples=2), 1.05)
+    r = poll(monitor(probe, thresholds=Thresholds(util_samples=2)), 1.05)
     assert r.signals == ("utilization",)
     assert r.reason is not None
     assert "0.70" in r.reason and "2 samples" in r.reason
@@ -241,7 +243,7 @@ def test_two_samples_over_in_one_poll_fire_at_once() -> None:
 
 def test_an_under_sample_in_the_same_poll_resets_the_count() -> None:
     probe = FakeProbe(samples=[UtilSample(0.5, 0.6), UtilSample(1.0, 0.6), UtilSample(1.5, 0.0)])
-    r = poll(monitor(probe, foreign_util_samples=2), 1.55)
+    r = poll(monitor(probe, thresholds=Thresholds(util_samples=2)), 1.55)
     assert r.signals == ()
 
 
@@ -480,3 +482,12 @@ def test_run_thread_stops_when_asked() -> None:
     m.run(lambda: clock[0], stop)
     assert m.failure is None
     assert m.latest() is not None
+
+
+def test_the_signals_are_a_list_the_monitor_is_given() -> None:
+    def many_processes(seen: Observation, limits: Thresholds) -> str | None:
+        return "crowded" if len(seen.foreign_pids) >= 2 else None
+
+    probe = FakeProbe(procs=[own_proc(), GpuProcess(5, 1.0), GpuProcess(6, 1.0)])
+    r = poll(monitor(probe, signals=[("crowded", many_processes)]), 1.0)
+    assert r.signals == ("crowded",) and r.reason == "crowded"

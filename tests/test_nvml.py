@@ -6,13 +6,15 @@ import ctypes.util
 import pathlib
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pynvml
 import pytest
-
 from fake_pynvml import MIB, FakeDevice, FakeNvml, FakeProcess
-from forge_load.nvml import NvmlProbe, list_devices, mig_note
+
+from forge_load.backend import NvidiaBackend
+from forge_load.nvml import NvmlProbe, list_devices
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
 
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -111,7 +113,7 @@ def test_mig_mode_enabled_is_reported() -> None:
     fake = FakeNvml([FakeDevice(uuid=UUID_A, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE)])
     info = NvmlProbe("0", nvml=fake.module).info
     assert info.mig_enabled is True
-    note = mig_note(info)
+    note = NvidiaBackend().start_fields(info).get("note")
     assert note is not None and "NVML utilization is not supported on MIG instances" in note
 
 
@@ -122,14 +124,14 @@ def test_mig_mode_disabled_or_unsupported_is_not_mig() -> None:
     assert NvmlProbe("0", nvml=fake.module).info.mig_enabled is False
     info = NvmlProbe("1", nvml=fake.module).info  # GetMigMode: NotSupported
     assert info.mig_enabled is False
-    assert mig_note(info) is None
+    assert NvidiaBackend().start_fields(info).get("note") is None
 
 
 def test_a_mig_instance_uuid_is_mig() -> None:
     fake = FakeNvml([FakeDevice(uuid="MIG-11111111-2222-3333-4444-555555555555")])
     info = NvmlProbe("MIG-11111111-2222-3333-4444-555555555555", nvml=fake.module).info
     assert info.mig_enabled is True
-    assert mig_note(info) is not None
+    assert NvidiaBackend().start_fields(info).get("note") is not None
 
 
 @pytest.mark.parametrize("gpu", ["2", "7"])

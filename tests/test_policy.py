@@ -27,7 +27,7 @@ def quiet_until(p: Policy, start_s: float, end_s: float, step_s: float = 0.5) ->
 def test_starts_filling_at_target() -> None:
     p = make()
     assert p.state is State.FILLING
-    assert p.current_target_ratio == 0.5
+    assert p.current_target == 0.5
     assert p.update(0.1, None) is None
 
 
@@ -38,7 +38,7 @@ def test_yields_at_once_with_the_reason(reason: str) -> None:
     tr = p.update(1.1, reason)
     assert tr == Transition("yield", State.YIELDING, reason)
     assert p.state is State.YIELDING
-    assert p.current_target_ratio == 0.0
+    assert p.current_target == 0.0
 
 
 def test_stays_yielding_while_signals_fire() -> None:
@@ -56,7 +56,7 @@ def test_resumes_only_after_resume_after_s_of_quiet() -> None:
     transitions = quiet_until(p, 20.5, 40.0)
     assert [(t, tr.event, tr.state) for t, tr in transitions] == [(30.0, "resume", State.FILLING)]
     assert "10.0 s" in transitions[0][1].reason
-    assert p.current_target_ratio == 0.5
+    assert p.current_target == 0.5
 
 
 def test_new_signal_restarts_the_resume_wait() -> None:
@@ -75,7 +75,7 @@ def test_boost_after_boost_after_s_of_quiet() -> None:
     transitions = quiet_until(p, 0.5, 150.0)
     assert [(t, tr.event, tr.state) for t, tr in transitions] == [(100.0, "boost", State.BOOSTED)]
     assert "100 s" in transitions[0][1].reason
-    assert p.current_target_ratio == 0.6
+    assert p.current_target == 0.6
 
 
 def test_boost_counts_from_the_last_foreign_activity() -> None:
@@ -90,7 +90,7 @@ def test_no_boost_when_disabled_or_not_higher(boost: float, boost_after_s: float
     p = make(target=0.5, boost=boost, boost_after_s=boost_after_s)
     assert quiet_until(p, 0.0, 1000.0, step_s=5.0) == []
     assert p.state is State.FILLING
-    assert p.current_target_ratio == 0.5
+    assert p.current_target == 0.5
 
 
 def test_boosted_yield_resume_returns_to_filling_not_boosted() -> None:
@@ -99,11 +99,11 @@ def test_boosted_yield_resume_returns_to_filling_not_boosted() -> None:
     assert p.state is State.BOOSTED
     tr = p.update(120.0, "process 99 on the GPU")
     assert tr == Transition("yield", State.YIELDING, "process 99 on the GPU")
-    assert p.current_target_ratio == 0.0
+    assert p.current_target == 0.0
     tr = p.update(130.0, None)
     assert tr is not None and tr.event == "resume" and tr.state is State.FILLING
     assert p.state is State.FILLING
-    assert p.current_target_ratio == 0.5
+    assert p.current_target == 0.5
     # And the boost comes back only after another full boost_after_s of quiet.
     transitions = quiet_until(p, 130.5, 230.0)
     assert [(t, tr.event) for t, tr in transitions] == [(220.0, "boost")]

@@ -103,8 +103,8 @@ def test_every_dashboard_query_evaluates_on_the_scraped_series(scraped: tuple[Fi
             continue  # no dcgm-exporter here, nor the split recorded from it; no yield in the last minute
         assert results, f"no series for dashboard query {expr!r}"
         for result in results:
-            if "gpu" in result["metric"] and "group_left(Hostname)" in expr:
-                assert result["metric"].get("Hostname"), (expr, result)  # the join with forge_load_gpu_info held
+            if "gpu" in result["metric"] and "group_left(hostname)" in expr:
+                assert result["metric"].get("hostname"), (expr, result)  # the join with forge_load_gpu_info held
 
 
 def test_the_rules_load_and_evaluate_on_the_scraped_series(scraped: tuple[Filler, Prometheus]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from forge_load.probe import UtilSample
-from forge_load.scoring import tracking
+from forge_load.scoring import busy_samples, tracking
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -89,14 +89,7 @@ def finish(run: Run, timeout_s: float = 120.0) -> int:
 
 def samples_from(kernels: Iterable[Kernel], begin_s: float, end_s: float, window_s: float = 1 / 6) -> list[UtilSample]:
     """What NVML would report from these kernels alone: the busy share of each window."""
-    spans = sorted((k.start, k.end) for k in kernels)
-    samples = []
-    t_s = begin_s + window_s
-    while t_s <= end_s:
-        busy_s = sum(max(0.0, min(b, t_s) - max(a, t_s - window_s)) for a, b in spans if b > t_s - window_s and a < t_s)
-        samples.append(UtilSample(t_s, busy_s / window_s))
-        t_s += window_s
-    return samples
+    return busy_samples(((k.start, k.end) for k in kernels), begin_s, end_s, window_s)
 
 
 @contextmanager

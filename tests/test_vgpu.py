@@ -207,7 +207,7 @@ def test_numba_compiles_launches_and_times_the_burn_kernel_by_the_wave_model(vgp
     for k, blocks in zip(mine[1:], r["grids"]):
         assert k.end - k.start == pytest.approx(kernel_s(blocks), abs=STAMP_S), blocks
         assert k.start - k.submit >= LATENCY_S - STAMP_S  # the launch latency
-    for seconds, blocks, k in zip(r["elapsed"], r["grids"], mine[1:]):
+    for seconds, blocks, _k in zip(r["elapsed"], r["grids"], mine[1:]):
         # On an idle stream the start event completes at record time, before the kernel even starts.
         assert seconds >= kernel_s(blocks) + LATENCY_S - 1e-6
         assert seconds <= kernel_s(blocks) + 0.5  # plus Python between the record and the launch

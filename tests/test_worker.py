@@ -7,10 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from forge_load.config import SimConfig
-from forge_load.controller import IDLE_PLAN, Plan
 from forge_load.probe import GpuFailedError
 from forge_load.sim import LAUNCH_LATENCY_S, LAUNCH_OVERHEAD_S, WAVE_S, SimGpu, SimLauncher, VirtualClock
-from forge_load.worker import MAX_KERNELS, BusyLog, Completed, Worker
+from forge_load.worker import IDLE_PLAN, MAX_KERNELS, BusyLog, Completed, Plan, Worker
 
 # --- BusyLog ----------------------------------------------------------------------------------------
 
@@ -68,6 +67,19 @@ def test_complete_until_only_moves_forward() -> None:
     log.mark_complete_until(2.0)
     log.mark_complete_until(1.0)
     assert log.complete_until_s == 2.0
+
+
+def test_idle_means_complete_until_the_next_launch_begins() -> None:
+    # With nothing in flight, every window is complete whenever it ends, until a launch begins.
+    log = BusyLog()
+    log.mark_idle(3.0)
+    assert log.complete_until_s == float("inf")
+    log.launching(5.0)
+    assert log.complete_until_s == 5.0
+    log.launching(6.0)  # a second launch while the first is in flight: nothing new is complete
+    assert log.complete_until_s == 5.0
+    log.mark_complete_until(5.5)
+    assert log.complete_until_s == 5.5
 
 
 # --- Worker on the simulated GPU ---------------------------------------------------------------------
@@ -193,6 +205,22 @@ def test_busy_log_matches_the_gpu_timeline() -> None:
     assert r.log.complete_until_s > 3.0 - r.worker.period_s
     upto = r.log.complete_until_s
     assert r.log.busy_s(0.5, upto) == pytest.approx(r.gpu.own_busy_s(0.5, upto), abs=1e-9)
+
+
+def test_the_log_is_never_complete_past_a_launch_still_in_flight() -> None:
+    r = rig(Plan(M, 0.5, period_s=1 / 6))
+    r.drive(2.0)
+    for _ in range(30):
+        t = r.clock.now()
+        in_flight = [run for run in r.gpu.runs if run.end_s > t]
+        if in_flight:
+            assert r.log.complete_until_s <= min(run.submit_s for run in in_flight)
+        r.drive(t + 0.013)
+    # Between bursts, once the last one is collected, nothing holds the Monitor back.
+    slot_s = r.worker.step(r.clock.now())
+    r.drive(slot_s + 0.12)  # past the burst's end: a reading wakes the Worker, which collects it
+    r.worker.step(r.clock.now())
+    assert r.log.complete_until_s == float("inf")
 
 
 def test_duty_zero_launches_nothing() -> None:

@@ -37,8 +37,10 @@ static double cpu_s(void) {
 }
 
 #define GET(name, ver) PFN_##name##_v##ver name##_p; { CUdriverProcAddressQueryResult st; \
-    if (gpa(#name, (void **)&name##_p, ver, 0, &st) != CUDA_SUCCESS || !name##_p) { fprintf(stderr, "no %s\n", #name); return 1; } }
-#define OK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { fprintf(stderr, "%s: %d\n", #x, r_); return 1; } } while (0)
+    if (gpa(#name, (void **)&name##_p, ver, 0, &st) != CUDA_SUCCESS || !name##_p) { \
+        fprintf(stderr, "no %s\n", #name); return 1; } }
+#define OK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { \
+        fprintf(stderr, "%s: %d\n", #x, r_); return 1; } } while (0)
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 100000;

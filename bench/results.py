@@ -1,0 +1,265 @@
+"""The results: numbers with their units, the typed records each scenario fills, the goals and their judging.
+
+Scenarios build typed records (`Quantity`, `TrackingMetrics`, `YieldMetrics`, ...) and store them in the results
+tree as JSON (`to_json`), which is what results.json holds and what rendering reads, so that `--render` from a
+saved run and a fresh run draw from the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+SCHEMA = 1
+TARGETS = (0.3, 0.5, 0.8)
+CONTROLLERS = ("pi", "legacy")
+YIELD_TARGET = 0.5
+FOOTPRINT_TARGET = 0.5
+JUDGE_FROM_S = 5.0  # the "from 5 s" errors: readings from the settle goal on, whether or not it settled
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A number with its unit; a missing one (None) says why in `note`."""
+
+    value: float | int | None
+    unit: str
+    note: str | None = None
+
+    @classmethod
+    def of(cls, value: float | int | None, unit: str, note: str | None = None) -> Quantity:
+        """NaN and inf become None (JSON has neither), floats are rounded to 6 places, and a missing number
+        without a note is "not measured"."""
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        if isinstance(value, float):
+            value = round(value, 6)
+        if value is None and not note:
+            note = "not measured"
+        return cls(value, unit, note)
+
+    def to_json(self) -> Json:
+        out: Json = {"value": self.value, "unit": self.unit}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def measured(value: float | int | None, unit: str, why_missing: str) -> Quantity:
+    """A number whose note only says why it is missing (a note on a present number describes it)."""
+    return Quantity.of(value, unit, why_missing if value is None else None)
+
+
+def q(value: float | int | None, unit: str, note: str | None = None) -> Json:
+    """A number with its unit, as results.json holds it: {"value", "unit"[, "note"]}."""
+    return Quantity.of(value, unit, note).to_json()
+
+
+def val(quantity: Json | None) -> Any:
+    return None if quantity is None else quantity.get("value")
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
+
+
+def optional(json_name: str | None = None) -> Any:
+    """A field some modes leave out: absent from the JSON while None."""
+    return field(default=None, metadata={"json": json_name} if json_name else {})
+
+
+def to_json(record: Any) -> Any:
+    """A record as results.json holds it: its fields in order, optional ones left out while None."""
+    if isinstance(record, Quantity):
+        return record.to_json()
+    if is_dataclass(record) and not isinstance(record, type):
+        out: Json = {}
+        for f in fields(record):
+            value = getattr(record, f.name)
+            if value is None and f.default is None:
+                continue
+            out[f.metadata.get("json") or f.name] = to_json(value)
+        return out
+    if isinstance(record, dict):
+        return {k: to_json(v) for k, v in record.items()}
+    if isinstance(record, (list, tuple)):
+        return [to_json(v) for v in record]
+    return record
+
+
+# --- the scenarios' records ---------------------------------------------------------------------------------
+
+@dataclass
+class TrackingMetrics:
+    """How one run held its target, from 1-s readings; what the mode adds after the scoring is optional."""
+
+    target: Quantity
+    duration_s: Quantity
+    settle_s: Quantity
+    mae: Quantity
+    p95_error: Quantity
+    within_005: Quantity = field(metadata={"json": "within_0.05"})
+    seconds_judged: Quantity
+    mae_from_5s: Quantity
+    p95_error_from_5s: Quantity
+    mean_util: Quantity
+    power_w: Quantity | None = optional()
+    yields: Quantity | None = optional()
+    gpu_mem_mib: Quantity | None = optional()
+    gpu_mem_mib_logged: Quantity | None = optional()  # real GPU: what the start line said
+    device_mem_used_mib: Quantity | None = optional()
+    cpu_pct_one_core: Quantity | None = optional()
+    warning: str | None = optional()
+
+
+@dataclass
+class YieldMetrics:
+    """One foreign job against the filler, on the filler's clock. The simulated GPU adds the worst-case bound;
+    a real GPU the foreign job's own throughput."""
+
+    foreign_start_t: Quantity
+    foreign_end_t: Quantity
+    detected: bool
+    signals: str
+    reason: str
+    detect_s: Quantity
+    yield_s: Quantity
+    resume_s: Quantity
+    resume_after_s: Quantity
+    yields: Quantity
+    resumes_while_foreign: Quantity
+    yield_from_context_begin_s: Quantity | None = optional()
+    foreign_steps_per_s: Quantity | None = optional()
+    foreign_steps: Quantity | None = optional()
+    solo_steps_per_s: Quantity | None = optional()
+    foreign_throughput_ratio: Quantity | None = optional()
+    foreign_lost_s: Quantity | None = optional()
+    foreign_elapsed_s: Quantity | None = optional()
+    foreign_contended_s: Quantity | None = optional()
+    foreign_busy_s: Quantity | None = optional()
+    foreign_worst_case_ratio: Quantity | None = optional()
+    controller: str | None = optional()
+    variant: str | None = optional()
+    label: str | None = optional()
+    target: Quantity | None = optional()
+
+
+@dataclass
+class Scenario:
+    """One run's numbers and the series to plot."""
+
+    name: str
+    metrics: Any  # a record (TrackingMetrics, YieldMetrics) or its JSON
+    series: dict[str, Any] = field(default_factory=dict)
+
+
+def add_tracking(results: Json, scenario: Scenario) -> None:
+    metrics = to_json(scenario.metrics)
+    controller = scenario.name.split("_")[1]
+    target = val(metrics["target"])
+    results["tracking"].setdefault(controller, {})[f"{target:g}"] = metrics
+    results["_series"][scenario.name] = scenario.series
+    pi, legacy = results["tracking"].get("pi", {}), results["tracking"].get("legacy", {})
+    for key in pi:
+        if key in legacy:
+            results["tracking"].setdefault("legacy_over_pi", {})[key] = legacy_over_pi(pi[key], legacy[key])
+
+
+def add_scenario(results: Json, kind: str, scenario: Scenario) -> None:
+    results[kind][scenario.name.split("_", 1)[1]] = to_json(scenario.metrics)
+    results["_series"][scenario.name] = scenario.series
+
+
+def legacy_over_pi(pi: Json, legacy: Json) -> Json:
+    """legacy / pi for each error and the settle time: how many times worse the original law is."""
+    out: Json = {}
+    for key in ("settle_s", "mae", "p95_error", "mae_from_5s", "p95_error_from_5s"):
+        a, b = val(pi.get(key)), val(legacy.get(key))
+        if a is None or b is None:
+            out[key] = q(None, "x", "legacy never settled" if b is None else "pi never settled")
+        elif a == 0:
+            out[key] = q(None, "x", "pi's value is 0")
+        else:
+            out[key] = q(b / a, "x")
+    return out
+
+
+# --- goals --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Goal:
+    key: str
+    goal: str
+    op: str  # "<=" or ">="
+    limit: float
+    unit: str
+
+
+# Issue 5's goals, judged on our controller's (pi's) numbers.
+GOALS = (
+    Goal("settle", "settle time (worst target)", "<=", 5.0, "s"),
+    Goal("mae", "mean abs error after settling (worst target)", "<=", 0.02, "ratio"),
+    Goal("p95", "p95 abs error after settling (worst target)", "<=", 0.05, "ratio"),
+    Goal("yield", "yield: foreign context to our last kernel (worst variant)", "<=", 0.5, "s"),
+    Goal("foreign", "foreign job throughput vs solo (worst variant)", ">=", 0.99, "ratio"),
+    Goal("memory", "filler GPU memory over a bare context", "<=", 16.0, "MiB"),
+    Goal("cpu", "filler host CPU at 0.5", "<=", 5.0, "% of one core"),
+)
+
+
+def worst(values: list[float | None], higher_is_worse: bool) -> float | None:
+    if not values or any(v is None for v in values):
+        return None  # a missing number (never settled, never yielded) fails the goal
+    present = [v for v in values if v is not None]
+    return max(present) if higher_is_worse else min(present)
+
+
+def judge(goal: Goal, value: float | None, over: str, note: str | None) -> Json:
+    """One goal's entry: pass True/False, or None where the mode cannot measure it (a note "n/a ...")."""
+    if note and note.startswith("n/a"):
+        ok = None
+    elif value is None:
+        ok = False
+        note = note or "not measured, or never reached"
+    else:
+        ok = value <= goal.limit if goal.op == "<=" else value >= goal.limit
+    entry: Json = {"key": goal.key, "goal": goal.goal, "limit": q(goal.limit, goal.unit), "op": goal.op,
+                   "measured": q(value, goal.unit, note if value is None else None), "over": over, "pass": ok}
+    if note:
+        entry["note"] = note
+    return entry
+
+
+def judge_goals(results: Json) -> list[Json]:
+    """Each of issue 5's goals against our controller's (pi's) numbers: pass True/False, or None where the
+    mode cannot measure it (footprint on the simulated GPU)."""
+    simulated = results["mode"] == "simulated"
+    pi = results["tracking"].get("pi", {})
+    pi_yields = {k: v for k, v in results["yield"].items() if v.get("controller") == "pi"}
+    footprint = results.get("footprint", {})
+    measured: dict[str, tuple[float | None, str, str | None]] = {
+        "settle": (worst([val(m["settle_s"]) for m in pi.values()], True), "pi at " + ", ".join(pi), None),
+        "mae": (worst([val(m["mae"]) for m in pi.values()], True), "pi at " + ", ".join(pi), None),
+        "p95": (worst([val(m["p95_error"]) for m in pi.values()], True), "pi at " + ", ".join(pi), None),
+        "yield": (worst([val(m["yield_s"]) for m in pi_yields.values()], True), ", ".join(pi_yields), None),
+    }
+    if simulated:
+        measured["foreign"] = (worst([val(m["foreign_worst_case_ratio"]) for m in pi_yields.values()], False),
+                               ", ".join(pi_yields), "simulated worst-case bound: 1 - contended / foreign busy")
+        measured["memory"] = (None, "", "n/a (simulated)")
+        measured["cpu"] = (None, "", "n/a (simulated)")
+    else:
+        measured["foreign"] = (worst([val(m["foreign_throughput_ratio"]) for m in pi_yields.values()], False),
+                               ", ".join(pi_yields), None)
+        measured["memory"] = (val(footprint.get("over_bare_mib")), "filler at 0.5 vs bare context", None)
+        measured["cpu"] = (val(footprint.get("cpu_pct_one_core")), "filler at 0.5", None)
+    return [judge(goal, *measured[goal.key]) for goal in GOALS]

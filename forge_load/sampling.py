@@ -1,0 +1,50 @@
+"""NVML's utilization samples, read the one way the filler reads them (the Monitor, and the benchmark's sampler).
+
+The driver keeps a buffer of samples, one per sample window; each read asks for those newer than the last
+one seen. Where the GPU keeps no buffer (`utilization_samples` gives None), the latest window's ratio is read
+instead, once per window; where the buffer stays empty for longer than two of the longest windows (none while
+idle, on some products), the latest window too. The window length is learnt from the buffered samples' stamps.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from forge_load.probe import Probe, UtilSample
+
+DEFAULT_WINDOW_S = 1.0 / 6.0
+FALLBACK_AFTER_S = 2.5  # longer than two of the longest (1 s) sample windows
+GAPS_KEPT = 9  # the window is the median of the latest gaps between buffered samples
+
+
+class SampleReader:
+    """New utilization samples on each `read(now_s)`, on the probe's clock (the caller's `now_s`)."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self._last_sample_s = float("-inf")
+        self._last_buffered_s = float("-inf")
+        self._gaps_s: list[float] = []
+
+    @property
+    def window_s(self) -> float:
+        """The sample window, from the buffered samples' spacing; 1/6 s until two have been seen."""
+        return median(self._gaps_s) if self._gaps_s else DEFAULT_WINDOW_S
+
+    def read(self, now_s: float) -> list[UtilSample]:
+        """The samples since the previous read, oldest first ([] when none is new)."""
+        fresh = self.probe.utilization_samples(self._last_sample_s)
+        if fresh:
+            for sample in fresh:
+                if self._last_buffered_s > float("-inf"):
+                    self._gaps_s = (self._gaps_s + [sample.t_s - self._last_buffered_s])[-GAPS_KEPT:]
+                self._last_buffered_s = sample.t_s
+            self._last_sample_s = fresh[-1].t_s
+            return list(fresh)
+        if now_s - self._last_sample_s >= (self.window_s if fresh is None else FALLBACK_AFTER_S):
+            # No buffered samples (unsupported, or none while idle): read the latest window instead.
+            ratio = self.probe.utilization_ratio()
+            if ratio is not None:
+                self._last_sample_s = now_s
+                return [UtilSample(now_s, ratio)]
+        return []

@@ -1,0 +1,41 @@
+"""The module map in the README is the import order: each module imports only modules above it there."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_order() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("forge_load/               each file imports only those above it"):]
+    block = block[:block.index("```")]
+    return re.findall(r"^  ([a-z_]+)\.py", block, re.M)
+
+
+def imports_of(path: Path) -> set[str]:
+    """forge_load modules this file imports, lazy and type-checking imports included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("forge_load."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == "forge_load":
+            found.update(alias.name for alias in node.names if alias.name != "__version__")
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("forge_load."))
+    return found
+
+
+def test_the_readme_lists_every_module_once() -> None:
+    modules = sorted(p.stem for p in (ROOT / "forge_load").glob("*.py") if not p.stem.startswith("__"))
+    assert sorted(readme_order()) == modules
+
+
+def test_every_import_points_up_the_readmes_list() -> None:
+    order = {name: i for i, name in enumerate(readme_order())}
+    upward = [(module, imported) for module in order
+              for imported in imports_of(ROOT / "forge_load" / f"{module}.py") if order[imported] >= order[module]]
+    assert upward == []
