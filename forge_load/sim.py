@@ -280,7 +280,7 @@ class SimLauncher:
         self._pending.append((start_s, end_s, multiplier, count))
 
     def poll(self, now_s: float) -> list[Completed]:
-        done = [Completed(a, b, m, n) for a, b, m, n in self._pending if b <= now_s]
+        done = [Completed(a, b, m, n, (b - a) / n if n > 1 else None) for a, b, m, n in self._pending if b <= now_s]
         self._pending = self._pending[len(done):]
         return done
 

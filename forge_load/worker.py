@@ -55,6 +55,7 @@ class Completed:
     end_s: float
     multiplier: int
     count: int = 1
+    kernel_s: float | None = None  # one kernel's length, measured exactly (a burst of two or more), else None
 
 
 class Launcher(Protocol):
@@ -228,10 +229,10 @@ class Worker:
         """Queue the owed busy time, up to `queue_s` queued; `_in_burst` stays set while some is left."""
         multiplier = self.plan.multiplier
         if self._rate_s is None:
-            # Until a kernel has been timed, one at the plan's size alone: it may be longer than the guess.
-            # The rest of the burst follows as soon as it is timed.
+            # Until kernels have been timed, two at the plan's size alone (they may be longer than the guess):
+            # the second, queued behind the first, is timed exactly. The burst's rest follows at once.
             if not self._queue:
-                self._launch(now_s, multiplier, 1, self._guess_launch_s)
+                self._launch(now_s, multiplier, 2, 2 * self._guess_launch_s)
             self._in_burst = True
             return
         room_s = self.queue_s - self._queued_s(now_s)
@@ -283,8 +284,14 @@ class Worker:
                 self._gap_until_s = now_s + self.plan.gap_s
             else:
                 self._owed_s -= busy_s - charged_s  # pay for what the kernels really took
-            if busy_s > 0:
-                rate_s = busy_s / (kernel.count * kernel.multiplier)
+            # Learn from what was timed exactly: the launcher's two events around the kernels after a burst's
+            # first. A span's start is inferred from host clocks, which a busy process reads late or early.
+            # (The legacy law's gap pacing launches lone kernels only, and learns from their spans.)
+            kernel_s = kernel.kernel_s
+            if kernel_s is None and self.plan.gap_s > 0:
+                kernel_s = busy_s / kernel.count
+            if kernel_s is not None and kernel_s > 0:
+                rate_s = kernel_s / kernel.multiplier
                 w = self._ema_weight
                 self._rate_s = rate_s if self._rate_s is None else (1 - w) * self._rate_s + w * rate_s
         if not self._queue:
