@@ -122,6 +122,10 @@ class SimGpu:
         self._ends: list[float] = []
         self._busy_before: list[float] = [0.0]
         self._kept_from_s = float("-inf")  # every kernel that ran after this is still in the lists
+        # The energy counter, integrated up to _energy_t_s: advanced by queries, and before kernels are dropped.
+        self._energy_lock = threading.Lock()
+        self._energy_j = 0.0
+        self._energy_t_s = clock.now()
         self.info = DeviceInfo(index=index, uuid=f"GPU-51a00000-0000-4000-8000-{config.seed:06d}{index:06d}",
                                name=f"Simulated GPU ({config.sms} SMs)", memory_total_mib=81559.0,
                                driver_version="simulated", mig_enabled=False)
@@ -140,6 +144,8 @@ class SimGpu:
         return (LAUNCH_OVERHEAD_S + WAVE_S * waves) * (1.0 + self._rng.uniform(-JITTER_RATIO, JITTER_RATIO))
 
     def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
+        if not self.keep_history and submit_s - self._energy_t_s > self.history_s / 2:
+            self.energy_j(submit_s - self.history_s / 2)  # before the kernels it needs are dropped
         start_s = max(submit_s + LAUNCH_LATENCY_S, self._ends[-1] if self._ends else 0.0)
         end_s = start_s + self.kernel_s(grid_blocks)
         with self._lock:
@@ -201,6 +207,17 @@ class SimGpu:
                 union_s += self._foreign_busy_s(jobs, a_s, b_s) - overlap_s
         return min(max(union_s / (b_s - a_s), 0.0), 1.0)
 
+    def energy_j(self, t_s: float) -> float:
+        """The energy counter at `t_s` (from 0): the instantaneous power is IDLE_POWER_W, or MAX_POWER_W while any
+        kernel runs, so its 1-s mean is what power_w reports."""
+        with self._energy_lock:
+            if t_s > self._energy_t_s:
+                span_s = t_s - self._energy_t_s
+                busy_ratio = self.busy_ratio(self._energy_t_s, t_s)
+                self._energy_j += IDLE_POWER_W * span_s + (MAX_POWER_W - IDLE_POWER_W) * busy_ratio * span_s
+                self._energy_t_s = t_s
+            return self._energy_j
+
     def samples(self, after_s: float, until_s: float) -> list[UtilSample]:
         w = self.window_s
         k = max(math.floor((after_s - self._sample_phase_s) / w) + 1, 1)
@@ -251,6 +268,13 @@ class SimProbe:
         now_s = self.gpu.clock.now()
         util = self.gpu.busy_ratio(now_s - POWER_WINDOW_S, now_s) if now_s > POWER_WINDOW_S else 0.0
         return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * util
+
+    def energy_j(self) -> float | None:
+        self.gpu.check()
+        return self.gpu.energy_j(self.gpu.clock.now())
+
+    def power_limit_w(self) -> float | None:
+        return MAX_POWER_W
 
     def temperature_c(self) -> float | None:
         power_w = self.power_w() or IDLE_POWER_W
