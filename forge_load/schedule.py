@@ -81,10 +81,15 @@ def parse_active_hours(text: str) -> ActiveHours:
     return ActiveHours(tuple(spans), ", ".join(" ".join(entry.split()) for entry in entries))
 
 
+def _quoted(token: str) -> str:
+    """A piece of the schedule for a message: repr, cut short."""
+    return repr(token) if len(token) <= 24 else repr(token[:20]) + "..."
+
+
 def _days(token: str) -> frozenset[int]:
     match = _DAYS_RE.fullmatch(token)
     if match is None:
-        raise ScheduleError(f"{token!r} is neither days (Mon, Mon-Fri) nor a time range (HH:MM-HH:MM)")
+        raise ScheduleError(f"{_quoted(token)} is neither days (Mon, Mon-Fri) nor a time range (HH:MM-HH:MM)")
     first, last = (_day(name) for name in (match[1], match[2] or match[1]))
     return frozenset((first + i) % 7 for i in range((last - first) % 7 + 1))
 
@@ -93,21 +98,22 @@ def _day(name: str) -> int:
     try:
         return DAY_NAMES.index(name.lower())
     except ValueError:
-        raise ScheduleError(f"{name!r} is not a day (Mon, Tue, Wed, Thu, Fri, Sat, Sun)") from None
+        raise ScheduleError(f"{_quoted(name)} is not a day (Mon, Tue, Wed, Thu, Fri, Sat, Sun)") from None
 
 
 def _time_range(token: str) -> tuple[int, int]:
     match = _TIME_RANGE_RE.fullmatch(token)
     if match is None:
-        raise ScheduleError(f"{token!r} is not a time range HH:MM-HH:MM (days come first in an entry)")
+        raise ScheduleError(f"{_quoted(token)} is not a time range HH:MM-HH:MM (days come first in an entry)")
     start_h, start_m, end_h, end_m = (int(g) for g in match.groups())
     if start_h > 23 or start_m > 59:
-        raise ScheduleError(f"{token!r} starts at no time of day (00:00 to 23:59)")
+        raise ScheduleError(f"{_quoted(token)} starts at no time of day (00:00 to 23:59)")
     if end_m > 59 or end_h > 24 or (end_h == 24 and end_m):
-        raise ScheduleError(f"{token!r} ends at no time of day (00:00 to 24:00)")
+        raise ScheduleError(f"{_quoted(token)} ends at no time of day (00:00 to 24:00)")
     start, end = start_h * 60 + start_m, end_h * 60 + end_m
     if start == end:
-        raise ScheduleError(f"{token!r} is empty or ambiguous: for a whole day write 00:00-24:00, or the day alone")
+        raise ScheduleError(f"{_quoted(token)} is empty or ambiguous: for a whole day write 00:00-24:00, or the "
+                            "day alone")
     return start, end
 
 
@@ -139,4 +145,4 @@ def local_zone(tz_value: str | None) -> tzinfo | None:
                 return ZoneInfo.from_file(zone_file, key=name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ScheduleError(f"{name!r} is no time zone this system knows") from None
+        raise ScheduleError(f"{_quoted(name)} is no time zone this system knows") from None

@@ -156,6 +156,7 @@ def test_image_metadata(docker_client: Any, forge_image: Any) -> None:
     for key in ("org.opencontainers.image.title", "org.opencontainers.image.version",
                 "org.opencontainers.image.revision", "org.opencontainers.image.licenses"):
         assert labels.get(key), f"label {key} missing"
+    assert labels.get("io.forge_load.role") == "gpu-filler"  # every container of the image says what it is
     size_mb = forge_image.attrs["Size"] / 1e6
     print(f"image {IMAGE}: {size_mb:.0f} MB")
     assert size_mb < MAX_IMAGE_MB, f"image is {size_mb:.0f} MB, over the {MAX_IMAGE_MB} MB budget"

@@ -193,6 +193,25 @@ def test_resources_are_limited(docs: dict[str, dict[str, Any]]) -> None:
     assert set(resources["limits"]) == {"cpu", "memory"} and set(resources["requests"]) == {"cpu", "memory"}
 
 
+def test_the_nodes_pause_directory_is_mounted_read_only(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    mount = next(m for m in container(docs)["volumeMounts"] if m["mountPath"] == "/run/forge-load")
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"] == {"path": "/run/forge-load", "type": "DirectoryOrCreate"}
+    env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+    assert env["FORGE_PAUSE_FILE"] == "/run/forge-load/pause"
+    assert load_config([], {k: v for k, v in env.items() if k.startswith("FORGE_") and v}).pause_file == (
+        "/run/forge-load/pause")
+
+
+def test_every_pod_says_it_is_the_filler(docs: dict[str, dict[str, Any]]) -> None:
+    daemonset = docs["DaemonSet"]
+    for labels in (daemonset["metadata"]["labels"], daemonset["spec"]["template"]["metadata"]["labels"]):
+        assert labels["app.kubernetes.io/component"] == "gpu-filler"
+        assert labels["app.kubernetes.io/name"] == "forge-load"
+
+
 def test_the_service_finds_the_pods_for_prometheus(docs: dict[str, dict[str, Any]]) -> None:
     service, daemonset = docs["Service"], docs["DaemonSet"]
     labels = daemonset["spec"]["template"]["metadata"]["labels"]
