@@ -10,6 +10,8 @@ The model:
   it runs: busy for `foreign_load_ratio` of every 20-ms period. It shows in the process list unless
   hidden (a container without --pid=host). Foreign and own kernels overlap, which makes the foreign
   share look smallest (the union), the hardest case for the utilization signal.
+- Board power: IDLE_POWER_W, or MAX_POWER_W while any kernel runs; NVML's reading is its mean over the last
+  second, the energy counter its integral from the start, and the enforced power limit MAX_POWER_W.
 
 Long runs stay flat: our kernels are kept only as far back as a query can reach (the driver's sample
 buffer, the power window), and the foreign jobs are looked up by bisection, so each query costs what the
@@ -266,7 +268,7 @@ class SimProbe:
 
     def power_w(self) -> float | None:
         now_s = self.gpu.clock.now()
-        util = self.gpu.busy_ratio(now_s - POWER_WINDOW_S, now_s) if now_s > POWER_WINDOW_S else 0.0
+        util = self.gpu.busy_ratio(now_s - POWER_WINDOW_S, now_s)  # before the start, nothing ran
         return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * util
 
     def energy_j(self) -> float | None:
