@@ -106,6 +106,12 @@ def test_the_cap_holds_from_the_first_second_at_any_target(cap_w: float) -> None
     assert [e["capped"] for e in run.of("power_capped")] == [True]
 
 
+def test_the_legacy_law_is_held_under_the_cap_too() -> None:
+    run = simulate("--duration 40 --controller legacy --max-power-w 300")  # alone it runs flat out: ~700 W
+    assert max(run.power_1s(1.0 + 0.1 * k) for k in range(390)) <= 300.0
+    assert run.gpu.busy_ratio(20.0, 40.0) == pytest.approx((300.0 * 0.97 - IDLE_POWER_W) / SPAN_W, abs=0.02)
+
+
 def test_a_cap_under_idle_power_launches_nothing_and_says_so() -> None:
     run = simulate("--duration 10 --max-power-w 50")
     assert run.kernel_starts(0.0, 10.0) == []
