@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.app import Controls, run_real
+from forge_load.app import Controls, Runtime, run_real
 from forge_load.config import load_config
 from forge_load.pause import PauseSwitch
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
