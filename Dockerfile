@@ -25,11 +25,14 @@ ARG VERSION=0.1.0
 # The image's settings come first, while its filesystem is small: every instruction after the big pip layer
 # costs a full copy of it on some storage drivers (vfs). The revision label is added by
 # `docker build --label org.opencontainers.image.revision=...`, so a new commit does not void the cache.
+# io.forge_load.role=gpu-filler is on every container of this image: `docker ps --filter
+# label=io.forge_load.role=gpu-filler` finds the fillers of a host, whoever started them.
 LABEL org.opencontainers.image.title="forge-load" \
       org.opencontainers.image.description="Keeps a GPU at a target utilization and steps aside the instant real work arrives" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}"
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      io.forge_load.role="gpu-filler"
 
 ENV PATH=/opt/forge/bin:${PATH} \
     PYTHONUNBUFFERED=1 \

@@ -28,17 +28,34 @@ from forge_load.controller import make_controller
 from forge_load.filler import Filler, line_fields
 from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
+from forge_load.pause import Pauses, PauseSwitch
 from forge_load.policy import Policy
+from forge_load.powercap import PowerCap
 from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
+from forge_load.schedule import local_zone
 from forge_load.signals import Thresholds
 from forge_load.sim import SimGpu, VirtualClock
 from forge_load.status import Fleet, GpuSlot
 from forge_load.stopsignals import StopSignals
+from forge_load.title import ProcessTitle
+from forge_load.title import describe as describe_title
 from forge_load.worker import BusyLog, Launcher, Worker
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What steers every GPU's filler from outside at run time: the signals' pause switch (SIGUSR1, SIGUSR2), and
+    who is told when a filler changes state (the process title)."""
+
+    switch: PauseSwitch | None = None
+    on_transition: Callable[[], None] | None = None
+
+
+NO_CONTROLS = Controls()
 
 
 @dataclass
@@ -60,7 +77,9 @@ class Runtime:
 def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], float], stream: TextIO,
           baseline_mem_mib: float, own_mem_context_mib: float, start_s: float,
           on_reading: Callable[[], None] | None = None,
-          heartbeat: Callable[[], None] | None = None) -> Runtime:
+          heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
+          wall_clock: Callable[[], float] = time.time) -> Runtime:
+    """`wall_clock` is the Unix time the active hours and the pause file's times are read against."""
     busy_log = BusyLog()
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
                       own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
@@ -70,9 +89,14 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
                     config.boost_after_s, now_s=start_s)
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid})
+    power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
+    pauses = None
+    if controls.switch is not None or config.pause_file is not None or config.active_hours is not None:
+        pauses = Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock,
+                        tz=local_zone(config.time_zone))
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
-                    heartbeat=heartbeat)
+                    heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
 
 
@@ -81,6 +105,9 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     wall_start_s = time.time() - (rt.now() - rt.start_s)  # the unix time of t=0, for lining logs up
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
+    if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
+        raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
+                         f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
     fields: dict[str, object] = dict(describe(rt.config))
     fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
     fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
@@ -88,25 +115,30 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   gpu_mem_process_mib=reading.own_mem_process_mib if reading else None,
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
                   driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
-                  nvml_clock=rt.probe.sample_clock, **rt.launcher.describe(), **extra)
+                  nvml_clock=rt.probe.sample_clock, energy_source=rt.filler.energy_source_of(reading),
+                  **rt.launcher.describe(), **extra)
+    if rt.filler.power_cap is not None:
+        fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
     rt.log.emit("start", t=0.0, **fields)
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
     status = rt.filler.status(now_s)
     rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
-                yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3))
+                yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),
+                energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy_source)
 
 
 def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[], float], stream: TextIO,
                  on_reading: Callable[[], None] | None = None,
-                 heartbeat: Callable[[], None] | None = None) -> Runtime:
+                 heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
+                 wall_clock: Callable[[], float] = time.time) -> Runtime:
     """Our context on the probe's GPU, and its filler wired; the memory it took is measured on the way."""
     baseline_mib = probe.memory_used_mib() or 0.0  # before our context exists
     launcher = backend.open_launcher(probe)
     own_mib = max((probe.memory_used_mib() or baseline_mib) - baseline_mib, 0.0)
     return build(config, probe, launcher, now, stream, baseline_mib, own_mib, start_s=now(),
-                 on_reading=on_reading, heartbeat=heartbeat)
+                 on_reading=on_reading, heartbeat=heartbeat, controls=controls, wall_clock=wall_clock)
 
 
 # --- the simulated GPU, in virtual time ------------------------------------------------------------------
@@ -119,26 +151,31 @@ class SimRun:
 
 
 def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
-                   keep_history: bool = False) -> SimRun:
+                   keep_history: bool = False, controls: Controls = NO_CONTROLS,
+                   wall_start_s: float | None = None) -> SimRun:
     backend = SimBackend(config.sim, keep_history)
     probe = backend.open_probe(config.gpu)
     clock = probe.gpu.clock
     if not isinstance(clock, VirtualClock):
         raise TypeError("the simulated run loop steps a virtual clock")
-    rt = open_runtime(config, backend, probe, clock.now, stream, heartbeat=heartbeat)
+    wall0_s = time.time() if wall_start_s is None else wall_start_s
+    rt = open_runtime(config, backend, probe, clock.now, stream, heartbeat=heartbeat, controls=controls,
+                      wall_clock=lambda: wall0_s + clock.now())
     return SimRun(rt, probe.gpu, clock)
 
 
 def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
                   heartbeat: Callable[[], None] | None = None,
-                  on_start: Callable[[Runtime], None] | None = None, keep_history: bool = False) -> SimRun:
+                  on_start: Callable[[Runtime], None] | None = None, keep_history: bool = False,
+                  controls: Controls = NO_CONTROLS, wall_start_s: float | None = None) -> SimRun:
     """Run the filler against the simulated GPU until `duration_s` (virtual) or `stop`.
 
     Monitor and filler are stepped in one thread in virtual time, in the order a real run would see
     them; `speed` > 0 paces virtual time against the wall clock. `keep_history` keeps every kernel, for
-    scoring the run afterwards (memory grows with the run).
+    scoring the run afterwards (memory grows with the run). The active hours and the pause file's times are
+    read on a wall clock that starts at `wall_start_s` (default: now) and moves with virtual time.
     """
-    run = open_simulated(config, stream, heartbeat, keep_history)
+    run = open_simulated(config, stream, heartbeat, keep_history, controls, wall_start_s)
     rt, clock = run.runtime, run.clock
     if on_start is not None:
         on_start(rt)
@@ -179,14 +216,17 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
 
 def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
              heartbeat: Callable[[], None] | None = None, backend: Backend | None = None,
-             on_start: Callable[[Runtime], None] | None = None) -> None:
+             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS) -> None:
     """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker."""
     backend = backend or NvidiaBackend()
+    if controls.switch is not None:
+        controls.switch.add_listener(wake.set)  # a pause signal is acted on at once, not at the next poll
     probe = backend.open_probe(config.gpu)
     rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
     try:
-        rt = open_runtime(config, backend, probe, time.monotonic, stream, on_reading=wake.set, heartbeat=heartbeat)
+        rt = open_runtime(config, backend, probe, time.monotonic, stream, on_reading=wake.set, heartbeat=heartbeat,
+                          controls=controls)
         if on_start is not None:
             on_start(rt)
         log_start(rt, backend.start_fields(probe.info))
@@ -274,7 +314,8 @@ OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools a
 
 
 def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
-            wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None) -> None:
+            wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None,
+            controls: Controls = NO_CONTROLS) -> None:
     """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised."""
     started: list[Runtime] = []
 
@@ -285,14 +326,16 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
     def attach(rt: Runtime) -> None:
         started.append(rt)
         slot.attach(rt.info, lambda: rt.filler.status(rt.now()))
+        if controls.on_transition is not None:
+            controls.on_transition()
         if on_start is not None:
             on_start(slot, rt)
 
     try:
         if backend.virtual_time:
-            run_simulated(config, stream, stop, heartbeat=beat, on_start=attach)
+            run_simulated(config, stream, stop, heartbeat=beat, on_start=attach, controls=controls)
         else:
-            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach)
+            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls)
         slot.stopped()
         return
     except NoGpuError as error:
@@ -310,7 +353,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
 
 
 def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
-              fleet: Fleet, heartbeat: Callable[[], None], on_start: OnStart | None = None) -> int:
+              fleet: Fleet, heartbeat: Callable[[], None], on_start: OnStart | None = None,
+              controls: Controls = NO_CONTROLS) -> int:
     """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
     stream = cast(TextIO, LockedStream(out))  # EventLog needs only write() and flush()
     backend = backend_for(config)
@@ -326,7 +370,7 @@ def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threadin
                  gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
             try:
                 run_gpu(dataclasses.replace(config, gpu=selector), backend, slot, stream, gpu_stop, gpu_wake,
-                        heartbeat, on_start)
+                        heartbeat, on_start, controls)
             finally:
                 gpu_ended.set()
                 wake.set()  # the main thread counts the fillers still running
@@ -377,10 +421,12 @@ def request_stop(stop: threading.Event, wake: threading.Event, reason: str) -> N
 
 
 def install_signals(stop: threading.Event, wake: threading.Event,
-                    signals: StopSignals | None = None) -> StopSignals:
-    """SIGTERM, SIGINT and SIGHUP stop the fillers (see forge_load.cli); `signals` when already installed."""
+                    signals: StopSignals | None = None, switch: PauseSwitch | None = None) -> StopSignals:
+    """SIGTERM, SIGINT and SIGHUP stop the fillers (see forge_load.cli), SIGUSR1 and SIGUSR2 pause and resume them;
+    `signals` when already installed."""
     signals = signals or StopSignals.install()
-    signals.watch(lambda name: request_stop(stop, wake, f"signal {name}"))
+    signals.watch(lambda name: request_stop(stop, wake, f"signal {name}"),
+                  None if switch is None else switch.set)
     return signals
 
 
@@ -400,19 +446,25 @@ def _to_devnull(stream: TextIO) -> None:
         os.close(devnull)
 
 
-def main(argv: list[str] | None = None, stream: TextIO | None = None, signals: StopSignals | None = None) -> int:
-    """The process: `signals` are the stop signals forge_load.cli caught first; without them (main() called
-    on its own) they are installed here and put back on return."""
+def main(argv: list[str] | None = None, stream: TextIO | None = None, signals: StopSignals | None = None,
+         title: ProcessTitle | None = None) -> int:
+    """The process: `signals` are the stop and pause signals forge_load.cli caught first; without them (main()
+    called on its own) they are installed here and put back on return. `title` names the process after its
+    GPUs and their states (the forge-load command's; left alone when None)."""
     stop, wake = threading.Event(), threading.Event()
-    installed = install_signals(stop, wake, signals)
+    switch = PauseSwitch()
+    installed = install_signals(stop, wake, signals, switch)
     try:
-        return _main(argv, stream or sys.stdout, stop, wake)
+        return _main(argv, stream or sys.stdout, stop, wake, switch, title)
     finally:
         if signals is None:
             installed.restore()
 
 
-def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: threading.Event) -> int:
+def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: threading.Event,
+          switch: PauseSwitch | None = None, title: ProcessTitle | None = None) -> int:
+    if title is not None:
+        title.set(describe_title([]))
     try:
         config = load_config(argv)
     except ConfigError as error:
@@ -428,6 +480,10 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
     error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     fleet = Fleet(config.health_max_age_s, simulated=config.simulate)
+    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)))
+    if config.pause_file is not None and not os.path.isdir(os.path.dirname(config.pause_file)):
+        say(f"forge-load: warning: FORGE_PAUSE_FILE={config.pause_file}: its directory does not exist (yet), so "
+            "the file cannot appear: is the directory mounted?")
     server: metrics.MetricsServer | None = None
     if config.metrics_port is not None:
         try:
@@ -442,7 +498,9 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
             error_log.emit("stop", state="starting", reason=stop_reason(stop))
             code = EXIT_OK
         else:
-            code = run_fleet(config, log_out, stop, wake, fleet, beat)  # one GPU is a fleet of one
+            code = run_fleet(config, log_out, stop, wake, fleet, beat, controls=controls)  # one GPU: a fleet of one
+            if controls.on_transition is not None:
+                controls.on_transition()  # stopped or failed, for the last moments
     except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none
         say(f"forge-load: no usable GPU: {error}")
         code = EXIT_NO_GPU

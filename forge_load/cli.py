@@ -5,7 +5,8 @@ kernel drops a signal to PID 1 that has no handler: a `docker stop` in that wind
 would kill the filler 10 s later. So this module, which imports nothing heavy, installs the handlers first.
 
 SIGTERM, SIGINT and SIGHUP all mean "stop": the kernels in flight finish, a `stop` line is logged, exit 0.
-How they are caught and handed on: stopsignals.py.
+SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: stopsignals.py. The process names
+itself after its GPUs and their states (title.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def main() -> int:
     signals = StopSignals.install()  # before the imports below: they take a while
     try:
         from forge_load.app import main as run
+        from forge_load.title import ProcessTitle
 
-        return run(signals=signals)
+        return run(signals=signals, title=ProcessTitle())
     except Exception as error:  # noqa: BLE001 - a bug outside the run loops: one line, no traceback
         from forge_load.log import escape_controls
 

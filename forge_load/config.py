@@ -24,6 +24,8 @@ from typing import Any, Literal, NoReturn
 
 from forge_load import __version__
 from forge_load.log import escape_controls
+from forge_load.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
+from forge_load.schedule import ActiveHours, ScheduleError, local_zone, parse_active_hours
 
 
 class ConfigError(Exception):
@@ -68,10 +70,18 @@ class Config:
     metrics_addr: str = "0.0.0.0"
     health_max_age_s: float = 30.0
     heartbeat_file: str | None = None  # None: forge_load.health's default, in a directory only we own
+    max_power_w: float | None = None  # the power cap; None: none
+    active_hours: ActiveHours | None = None  # None: always
+    pause_file: str | None = None
+    time_zone: str | None = None  # TZ as given, checked when the hours or the pause file need local time
     sim: SimConfig = field(default_factory=SimConfig)
 
 
 MAX_FOREIGN_SAMPLES = 100  # the Monitor keeps this many judged sample windows for the signals
+# A power cap below any GPU's idle power or above any board's limit is a typo (a cap below idle is no error to
+# the filler, which then launches nothing).
+MIN_POWER_CAP_W = 10.0
+MAX_POWER_CAP_W = 10000.0
 CONTROLLER_NAMES = ("pi", "legacy")  # controller.make_controller makes each of these
 
 # Boost target used when none is given; a target above it means "no boost" rather than an error.
@@ -379,6 +389,24 @@ def _failures_value(raw: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(failures.items()))
 
 
+def _power_value(raw: str) -> float:
+    accepted = f"watts from {_num(MIN_POWER_CAP_W)} to {_num(MAX_POWER_CAP_W)}, such as 300 or 300W"
+    text = _stripped(raw, accepted)
+    number = text[:-1].rstrip(" \t") if text[-1] in "wW" else text
+    value = _float_of(number, accepted)
+    if not MIN_POWER_CAP_W <= value <= MAX_POWER_CAP_W:
+        raise _Rejected(accepted, "out of range")
+    return value
+
+
+def _active_hours_value(raw: str) -> ActiveHours:
+    text = _stripped(raw, ACTIVE_HOURS_ACCEPTED)
+    try:
+        return parse_active_hours(text)
+    except ScheduleError as error:
+        raise _Rejected(ACTIVE_HOURS_ACCEPTED, str(error)) from None
+
+
 def _window_value(raw: str) -> float:
     return _seconds_value(
         raw,
@@ -531,6 +559,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat_file", "FORGE_HEARTBEAT_FILE", "--heartbeat-file", _path_value,
             "file the loop touches and `python -m forge_load.health` checks; default "
             "/tmp/forge_load-<uid>/heartbeat"),
+    Setting("max_power_w", "FORGE_MAX_POWER_W", "--max-power-w", _power_value,
+            "power cap: board power (1-s mean) stays at or under this many watts while filling; default none"),
+    Setting("active_hours", "FORGE_ACTIVE_HOURS", "--active-hours", _active_hours_value,
+            "when the filler may run, in local time (TZ), such as 'Mon-Fri 20:00-08:00, Sat-Sun'; paused outside; "
+            "default always"),
+    Setting("pause_file", "FORGE_PAUSE_FILE", "--pause-file", _path_value,
+            "paused while this file exists, until the time it holds if any (ISO 8601 or Unix); default none"),
     Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed", _speed_value,
             "simulator: virtual seconds per real second, 0 = as fast as possible, else >= 0.1; default 1"),
     Setting("sim.window_s", "FORGE_SIM_WINDOW", "--sim-window", _window_value,
@@ -646,7 +681,30 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     _check_gpu_choice(given)
     _check_sim_devices(config.sim, given)
     _check_sim_jobs(config.sim, given)
+    config = _check_time_zone(config, given, env)
     return _check_health_max_age(config, given)
+
+
+def _check_time_zone(config: Config, given: Mapping[str, _Given], env: Mapping[str, str]) -> Config:
+    """The active hours and the pause file's times are local time: TZ must name a zone this system knows."""
+    users = [given[key].name for key in ("active_hours", "pause_file") if key in given]
+    if not users or "TZ" not in env:
+        return config
+    raw = env["TZ"]
+    why = _unusable(raw)
+    try:
+        if why is None:
+            local_zone(raw)
+    except ScheduleError as error:
+        why = str(error)
+    if why is not None:
+        raise ConfigError(
+            f"TZ={_shown(raw)} is not valid: {why}; expected a zone name such as Europe/Berlin (from "
+            f"/usr/share/zoneinfo: the tzdata package) or a POSIX rule such as CET-1CEST,M3.5.0,M10.5.0/3, or TZ "
+            f"unset for the system's local time ({' and '.join(users)} {'read' if len(users) > 1 else 'reads'} "
+            "local time)"
+        )
+    return dataclasses.replace(config, time_zone=raw)
 
 
 def heartbeat_period_s(config: Config) -> float:
@@ -764,6 +822,14 @@ def describe(config: Config) -> dict[str, object]:
     }
     if config.gpus is not None:
         out["gpus"] = config.gpus if isinstance(config.gpus, str) else ",".join(config.gpus)
+    if config.max_power_w is not None:
+        out["max_power_w"] = config.max_power_w
+    if config.active_hours is not None:
+        out["active_hours"] = config.active_hours.text
+    if config.pause_file is not None:
+        out["pause_file"] = config.pause_file
+    if config.time_zone is not None:
+        out["tz"] = config.time_zone
     if config.metrics_port is not None:
         host = f"[{config.metrics_addr}]" if ":" in config.metrics_addr else config.metrics_addr
         out.update(metrics=f"{host}:{config.metrics_port}", health_max_age_s=config.health_max_age_s)

@@ -26,8 +26,9 @@ class Controller(Protocol):
         """Begin (or resume) filling at `now_s`; samples whose window started earlier are ignored."""
 
     def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
-               launch_s: float | None) -> Plan:
-        """Take the samples of the held quantity that arrived since the last call; the plan to follow."""
+               launch_s: float | None, max_duty: float = 1.0) -> Plan:
+        """Take the samples of the held quantity that arrived since the last call; the plan to follow, its duty
+        at most `max_duty` (the power cap's limit, powercap.py)."""
 
 
 class PiController:
@@ -59,20 +60,23 @@ class PiController:
         self._filling_since_s = now_s
 
     def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
-               launch_s: float | None) -> Plan:
+               launch_s: float | None, max_duty: float = 1.0) -> Plan:
         # Per-sample gain grows with the window but stays well below the one-sample-delay limit (0.5).
         gain = min(self.ki_per_s * window_s, self.max_gain)
         feed_forward = self.quantity.duty_for(target)
         for sample in samples:
             if sample.t_s - window_s < self._filling_since_s:
                 continue  # the window saw the GPU before we filled it
-            self.integral_duty += gain * (target - sample.ratio) / self.quantity.per_duty
+            step = gain * (target - sample.ratio) / self.quantity.per_duty
+            if step > 0 and feed_forward + self.integral_duty >= max_duty:
+                continue  # held under the duty limit: growing the integral would only wind it up
+            self.integral_duty += step
         self.integral_duty = min(max(self.integral_duty, -feed_forward), 1.0 - feed_forward)
         if launch_s is not None and launch_s > 0:
             scale = self.slice_s / launch_s
             if not 0.7 <= scale <= 1.4:  # dead band: kernel time moves in whole waves
                 self.multiplier = min(max(round(self.multiplier * scale), 1), self.max_multiplier)
-        return Plan(multiplier=self.multiplier, duty_ratio=feed_forward + self.integral_duty,
+        return Plan(multiplier=self.multiplier, duty_ratio=max(min(feed_forward + self.integral_duty, max_duty), 0.0),
                     period_s=self.period_for(feed_forward, window_s))
 
     def period_for(self, duty: float, window_s: float) -> float:
@@ -132,11 +136,13 @@ class LegacyController:
         self._idle_until_s = float("-inf")
 
     def update(self, target: float, samples: Sequence[UtilSample], window_s: float,
-               launch_s: float | None) -> Plan:
+               launch_s: float | None, max_duty: float = 1.0) -> Plan:
         for sample in samples:
             self._last_s = max(self._last_s, sample.t_s)
             self._observe(target, sample)
         duty = 0.0 if self._last_s < self._idle_until_s else 1.0
+        if duty > max_duty:  # its gap pacing has no duty to cap: paced by the limit instead
+            return Plan(multiplier=self.multiplier, duty_ratio=max(max_duty, 0.0))
         return Plan(multiplier=self.multiplier, duty_ratio=duty, gap_s=self.gap_s)
 
     def _observe(self, target: float, sample: UtilSample) -> None:

@@ -1,4 +1,5 @@
-"""The control loop of one GPU: Monitor readings -> policy -> controller -> Worker, and the log lines."""
+"""The control loop of one GPU: Monitor readings and pauses -> policy -> controller (under the power cap's
+duty limit) -> Worker; the energy it accounts for, and the log lines."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from dataclasses import dataclass
 from forge_load.controller import Controller
 from forge_load.log import EventLog
 from forge_load.monitor import Monitor, Reading
-from forge_load.policy import Policy, State
+from forge_load.pause import Pauses
+from forge_load.policy import FILLING_STATES, Policy, State, Transition
+from forge_load.powercap import CapChange, PowerCap
 from forge_load.quantity import UTILIZATION, Quantity
 from forge_load.signals import ShareSample
 from forge_load.status import GpuStatus
@@ -29,9 +32,14 @@ class IntervalStats:
 
 
 class Filler:
+    """`power_cap` limits the duty (FORGE_MAX_POWER_W); `pauses` says when not to run at all; `on_transition` is
+    told after every change of state (the process title follows it)."""
+
     def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy,
                  log: EventLog, start_s: float, log_interval_s: float, stale_after_s: float = 2.0,
-                 heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION) -> None:
+                 heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION,
+                 power_cap: PowerCap | None = None, pauses: Pauses | None = None,
+                 on_transition: Callable[[], None] | None = None) -> None:
         self.monitor = monitor
         self.quantity = quantity  # what the target is a target of
         self.worker = worker
@@ -51,7 +59,18 @@ class Filler:
         self._next_status_s = start_s + log_interval_s
         self._last_beat_s = float("-inf")
         self._yield_since_s: float | None = None
-        self._draining = False  # a yield's last kernels are still running
+        self._draining = False  # a yield's (or a pause's) last kernels are still running
+        self.power_cap = power_cap
+        self._power_pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover
+        self.pauses = pauses
+        self.on_transition = on_transition
+        self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
+        self._pause_reason: str | None = None
+        # Energy: the device's, over the time between two readings that began while we were filling.
+        self.energy_j = 0.0
+        self.energy_source = "none"  # counter (NVML's energy counter), power (integrated readings) or none
+        self._energy_prev: tuple[float, float | None, float | None] | None = None  # (t_s, energy_j, power_w)
+        self._counting_energy = False
         controller.start(start_s)
 
     @property
@@ -63,7 +82,10 @@ class Filler:
         if self.monitor.failure is not None:
             raise self.monitor.failure
         reading = self.monitor.latest()
-        if reading is not None and reading.seq != self._seq:
+        fresh = reading is not None and reading.seq != self._seq
+        if self.pauses is not None and (fresh or self.pauses.generation != self._pause_generation):
+            self._check_pauses(now_s)
+        if reading is not None and fresh:
             self._seq = reading.seq
             self._react(now_s, reading)
         elif reading is None or now_s - reading.t_s > self.stale_after_s:
@@ -89,25 +111,57 @@ class Filler:
             self._stats.own_sum += share.own_ratio
             self._stats.foreign_sum += share.foreign_ratio
             self._stats.count += 1
+        self._account_energy(reading)
         self._decide(now_s, reading.reason, reading)
-        if self.policy.state is not State.YIELDING:
-            plan = self.controller.update(self.policy.current_target, self.quantity.samples(reading),
-                                          reading.window_s, self.worker.launch_s)
-            self.worker.set_plan(plan)
+        self._observe_power(now_s, reading)
+        if self.policy.state in FILLING_STATES:
+            self._plan(now_s, reading)
+        self._counting_energy = self.policy.state in FILLING_STATES
+
+    def _plan(self, now_s: float, reading: Reading | None) -> None:
+        """The controller's plan for the Worker, under the power cap's duty limit; without a reading (an unpause
+        between polls), from what the controller already knows."""
+        limit = self.power_cap.duty_limit if self.power_cap is not None else 1.0
+        samples = self.quantity.samples(reading) if reading is not None else []
+        window_s = reading.window_s if reading is not None else self.monitor.window_s
+        plan = self.controller.update(self.policy.current_target, samples, window_s, self.worker.launch_s,
+                                      max_duty=limit)
+        self.worker.set_plan(plan)
+        if self.power_cap is not None:
+            self._log_cap(now_s, self.power_cap.after_plan(plan.duty_ratio, limit))
 
     def _decide(self, now_s: float, reason: str | None, reading: Reading | None = None) -> None:
-        transition = self.policy.update(now_s, reason)
+        self._apply(now_s, self.policy.update(now_s, reason), reading)
+
+    def _check_pauses(self, now_s: float) -> None:
+        """A pause begins (or its reasons change) or ends: as fast as a yield, and logged like one."""
+        assert self.pauses is not None
+        self._pause_generation = self.pauses.generation
+        verdict = self.pauses.check()
+        if verdict.reason is not None and verdict.reason != self._pause_reason:
+            self._pause_reason = verdict.reason
+            self._apply(now_s, self.policy.pause(now_s, verdict.reason))
+        elif verdict.reason is None and self._pause_reason is not None:
+            self._pause_reason = None
+            self._apply(now_s, self.policy.unpause(now_s, verdict.ended or "no reason to pause left"))
+            if self.policy.state in FILLING_STATES:
+                self._plan(now_s, None)  # at once, not at the next poll
+
+    def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None) -> None:
         if transition is None:
             return
+        filling_before = self.worker.plan.duty_ratio > 0 or self.worker.in_flight > 0
+        if transition.state not in FILLING_STATES:
+            self.worker.set_plan(IDLE_PLAN)  # no kernel is launched after this line
+            self._draining = self._draining or filling_before
         if transition.event == "yield":
-            self.worker.set_plan(IDLE_PLAN)
-            self._draining = True
             self.yields += 1
+        if transition.state is State.YIELDING and self._yield_since_s is None:
             self._yield_since_s = now_s
-        elif self._yield_since_s is not None:
+        elif transition.state is not State.YIELDING and self._yield_since_s is not None:
             self.yielding_s += now_s - self._yield_since_s
             self._yield_since_s = None
-        if transition.event == "resume":
+        if transition.event in ("resume", "unpause") and transition.state in FILLING_STATES:
             self.controller.start(now_s)
         extra: dict[str, object] = {}
         if reading is not None and reading.signals:
@@ -115,6 +169,59 @@ class Filler:
         fields = self.fields(now_s)
         fields.update(reason=transition.reason, **extra)
         self.log.emit(transition.event, t=now_s - self.start_s, **fields)
+        if transition.state not in FILLING_STATES and self.power_cap is not None:
+            self._log_cap(now_s, self.power_cap.stop_binding())
+        if self.on_transition is not None:
+            self.on_transition()
+
+    def _observe_power(self, now_s: float, reading: Reading) -> None:
+        """The power cap learns from every reading: board power against our busy share of the same second.
+
+        A reading waits until every kernel of ours that ran before it is timed: a burst still in flight would
+        read our share low and the watts it costs high (bursts last up to a twelfth of a second)."""
+        if self.power_cap is None:
+            return
+        if self._power_pending is None and reading.power_w is not None:
+            self._power_pending = (now_s, reading)
+        busy = self.worker.busy_log
+        if self._power_pending is None or busy.complete_until_s < self._power_pending[0]:
+            return
+        at_s, pending = self._power_pending
+        self._power_pending = None
+        own_ratio = min(busy.busy_s(at_s - 1.0, at_s), 1.0)
+        before_ratio = min(busy.busy_s(at_s - 2.0, at_s - 1.0), 1.0)
+        steady = abs(own_ratio - before_ratio) <= 0.1 * max(own_ratio, before_ratio) + 0.01
+        self.power_cap.observe(pending.power_w, own_ratio, quiet=pending.reason is None, steady=steady)
+
+    def _log_cap(self, now_s: float, change: CapChange | None) -> None:
+        if change is None:
+            return
+        fields = self.fields(now_s)
+        fields.update(capped=change.binding, power_w=None if change.power_w is None else round(change.power_w, 1),
+                      max_power_w=change.cap_w, duty_limit=round(change.duty_limit, 4))
+        self.log.emit("power_capped", t=now_s - self.start_s, **fields)
+
+    @staticmethod
+    def energy_source_of(reading: Reading | None) -> str:
+        """How this GPU's energy is counted: NVML's energy counter, integrated power readings, or not at all."""
+        if reading is not None and reading.energy_j is not None:
+            return "counter"
+        return "power" if reading is not None and reading.power_w is not None else "none"
+
+    def _account_energy(self, reading: Reading) -> None:
+        """The device's energy between the previous reading and this one, if we were filling at the previous one:
+        from NVML's energy counter where it has one, else the power readings integrated (trapezoids)."""
+        previous = self._energy_prev
+        self._energy_prev = (reading.t_s, reading.energy_j, reading.power_w)
+        self.energy_source = self.energy_source_of(reading)
+        if previous is None or not self._counting_energy:
+            return
+        then_s, then_j, then_w = previous
+        if reading.energy_j is not None and then_j is not None:
+            if reading.energy_j >= then_j:  # a counter that went back (the driver reloaded) loses this interval
+                self.energy_j += reading.energy_j - then_j
+        elif reading.power_w is not None and then_w is not None:
+            self.energy_j += (then_w + reading.power_w) / 2 * max(reading.t_s - then_s, 0.0)
 
     def seconds_yielding(self, now_s: float) -> float:
         open_s = now_s - self._yield_since_s if self._yield_since_s is not None else 0.0
@@ -125,6 +232,9 @@ class Filler:
         extra: dict[str, object] = {}
         if self.last is not None and self.last.power_w is not None:
             extra["power_w"] = round(self.last.power_w, 1)
+        extra["energy_j"] = round(self.energy_j, 1)
+        if self.power_cap is not None:
+            extra["power_capped"] = self.power_cap.binding
         fields = self.fields(now_s)
         fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
                       foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
@@ -137,9 +247,10 @@ class Filler:
         """The snapshot the log lines and the metrics both read."""
         last, share, policy = self.last, self.last_share, self.policy
         plan = self.worker.plan
+        filling = policy.state in FILLING_STATES
         return GpuStatus(
             state=policy.state.value,
-            target=policy.target if policy.state is State.YIELDING else policy.current_target,
+            target=policy.current_target if filling else policy.target,
             holding=policy.current_target,
             util_ratio=share.util_ratio if share else None,
             own_ratio=share.own_ratio if share else None,
@@ -151,6 +262,9 @@ class Filler:
             yields=self.yields,
             yielding_s=self.seconds_yielding(now_s),
             own_busy_s=self.worker.busy_log.total_busy_s,
+            energy_j=self.energy_j,
+            power_cap_w=self.power_cap.cap_w if self.power_cap is not None else None,
+            power_capped=self.power_cap is not None and self.power_cap.binding and filling,
         )
 
     def fields(self, now_s: float) -> dict[str, object]:

@@ -53,6 +53,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "forge_load_yields_total": ("counter", "Times the filler stepped aside for a foreign job"),
     "forge_load_yielding_seconds_total": ("counter", "Seconds spent stepped aside"),
     "forge_load_own_busy_seconds_total": ("counter", "Seconds our own kernels ran on the GPU"),
+    "forge_load_power_watts": ("gauge", "Board power, NVML's reading (a 1-s mean on Ampere and newer GPUs)"),
+    "forge_load_power_cap_watts": ("gauge", "The power cap (FORGE_MAX_POWER_W); absent when there is none"),
+    "forge_load_power_capped": ("gauge", "1 while the power cap holds the filler's duty below what its target asks, "
+                                         "else 0"),
+    "forge_load_energy_joules_total": ("counter", "The whole device's energy (NVML) while this filler was filling: "
+                                                  "idle power and anything else on the GPU included, not ours alone"),
 }
 
 
@@ -83,6 +89,8 @@ class FillerCollector:
         multiplier, memory = family("forge_load_multiplier"), family("forge_load_process_gpu_memory_bytes")
         yields, yielding = family("forge_load_yields_total"), family("forge_load_yielding_seconds_total")
         busy = family("forge_load_own_busy_seconds_total")
+        power, cap = family("forge_load_power_watts"), family("forge_load_power_cap_watts")
+        capped, energy = family("forge_load_power_capped"), family("forge_load_energy_joules_total")
 
         for slot in self.fleet.slots:
             labels = slot.labels
@@ -97,6 +105,7 @@ class FillerCollector:
             yields.add_metric(labels, float(snapshot.yields))
             yielding.add_metric(labels, snapshot.yielding_s)
             busy.add_metric(labels, snapshot.own_busy_s)
+            energy.add_metric(labels, snapshot.energy_j)
             if slot.status != "running":
                 continue  # a stopped or failed GPU's last readings would read as current
             target.add_metric(labels, snapshot.holding)
@@ -107,7 +116,13 @@ class FillerCollector:
                     family_.add_metric(labels, value)
             if snapshot.own_mem_mib is not None:
                 memory.add_metric(labels, snapshot.own_mem_mib * MIB_BYTES)
-        yield from (build, info, up, state, target, util, own, foreign, multiplier, memory, yields, yielding, busy)
+            if snapshot.power_w is not None:
+                power.add_metric(labels, snapshot.power_w)
+            if snapshot.power_cap_w is not None:
+                cap.add_metric(labels, snapshot.power_cap_w)
+            capped.add_metric(labels, 1.0 if snapshot.power_capped else 0.0)
+        yield from (build, info, up, state, target, util, own, foreign, multiplier, memory, yields, yielding, busy,
+                    power, cap, capped, energy)
 
 
 # --- the HTTP server ----------------------------------------------------------------------------------------

@@ -30,8 +30,9 @@ class Reading:
     foreign_pids: tuple[int, ...]
     signals: tuple[str, ...]  # which of process / memory / utilization fired
     reason: str | None  # what fired, for the log; None when every signal is clear
-    power_w: float | None = None
+    power_w: float | None = None  # board power (NVML's reading: a 1-s mean on current GPUs)
     temperature_c: float | None = None
+    energy_j: float | None = None  # the board's energy counter, where NVML offers one
 
     @property
     def foreign(self) -> bool:
@@ -128,7 +129,7 @@ class Monitor:
             foreign_mem_mib=foreign_mem_mib,
             foreign_pids=foreign_pids, signals=tuple(name for name, _ in fired),
             reason="; ".join(reason for _, reason in fired) or None,
-            power_w=self.probe.power_w(), temperature_c=self.probe.temperature_c(),
+            power_w=self.probe.power_w(), temperature_c=self.probe.temperature_c(), energy_j=self.probe.energy_j(),
         )
 
     def _new_samples(self, now_s: float) -> list[UtilSample]:

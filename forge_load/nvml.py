@@ -454,6 +454,15 @@ class NvmlProbe:
         milliwatts = self._query("nvmlDeviceGetPowerUsage", self._handle)
         return None if milliwatts is None else float(milliwatts) / 1000.0
 
+    def energy_j(self) -> float | None:
+        # Volta and newer: the board's energy since the driver loaded, in mJ (docs/DESIGN.md §9).
+        millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._handle)
+        return None if millijoules is None else int(millijoules) / 1000.0
+
+    def power_limit_w(self) -> float | None:
+        milliwatts = self._query("nvmlDeviceGetEnforcedPowerLimit", self._handle)
+        return None if milliwatts is None else float(milliwatts) / 1000.0
+
     def temperature_c(self) -> float | None:
         celsius = self._query(
             "nvmlDeviceGetTemperature", self._handle, getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)

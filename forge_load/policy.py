@@ -1,4 +1,4 @@
-"""The state machine: filling, yielding, boosted. Pure: time and verdicts are passed in."""
+"""The state machine: filling, yielding, boosted, paused. Pure: time, verdicts and pauses are passed in."""
 
 from __future__ import annotations
 
@@ -10,18 +10,26 @@ class State(str, Enum):
     FILLING = "filling"
     YIELDING = "yielding"
     BOOSTED = "boosted"
+    PAUSED = "paused"  # outside the active hours, a pause file, or SIGUSR1: nothing runs, whatever the GPU does
+
+
+FILLING_STATES = (State.FILLING, State.BOOSTED)  # our kernels run
 
 
 @dataclass(frozen=True)
 class Transition:
-    event: str  # "yield", "resume" or "boost"
+    event: str  # "yield", "resume", "boost", "pause" or "unpause"
     state: State
     reason: str
 
 
 class Policy:
     """Yield the moment any foreign signal fires; resume after `resume_after_s` with every signal clear;
-    boost after `boost_after_s` without foreign activity (0 disables the boost)."""
+    boost after `boost_after_s` without foreign activity (0 disables the boost).
+
+    A pause overrides all of it until unpause(); foreign activity seen meanwhile still counts, so a job that
+    ran during the pause keeps the filler yielding afterwards until `resume_after_s` have passed without one.
+    """
 
     def __init__(self, target: float, boost_target: float, resume_after_s: float,
                  boost_after_s: float, now_s: float) -> None:
@@ -30,23 +38,28 @@ class Policy:
         self.resume_after_s = resume_after_s
         self.boost_after_s = boost_after_s
         self.state = State.FILLING
-        self.last_foreign_s = now_s
+        self.last_foreign_s = now_s  # for the boost, the quiet spell counts from the start
+        self.foreign_seen_s: float | None = None  # the last foreign verdict, if there was any
 
     @property
     def current_target(self) -> float:
         if self.state is State.BOOSTED:
             return self.boost_target
-        if self.state is State.YIELDING:
-            return 0.0
-        return self.target
+        if self.state in FILLING_STATES:
+            return self.target
+        return 0.0
 
     def update(self, now_s: float, foreign_reason: str | None) -> Transition | None:
         """`foreign_reason` is None when every signal is clear, else what fired."""
         if foreign_reason is not None:
-            self.last_foreign_s = now_s
+            self.last_foreign_s = self.foreign_seen_s = now_s
+            if self.state is State.PAUSED:
+                return None
             if self.state is not State.YIELDING:
                 self.state = State.YIELDING
                 return Transition("yield", self.state, foreign_reason)
+            return None
+        if self.state is State.PAUSED:
             return None
         quiet_s = now_s - self.last_foreign_s
         if self.state is State.YIELDING and quiet_s >= self.resume_after_s:
@@ -57,3 +70,20 @@ class Policy:
             self.state = State.BOOSTED
             return Transition("boost", self.state, f"no foreign activity for {quiet_s:.0f} s")
         return None
+
+    def pause(self, now_s: float, reason: str) -> Transition:
+        """Paused from now on (again, when the reason changed while paused: the line says the new one)."""
+        self.state = State.PAUSED
+        return Transition("pause", self.state, reason)
+
+    def unpause(self, now_s: float, reason: str) -> Transition | None:
+        """The pause is over: filling, or yielding while foreign activity is more recent than `resume_after_s`."""
+        if self.state is not State.PAUSED:
+            return None
+        quiet_s = now_s - (self.foreign_seen_s if self.foreign_seen_s is not None else float("-inf"))
+        if quiet_s >= self.resume_after_s:
+            self.state = State.FILLING
+            return Transition("unpause", self.state, reason)
+        self.state = State.YIELDING
+        return Transition("unpause", self.state, f"{reason}; foreign activity {quiet_s:.1f} s ago: filling after "
+                                                 f"{self.resume_after_s:.1f} s without any")

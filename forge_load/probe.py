@@ -58,7 +58,14 @@ class Probe(Protocol):
     def processes(self) -> list[GpuProcess] | None:
         """Compute and graphics processes on the GPU, as far as this PID namespace shows them."""
 
-    def power_w(self) -> float | None: ...
+    def power_w(self) -> float | None:
+        """Board power: NVML's reading (a 1-s mean on Ampere and newer, docs/DESIGN.md §9)."""
+
+    def energy_j(self) -> float | None:
+        """The board's energy counter (since the driver loaded; it only grows), in joules."""
+
+    def power_limit_w(self) -> float | None:
+        """The board's enforced power limit."""
 
     def temperature_c(self) -> float | None: ...
 

@@ -11,6 +11,8 @@ The model:
   it runs: busy for `foreign_load_ratio` of every 20-ms period. It shows in the process list unless
   hidden (a container without --pid=host). Foreign and own kernels overlap, which makes the foreign
   share look smallest (the union), the hardest case for the utilization signal.
+- Board power: IDLE_POWER_W, or MAX_POWER_W while any kernel runs; NVML's reading is its mean over the last
+  second, the energy counter its integral from the start, and the enforced power limit MAX_POWER_W.
 
 Long runs stay flat: our kernels are kept only as far back as a query can reach (the driver's sample
 buffer, the power window), and the foreign jobs are looked up by bisection, so each query costs what the
@@ -123,6 +125,10 @@ class SimGpu:
         self._ends: list[float] = []
         self._busy_before: list[float] = [0.0]
         self._kept_from_s = float("-inf")  # every kernel that ran after this is still in the lists
+        # The energy counter, integrated up to _energy_t_s: advanced by queries, and before kernels are dropped.
+        self._energy_lock = threading.Lock()
+        self._energy_j = 0.0
+        self._energy_t_s = clock.now()
         self.info = DeviceInfo(index=index, uuid=f"GPU-51a00000-0000-4000-8000-{config.seed:06d}{index:06d}",
                                name=f"Simulated GPU ({config.sms} SMs)", memory_total_mib=81559.0,
                                driver_version="simulated", mig_enabled=False)
@@ -141,6 +147,8 @@ class SimGpu:
         return (LAUNCH_OVERHEAD_S + WAVE_S * waves) * (1.0 + self._rng.uniform(-JITTER_RATIO, JITTER_RATIO))
 
     def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
+        if not self.keep_history and submit_s - self._energy_t_s > self.history_s / 2:
+            self.energy_j(submit_s - self.history_s / 2)  # before the kernels it needs are dropped
         start_s = max(submit_s + LAUNCH_LATENCY_S, self._ends[-1] if self._ends else 0.0)
         end_s = start_s + self.kernel_s(grid_blocks)
         with self._lock:
@@ -202,6 +210,17 @@ class SimGpu:
                 union_s += self._foreign_busy_s(jobs, a_s, b_s) - overlap_s
         return min(max(union_s / (b_s - a_s), 0.0), 1.0)
 
+    def energy_j(self, t_s: float) -> float:
+        """The energy counter at `t_s` (from 0): the instantaneous power is IDLE_POWER_W, or MAX_POWER_W while any
+        kernel runs, so its 1-s mean is what power_w reports."""
+        with self._energy_lock:
+            if t_s > self._energy_t_s:
+                span_s = t_s - self._energy_t_s
+                busy_ratio = self.busy_ratio(self._energy_t_s, t_s)
+                self._energy_j += IDLE_POWER_W * span_s + (MAX_POWER_W - IDLE_POWER_W) * busy_ratio * span_s
+                self._energy_t_s = t_s
+            return self._energy_j
+
     def samples(self, after_s: float, until_s: float) -> list[UtilSample]:
         w = self.window_s
         k = max(math.floor((after_s - self._sample_phase_s) / w) + 1, 1)
@@ -250,8 +269,15 @@ class SimProbe:
 
     def power_w(self) -> float | None:
         now_s = self.gpu.clock.now()
-        util = self.gpu.busy_ratio(now_s - POWER_WINDOW_S, now_s) if now_s > POWER_WINDOW_S else 0.0
+        util = self.gpu.busy_ratio(now_s - POWER_WINDOW_S, now_s)  # before the start, nothing ran
         return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * util
+
+    def energy_j(self) -> float | None:
+        self.gpu.check()
+        return self.gpu.energy_j(self.gpu.clock.now())
+
+    def power_limit_w(self) -> float | None:
+        return MAX_POWER_W
 
     def temperature_c(self) -> float | None:
         power_w = self.power_w() or IDLE_POWER_W

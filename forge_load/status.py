@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from forge_load.probe import DeviceInfo, NoGpuError
 
 # Every state a GPU's slot can report; exactly one holds at a time.
-STATES = ("starting", "filling", "yielding", "boosted", "stopped", "failed")
+STATES = ("starting", "filling", "yielding", "boosted", "paused", "stopped", "failed")
 
 
 @dataclass(frozen=True)
 class GpuStatus:
     """One GPU's filler at one moment."""
 
-    state: str  # filling, yielding or boosted
-    target: float  # the target (the boost target when boosted); while yielding, the one to return to
-    holding: float  # what the filler holds now: the target, or 0 while yielding (both in the held
+    state: str  # filling, yielding, boosted or paused
+    target: float  # the target (the boost target when boosted); while yielding or paused, the one to return to
+    holding: float  # what the filler holds now: the target, or 0 while yielding or paused (both in the held
     # quantity's unit: quantity.py)
     util_ratio: float | None  # the latest NVML sample window: the device's utilization,
     own_ratio: float | None  # our own share of it,
@@ -36,6 +36,9 @@ class GpuStatus:
     yields: int
     yielding_s: float
     own_busy_s: float
+    energy_j: float = 0.0  # the device's energy while we were filling (filler.py says how it is counted)
+    power_cap_w: float | None = None  # FORGE_MAX_POWER_W; None: no cap
+    power_capped: bool = False  # the cap sets our duty now, below what the target asks
 
 
 class GpuSlot:

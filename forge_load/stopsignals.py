@@ -1,4 +1,6 @@
-"""Stop signals (SIGTERM, SIGINT, SIGHUP), caught from the first moment and handed to the run loops.
+"""Stop signals (SIGTERM, SIGINT, SIGHUP) and the pause signals (SIGUSR1 pauses, SIGUSR2 resumes), caught from
+the first moment and handed to the run loops. A pause signal's default action would end the process, so it is
+caught as early as the stop signals.
 
 The C-level handler writes each signal's number into a pipe (signal.set_wakeup_fd), even while the main
 thread is busy importing; a watcher thread started later reads the pipe and sets the stop events. No lock is
@@ -16,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PAUSE_SIGNALS = {signal.SIGUSR1: True, signal.SIGUSR2: False}  # signal -> pause (True) or resume (False)
+CAUGHT = (*STOP_SIGNALS, *PAUSE_SIGNALS)
 
 
 def _noted(_signum: int, _frame: object) -> None:
@@ -23,7 +27,8 @@ def _noted(_signum: int, _frame: object) -> None:
 
 
 class StopSignals:
-    """Stop signals, caught from install() on; watch() hands each one to a callback, in a thread of its own."""
+    """Stop and pause signals, caught from install() on; watch() hands each one to a callback, in a thread of its
+    own."""
 
     def __init__(self, read_fd: int, write_fd: int, previous: dict[signal.Signals, Any],
                  previous_wakeup_fd: int) -> None:
@@ -37,18 +42,22 @@ class StopSignals:
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         previous_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        previous = {signum: signal.signal(signum, _noted) for signum in STOP_SIGNALS}
+        previous = {signum: signal.signal(signum, _noted) for signum in CAUGHT}
         return cls(read_fd, write_fd, previous, previous_wakeup_fd)
 
-    def watch(self, on_signal: Callable[[str], None]) -> None:
-        """Call on_signal("SIGTERM") for each stop signal: those caught before this call at once, in this
-        thread (so the caller knows of them when this returns), later ones from a thread of its own."""
+    def watch(self, on_signal: Callable[[str], None],
+              on_pause: Callable[[bool, str], None] | None = None) -> None:
+        """Call on_signal("SIGTERM") for each stop signal and on_pause(True, "SIGUSR1") / on_pause(False,
+        "SIGUSR2") for each pause signal: those caught before this call at once, in order, in this thread (so
+        the caller knows of them when this returns), later ones from a thread of its own."""
         import threading
 
         def deliver(data: bytes) -> None:
             for signum in data:
                 if signum in STOP_SIGNALS:
                     on_signal(signal.Signals(signum).name)
+                elif signum in PAUSE_SIGNALS and on_pause is not None:
+                    on_pause(PAUSE_SIGNALS[signal.Signals(signum)], signal.Signals(signum).name)
 
         os.set_blocking(self._read_fd, False)
         try:
@@ -70,8 +79,8 @@ class StopSignals:
         threading.Thread(target=run, name="signals", daemon=True).start()
 
     def ignore(self) -> None:
-        """After the stop line: any further stop signal is ignored, through interpreter shutdown."""
-        for signum in STOP_SIGNALS:
+        """After the stop line: any further stop or pause signal is ignored, through interpreter shutdown."""
+        for signum in CAUGHT:
             signal.signal(signum, signal.SIG_IGN)
 
     def restore(self) -> None:

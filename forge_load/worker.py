@@ -150,6 +150,7 @@ class Worker:
                  guess_launch_s: float = 0.002, ema_weight: float = 0.2) -> None:
         self.launcher = launcher
         self.busy_log = busy_log
+        busy_log.mark_idle(float("-inf"))  # nothing launched yet: the log is complete until the first launch
         self.queue_s = queue_s
         self.plan = IDLE_PLAN
         self._rate_s: float | None = None  # measured seconds of kernel per block per SM

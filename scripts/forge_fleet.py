@@ -44,6 +44,8 @@ LABEL_FLEET = "io.forge_load.fleet"  # value: the name prefix; marks a container
 LABEL_GPU_INDEX = "io.forge_load.gpu.index"
 LABEL_GPU_UUID = "io.forge_load.gpu.uuid"
 LABEL_SPEC = "io.forge_load.spec"  # hash of everything `up` asked for; equal hash = nothing to change
+LABEL_ROLE = "io.forge_load.role"  # what the container is, as the image says too: a GPU filler
+ROLE = "gpu-filler"
 STOP_TIMEOUT_S = 10
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -155,6 +157,7 @@ class Options:
     log_max_size: str
     log_max_file: int
     pid_host: bool
+    pause_dir: str | None = None  # a host directory, mounted read-only at the same path: DIR/pause pauses
 
 
 def container_name(prefix: str, index: int) -> str:
@@ -179,6 +182,8 @@ def container_env(gpu: Gpu, opts: Options) -> dict[str, str]:
     if opts.simulate:
         env["FORGE_SIMULATE"] = "1"
         env.setdefault("FORGE_SIM_SEED", str(gpu.index))
+    if opts.pause_dir is not None:
+        env.setdefault("FORGE_PAUSE_FILE", f"{opts.pause_dir.rstrip('/')}/pause")
     # Inside a container with one GPU, that GPU is index 0: FORGE_GPU stays at its default.
     return env
 
@@ -212,8 +217,11 @@ def desired(gpu: Gpu, opts: Options, image_id: str) -> dict[str, Any]:
         "stop_signal": "SIGTERM",
         "device_uuid": None if opts.simulate else gpu.uuid,
     }
+    if opts.pause_dir is not None:  # only when asked: the spec of a fleet without one is unchanged
+        spec["volumes"] = {opts.pause_dir: {"bind": opts.pause_dir, "mode": "ro"}}
     fingerprint = json.dumps({**spec, "image_id": image_id}, sort_keys=True)
     spec["labels"] = {
+        LABEL_ROLE: ROLE,
         LABEL_FLEET: opts.prefix,
         LABEL_GPU_INDEX: str(gpu.index),
         LABEL_GPU_UUID: gpu.uuid,
@@ -265,7 +273,10 @@ def ours(client: Any, prefix: str) -> list[Any]:
 def cmd_up(args: argparse.Namespace, out: Any) -> int:
     opts = Options(image=args.image, prefix=args.prefix, simulate=args.simulate, target=args.target,
                    env=parse_env(args.env), restart=args.restart, log_max_size=args.log_max_size,
-                   log_max_file=args.log_max_file, pid_host=args.pid_host)
+                   log_max_file=args.log_max_file, pid_host=args.pid_host, pause_dir=args.pause_dir)
+    if opts.pause_dir is not None and not opts.pause_dir.startswith("/"):
+        raise FleetError(f"--pause-dir {opts.pause_dir!r}: expected an absolute path on the host, such as "
+                         "/run/forge-load")
     for warning in check_settings(opts):
         say(f"forge_fleet: {warning}")
     client = connect()
@@ -411,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-pid-host", dest="pid_host", action="store_false",
                     help="do not share the host's PID namespace (the filler then sees foreign jobs only by "
                          "their memory and utilization, not in the process list)")
+    up.add_argument("--pause-dir", metavar="DIR",
+                    help="a host directory mounted read-only into every container: the fillers pause while "
+                         "DIR/pause exists (FORGE_PAUSE_FILE), e.g. written by a scheduler's prolog")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", parents=[common], help="stop and remove the containers")

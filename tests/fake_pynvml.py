@@ -46,6 +46,8 @@ class FakeDevice:
     compute_processes: list[FakeProcess] = field(default_factory=list)
     graphics_processes: list[FakeProcess] = field(default_factory=list)
     power_mw: int = 70_000
+    energy_mj: int = 123_456_789  # since the driver loaded
+    power_limit_mw: int = 700_000  # the enforced limit
     temperature_c: int = 35
     mig_mode: int | None = None  # None: GetMigMode raises NotSupported (a GPU without MIG)
     errors: dict[str, ErrorSpec] = field(default_factory=dict)
@@ -76,6 +78,8 @@ class FakeNvml:
         "nvmlDeviceGetGraphicsRunningProcesses_v2",
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetEnforcedPowerLimit",
         "nvmlDeviceGetTemperature",
     )
     CONSTANTS: tuple[str, ...] = (
@@ -249,6 +253,12 @@ class FakeNvml:
 
     def _nvmlDeviceGetPowerUsage(self, handle: FakeDevice) -> int:
         return handle.power_mw
+
+    def _nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeDevice) -> int:
+        return handle.energy_mj
+
+    def _nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeDevice) -> int:
+        return handle.power_limit_mw
 
     def _nvmlDeviceGetTemperature(self, handle: FakeDevice, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU, sensor

@@ -1,11 +1,13 @@
 """Runs forge-load's console entry point (the one pyproject.toml names) for tests/test_hostile.py, with hooks:
 
-    python tests/hostile_entry.py [--signal-on-import SIGNAME:MODULE] [--wall-clock-sim] -- FORGE-LOAD ARGS...
+    python tests/hostile_entry.py [--signal-on-import SIGNAME:MODULE] [--wall-clock-sim] [--without MODULE]
+                                  -- FORGE-LOAD ARGS...
 
 --signal-on-import  the process sends itself SIGNAME the moment MODULE starts importing: a signal at start-up,
                     at a moment that does not depend on how fast this machine is.
 --wall-clock-sim    the real run loop (threads, wall-clock time) on simulated GPUs: NVML and CUDA are stood in
                     for by forge_load.sim, as tests/test_app.py's threaded tests do in-process.
+--without           MODULE cannot be imported, as where it is not installed.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def main() -> None:
             sys.meta_path.insert(0, SignalOnImport(signal.Signals[name], module))
         elif option == "--wall-clock-sim":
             wall_clock_sim()
+        elif option == "--without":
+            sys.modules[options.pop(0)] = None  # type: ignore[assignment]
         else:
             raise SystemExit(f"hostile_entry: unknown option {option}")
     module, function = entry_point()

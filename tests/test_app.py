@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.app import run_real
+from forge_load.app import Controls, Runtime, run_real
 from forge_load.config import load_config
+from forge_load.pause import PauseSwitch
 from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
 from forge_load.sim import SimGpu, SimLauncher, SimProbe, WallClock
 from forge_load.worker import Launcher
@@ -160,6 +161,46 @@ def test_threaded_loop_holds_the_target_in_wall_clock_time() -> None:
     assert len(statuses) >= 2
     assert abs(statuses[-1]["util"] - 0.4) <= 0.05, statuses
     assert events[-1]["event"] == "stop" and events[-1]["reason"] == "duration reached"
+
+
+def test_threaded_loop_pauses_at_once_on_the_switch_and_resumes() -> None:
+    """The switch (SIGUSR1/SIGUSR2's) wakes the loop: the pause does not wait for the next poll (once a second
+    here), and no kernel of ours starts after its line beyond what was already queued (the Worker's queue limit)."""
+    config = load_config("--log-format json --duration 3 --poll-interval 1".split(), env={})
+    gpu = SimGpu(config.sim, WallClock())
+    switch = PauseSwitch()
+    flips: list[float] = []
+    started: list[float] = []
+
+    def flipper() -> None:
+        for paused, at_s in ((True, 1.0), (False, 2.0)):
+            while not started or time.monotonic() < started[0] + at_s:
+                time.sleep(0.005)
+            flips.append(time.monotonic())
+            switch.set(paused, "SIGUSR1" if paused else "SIGUSR2")
+
+    thread = threading.Thread(target=flipper)
+    thread.start()
+    out = io.StringIO()
+    runtimes: list[Runtime] = []
+
+    def on_start(rt: Runtime) -> None:
+        runtimes.append(rt)
+        started.append(rt.start_s)
+
+    run_real(config, out, threading.Event(), threading.Event(), backend=Given(SimProbe(gpu), SimLauncher(gpu)),
+             on_start=on_start, controls=Controls(switch))
+    thread.join()
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    pause, unpause = (next(e for e in events if e["event"] == name) for name in ("pause", "unpause"))
+    assert pause["reason"] == "SIGUSR1 (SIGUSR2 resumes)" and unpause["reason"] == "SIGUSR2"
+    pause_s, unpause_s = started[0] + pause["t"], started[0] + unpause["t"]
+    assert -0.001 <= pause_s - flips[0] < 0.5 and -0.001 <= unpause_s - flips[1] < 0.5  # t is to the ms
+    # What was queued at the pause may still start: at most the Worker's queue and one kernel.
+    queued_s = runtimes[0].worker.queue_s + max(b - a for a, b in zip(gpu._starts, gpu._ends))
+    # The lines' t is rounded to the ms: the unpause's first kernel may start up to half a ms before its t.
+    assert [s for s in gpu._starts if pause_s + queued_s + 0.001 < s < unpause_s - 0.001] == []
+    assert any(s > unpause_s for s in gpu._starts)
 
 
 def test_threaded_loop_ends_with_the_gpu_failure() -> None:

@@ -15,6 +15,7 @@ from forge_load.config import (
     load_config,
     parse_ratio,
 )
+from forge_load.schedule import parse_active_hours
 
 
 def load(env: dict[str, str] | None = None, argv: list[str] | None = None) -> Config:
@@ -199,6 +200,12 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_SIM_FAIL_GPU", "none", "sim.fail_gpus", ()),
     ("FORGE_SIM_FAIL_GPU", "0@30", "sim.fail_gpus", ((0, 30.0),)),
     ("FORGE_SIM_FAIL_GPU", "0@1.5s", "sim.fail_gpus", ((0, 1.5),)),
+    ("FORGE_MAX_POWER_W", "300", "max_power_w", 300.0),
+    ("FORGE_MAX_POWER_W", " 450.5W ", "max_power_w", 450.5),
+    ("FORGE_MAX_POWER_W", "250 w", "max_power_w", 250.0),
+    ("FORGE_MAX_POWER_W", "10", "max_power_w", 10.0),
+    ("FORGE_MAX_POWER_W", "10000", "max_power_w", 10000.0),
+    ("FORGE_PAUSE_FILE", "/run/forge-load/pause", "pause_file", "/run/forge-load/pause"),
 ]
 
 
@@ -296,6 +303,9 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--sim-gpus", "3"], "sim.gpus", 3),
     (["--sim-gpus", "3", "--sim-foreign-gpus", "2,1"], "sim.foreign_gpus", (1, 2)),
     (["--sim-gpus", "3", "--sim-fail-gpu", "2@6,0@1m"], "sim.fail_gpus", ((0, 60.0), (2, 6.0))),
+    (["--max-power-w", "350"], "max_power_w", 350.0),
+    (["--active-hours", "Sat-Sun"], "active_hours", parse_active_hours("Sat-Sun")),
+    (["--pause-file", "/run/p"], "pause_file", "/run/p"),
 ]
 
 
@@ -312,7 +322,7 @@ def test_every_setting_has_a_flag() -> None:
     flags = {opt for action in build_arg_parser()._actions for opt in action.option_strings}
     for argv, _, _ in GOOD_FLAGS:
         assert argv[0].split("=")[0] in flags
-    fields = {f.name for f in dataclasses.fields(Config)} - {"sim"}
+    fields = {f.name for f in dataclasses.fields(Config)} - {"sim", "time_zone"}  # TZ is the system's variable
     sim_fields = {f.name for f in dataclasses.fields(SimConfig)}
     covered = {path for _, path, _ in GOOD_FLAGS}
     assert {p for p in covered if "." not in p} == fields
@@ -542,7 +552,47 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_SIM_FAIL_GPU", "x@5"),
     ("FORGE_SIM_FAIL_GPU", "0@5,0@6"),
     ("FORGE_SIM_FAIL_GPU", "0@inf"),
+    ("FORGE_MAX_POWER_W", "9.9"),
+    ("FORGE_MAX_POWER_W", "10001"),
+    ("FORGE_MAX_POWER_W", "0"),
+    ("FORGE_MAX_POWER_W", "300kW"),
+    ("FORGE_MAX_POWER_W", "W"),
+    ("FORGE_MAX_POWER_W", "none"),
+    ("FORGE_ACTIVE_HOURS", ""),
+    ("FORGE_ACTIVE_HOURS", "always"),
+    ("FORGE_ACTIVE_HOURS", "Mon-Fri 8-17"),
+    ("FORGE_ACTIVE_HOURS", "Mon-Fri 20:00-08:00,"),
+    ("FORGE_ACTIVE_HOURS", "Mon 25:00-26:00"),
+    ("FORGE_PAUSE_FILE", ""),
+    ("FORGE_PAUSE_FILE", "pause"),
 ]
+
+
+def test_active_hours_are_parsed_and_described() -> None:
+    config = load({"FORGE_ACTIVE_HOURS": " Mon-Fri  20:00-08:00 , Sat-Sun "})
+    assert config.active_hours is not None and config.active_hours.text == "Mon-Fri 20:00-08:00, Sat-Sun"
+    assert describe(config)["active_hours"] == "Mon-Fri 20:00-08:00, Sat-Sun"
+    capped = load({"FORGE_MAX_POWER_W": "300", "FORGE_PAUSE_FILE": "/run/p", "TZ": "Europe/Berlin"})
+    assert {k: describe(capped)[k] for k in ("max_power_w", "pause_file", "tz")} == {
+        "max_power_w": 300.0, "pause_file": "/run/p", "tz": "Europe/Berlin"}
+    assert "active_hours" not in describe(capped) and "max_power_w" not in describe(load())
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berlin", ":America/New_York", "UTC", "CET-1CEST,M3.5.0,M10.5.0/3", "EST5EDT",
+                                ""])
+def test_tz_is_read_when_the_hours_need_it(tz: str) -> None:
+    assert load({"FORGE_ACTIVE_HOURS": "Sat-Sun", "TZ": tz}).time_zone == tz
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berln", "Mars/Olympus_Mons", "../../etc/passwd", "\x1b[31m"])
+def test_a_tz_no_zone_file_knows_is_refused_once_the_hours_need_it(tz: str) -> None:
+    assert load({"TZ": tz}).time_zone is None  # nothing reads local time: not our business
+    with pytest.raises(ConfigError) as info:
+        load({"FORGE_ACTIVE_HOURS": "Sat-Sun", "TZ": tz})
+    assert_one_line_error(info.value, "TZ=", "FORGE_ACTIVE_HOURS reads local time", "Europe/Berlin")
+    with pytest.raises(ConfigError) as info:
+        load({"FORGE_PAUSE_FILE": "/run/p", "TZ": tz}, ["--active-hours", "Sat"])
+    assert_one_line_error(info.value, "--active-hours and FORGE_PAUSE_FILE read local time")
 
 
 @pytest.mark.parametrize(("var", "raw"), BAD_ENV, ids=[f"{v}={r!r}" for v, r in BAD_ENV])

@@ -156,6 +156,7 @@ def test_image_metadata(docker_client: Any, forge_image: Any) -> None:
     for key in ("org.opencontainers.image.title", "org.opencontainers.image.version",
                 "org.opencontainers.image.revision", "org.opencontainers.image.licenses"):
         assert labels.get(key), f"label {key} missing"
+    assert labels.get("io.forge_load.role") == "gpu-filler"  # every container of the image says what it is
     size_mb = forge_image.attrs["Size"] / 1e6
     print(f"image {IMAGE}: {size_mb:.0f} MB")
     assert size_mb < MAX_IMAGE_MB, f"image is {size_mb:.0f} MB, over the {MAX_IMAGE_MB} MB budget"
@@ -259,6 +260,39 @@ def test_simulated_container_logs_and_docker_stop(docker_client: Any, forge_imag
     assert took_s < STOP_LIMIT_S, f"docker stop took {took_s:.1f} s (grace period 10 s; promise: 1 s)"
     last = _logs(name)[0].strip().splitlines()[-1]
     assert "event=stop" in last and "SIGTERM" in last, last
+
+
+@pytest.mark.docker
+def test_the_container_names_itself_and_docker_kill_usr1_pauses_it(docker_client: Any, forge_image: Any,
+                                                                    names: list[str]) -> None:
+    """The README's operator commands: the filler is PID 1 named `forge-load: gpu 0 filling` (setproctitle in the
+    image), carries the role label, pauses on `docker kill -s USR1` and resumes on `-s USR2`, healthy throughout;
+    the schedule's time zone is found in the image (tzdata)."""
+    name = _run(names, "--health-interval=1s", "--health-start-period=0s",
+                env={"FORGE_SIMULATE": "1", "FORGE_LOG_INTERVAL": "0.5", "FORGE_ACTIVE_HOURS": "Mon-Sun",
+                     "TZ": "Europe/Berlin"})
+    _wait_for(lambda: "event=status" in _logs(name)[0], 60, "a status line")
+
+    def proc_file(path: str) -> str:
+        out = docker_cli("exec", name, "python", "-c", f"print(open({path!r}, 'rb').read().rstrip(b'\\0').decode())")
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert _wait_for(lambda: proc_file("/proc/1/cmdline") == "forge-load: gpu 0 filling", 10, "the title")
+    assert proc_file("/proc/1/comm") == "forge-load"
+    labels = docker_client.api.inspect_container(name)["Config"]["Labels"]
+    assert labels["io.forge_load.role"] == "gpu-filler"  # from the image: a container started by hand has it
+    assert docker_cli("kill", "-s", "USR1", name).returncode == 0
+    _wait_for(lambda: "event=pause" in _logs(name)[0], 30, "a pause line")
+    assert _wait_for(lambda: proc_file("/proc/1/cmdline") == "forge-load: gpu 0 paused", 10, "the paused title")
+    _wait_for(lambda: (_state(docker_client, name).get("Health") or {}).get("Status") == "healthy", 30,
+              "healthy while paused")
+    assert docker_cli("kill", "-s", "USR2", name).returncode == 0
+    _wait_for(lambda: "event=unpause" in _logs(name)[0], 30, "an unpause line")
+    assert _state(docker_client, name)["Running"]
+    out = _logs(name)[0]
+    assert 'reason="SIGUSR1 (SIGUSR2 resumes)"' in out and "reason=SIGUSR2" in out
+    assert "active_hours=Mon-Sun" in out.splitlines()[0] and "tz=Europe/Berlin" in out.splitlines()[0]
 
 
 @pytest.mark.docker

@@ -422,3 +422,46 @@ def test_pi_plan_carries_the_period_chosen_by_the_target_not_the_duty() -> None:
     later = c.update(0.5, [UtilSample(1.0, 0.45), UtilSample(1.2, 0.45)], 1 / 6, None)
     assert later.duty_ratio > 0.5 and later.period_s == first.period_s
     assert c.update(0.8, [], 1 / 6, None).period_s == pytest.approx(1 / 12)
+
+
+# --- the duty limit (the power cap's): no duty above it, no integral wound up against it --------------------
+
+
+def test_pi_duty_never_exceeds_the_limit_and_the_integral_does_not_wind_up() -> None:
+    c = PiController()
+    c.start(0.0)
+    bias = -0.02  # NVML reads a little below our duty: the integral has learned +0.02 before the cap binds
+    plan = c.update(0.5, [], 1.0, None)
+    for k in range(1, 60):
+        plan = c.update(0.5, [UtilSample(float(k), plan.duty_ratio + bias)], 1.0, None)
+    learned = c.integral_duty
+    assert learned == pytest.approx(0.02, abs=1e-3)
+    for k in range(60, 300):  # capped at 0.3: NVML reads 0.28, far below target, for four minutes
+        plan = c.update(0.5, [UtilSample(float(k), 0.28)], 1.0, None, max_duty=0.3)
+        assert plan.duty_ratio == pytest.approx(0.3)
+    assert c.integral_duty == pytest.approx(learned)  # frozen while capped: the bias it learned is kept
+    plan = c.update(0.5, [], 1.0, None)  # the cap lifts: the learned duty at once
+    assert plan.duty_ratio == pytest.approx(0.5 + learned, abs=1e-3)
+
+
+def test_pi_integral_still_falls_while_capped() -> None:
+    c = PiController()
+    c.start(0.0)
+    for k in range(1, 10):  # NVML reads above the target: the integral must come down, cap or not
+        plan = c.update(0.5, [UtilSample(float(k), 0.6)], 1.0, None, max_duty=0.45)
+    assert c.integral_duty < 0
+    assert plan.duty_ratio <= 0.45
+
+
+def test_pi_limit_of_zero_launches_nothing() -> None:
+    c = PiController()
+    c.start(0.0)
+    assert c.update(0.5, [], 1 / 6, None, max_duty=0.0).duty_ratio == 0.0
+
+
+def test_legacy_under_a_limit_is_paced_by_duty_instead_of_its_gap() -> None:
+    c = LegacyController()
+    c.start(0.0)
+    assert c.update(0.5, [], 1.0, None, max_duty=1.0).gap_s > 0  # no limit: the original pacing
+    plan = c.update(0.5, [], 1.0, None, max_duty=0.4)
+    assert (plan.duty_ratio, plan.gap_s, plan.multiplier) == (0.4, 0.0, c.multiplier)

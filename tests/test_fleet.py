@@ -75,6 +75,17 @@ def test_spec_requests_exactly_its_gpu_with_rotation_restart_and_labels() -> Non
     assert kwargs["pid_mode"] == "host"
     assert kwargs["labels"][fleet.LABEL_GPU_UUID] == "GPU-bbbb"
     assert kwargs["labels"][fleet.LABEL_FLEET] == "forge_load_gpu_"
+    assert kwargs["labels"]["io.forge_load.role"] == "gpu-filler"  # as the image's own label says
+
+
+def test_a_pause_dir_is_mounted_read_only_and_names_the_pause_file() -> None:
+    plain = fleet.desired(GPUS[0], _opts(), "sha256:1")
+    assert "volumes" not in plain and "FORGE_PAUSE_FILE" not in plain["environment"]  # unchanged without one
+    spec = fleet.desired(GPUS[0], _opts(pause_dir="/run/forge-load/"), "sha256:1")
+    assert spec["volumes"] == {"/run/forge-load/": {"bind": "/run/forge-load/", "mode": "ro"}}
+    assert spec["environment"]["FORGE_PAUSE_FILE"] == "/run/forge-load/pause"
+    assert fleet.run_kwargs(spec)["volumes"] == spec["volumes"]
+    assert spec["labels"][fleet.LABEL_SPEC] != plain["labels"][fleet.LABEL_SPEC]  # a change `up` recreates for
 
 
 def test_simulated_spec_has_no_device_request() -> None:

@@ -261,6 +261,9 @@ EXTREMES: dict[str, tuple[str, ...]] = {
     "FORGE_SIM_GPUS": ("64",),
     "FORGE_SIM_FOREIGN_GPUS": ("0",),
     "FORGE_SIM_FAIL_GPU": ("0@1e300",),
+    "FORGE_MAX_POWER_W": ("10", "10000"),  # below idle power: launches nothing; above the board: never binds
+    "FORGE_ACTIVE_HOURS": ("Mon-Sun", "Mon 00:00-00:01"),  # always, and (nearly) never: paused the whole run
+    "FORGE_PAUSE_FILE": ("/",),  # a directory: there, and unreadable as a time: paused the whole run
 }
 
 

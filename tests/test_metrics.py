@@ -126,7 +126,7 @@ def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) 
 
 
 def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
-    fleet, slot, rt = simulated_fleet("--duration 30 --resume-after 5 --sim-foreign 8-12")
+    fleet, slot, rt = simulated_fleet("--duration 30 --resume-after 5 --sim-foreign 8-12 --max-power-w 650")
     values = sample_values(scrape(fleet))
     assert set(values) == set(metrics.METRICS), set(values) ^ set(metrics.METRICS)
     gpu_labels = {"gpu": "0", "UUID": slot.uuid}
@@ -153,12 +153,48 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     plan = rt.worker.plan
     assert one["forge_load_multiplier"] == (plan.multiplier if plan.duty_ratio > 0 else 0)
     assert abs(one["forge_load_device_utilization_ratio"] - 0.5) < 0.1
-    assert one["forge_load_device_utilization_ratio"] == pytest.approx(
-        one["forge_load_own_utilization_ratio"] + one["forge_load_foreign_utilization_ratio"])
+    # Foreign is what NVML counts beyond our own share (none where our event-timed share reads above it).
+    assert one["forge_load_foreign_utilization_ratio"] == pytest.approx(
+        max(one["forge_load_device_utilization_ratio"] - one["forge_load_own_utilization_ratio"], 0.0))
     assert one["forge_load_up"] == 1.0
     assert one["forge_load_gpu_info"] == 1.0
     states = {labels["state"]: value for labels, value in values["forge_load_state"]}
     assert states == {s: float(s == "filling") for s in metrics.STATES}
+    assert one["forge_load_power_cap_watts"] == 650.0 and one["forge_load_power_capped"] == 0.0  # 0.5 is ~385 W
+    assert one["forge_load_power_watts"] == pytest.approx(70 + 630 * 0.5, abs=15)  # the simulated GPU's model
+    assert one["forge_load_energy_joules_total"] == pytest.approx(rt.filler.energy_j) and rt.filler.energy_j > 0
+
+
+def test_a_capped_gpu_says_so() -> None:
+    fleet, _, rt = simulated_fleet("--duration 20 --target 0.9 --max-power-w 300")
+    one = {name: samples[0][1] for name, samples in sample_values(scrape(fleet)).items() if len(samples) == 1}
+    assert one["forge_load_power_capped"] == 1.0 and one["forge_load_power_cap_watts"] == 300.0
+    assert one["forge_load_power_watts"] <= 300.0
+    assert one["forge_load_target_ratio"] == 0.9  # the target is unchanged; the cap holds the duty under it
+    assert one["forge_load_own_utilization_ratio"] < 0.5
+
+
+def test_without_a_cap_no_cap_series_and_never_capped() -> None:
+    fleet, _, _ = simulated_fleet("--duration 3")
+    values = sample_values(scrape(fleet))
+    assert "forge_load_power_cap_watts" not in values
+    assert values["forge_load_power_capped"][0][1] == 0.0
+
+
+def test_a_paused_gpu_is_up_healthy_and_adds_nothing(tmp_path: Path) -> None:
+    pause = tmp_path / "pause"
+    pause.write_text("")
+    fleet, slot, rt = simulated_fleet(f"--duration 10 --pause-file {pause}")
+    values = sample_values(scrape(fleet))
+    states = {labels["state"]: value for labels, value in values["forge_load_state"]}
+    assert states == {s: float(s == "paused") for s in metrics.STATES}
+    one = {name: samples[0][1] for name, samples in values.items() if len(samples) == 1}
+    # What the Prometheus rules assume of a paused filler: up, own share 0, holding nothing, no energy.
+    assert one["forge_load_up"] == 1.0
+    assert one["forge_load_own_utilization_ratio"] == 0.0 and one["forge_load_target_ratio"] == 0.0
+    assert one["forge_load_energy_joules_total"] == 0.0 and one["forge_load_own_busy_seconds_total"] == 0.0
+    ok, line = slot.health(fleet.max_age_s)
+    assert ok and "paused" in line
 
 
 def test_a_yielding_gpu_says_so() -> None:

@@ -30,6 +30,7 @@ class FakeProbe:
     procs: list[GpuProcess] | None = None
     power: float | None = None
     temperature: float | None = None
+    energy: float | None = None
     fail_with: Exception | None = None
     info: DeviceInfo = DeviceInfo(0, "GPU-fake", "Fake GPU", 81559.0, "fake", False)
     util_ratio_calls: int = 0
@@ -56,6 +57,12 @@ class FakeProbe:
 
     def temperature_c(self) -> float | None:
         return self.temperature
+
+    def energy_j(self) -> float | None:
+        return self.energy
+
+    def power_limit_w(self) -> float | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -86,14 +93,14 @@ def poll(m: Monitor, t_s: float) -> Reading:
 
 def test_quiet_gpu_has_no_verdict() -> None:
     probe = FakeProbe(samples=[UtilSample(0.9, 0.5)], memory_mib=OWN_MIB + 20, procs=[own_proc()],
-                      power=300.0, temperature=55.0)
+                      power=300.0, temperature=55.0, energy=12345.5)
     r = poll(monitor(probe, baseline_mib=20.0), 1.0)
     assert r.reason is None and not r.foreign
     assert r.signals == ()
     assert r.foreign_pids == ()
     assert r.own_mem_mib == OWN_MIB
     assert r.foreign_mem_mib == 0.0
-    assert r.power_w == 300.0 and r.temperature_c == 55.0
+    assert r.power_w == 300.0 and r.temperature_c == 55.0 and r.energy_j == 12345.5
 
 
 # --- process signal -----------------------------------------------------------------------------------

@@ -441,6 +441,13 @@ def test_power_and_temperature(fake: FakeNvml, probe: NvmlProbe) -> None:
     assert probe.temperature_c() == pytest.approx(61.0)
 
 
+def test_energy_and_power_limit(fake: FakeNvml, probe: NvmlProbe) -> None:
+    fake.devices[0].energy_mj = 9_876_543_210  # mJ since the driver loaded: joules to the millijoule
+    fake.devices[0].power_limit_mw = 450_000
+    assert probe.energy_j() == 9_876_543.21
+    assert probe.power_limit_w() == pytest.approx(450.0)
+
+
 # --- error mapping, for every query ---
 
 QUERIES: list[tuple[str, Callable[[NvmlProbe], Any], str]] = [
@@ -450,6 +457,8 @@ QUERIES: list[tuple[str, Callable[[NvmlProbe], Any], str]] = [
     ("processes", lambda p: p.processes(), "nvmlDeviceGetComputeRunningProcesses_v3"),
     ("processes(graphics)", lambda p: p.processes(), "nvmlDeviceGetGraphicsRunningProcesses_v3"),
     ("power_w", lambda p: p.power_w(), "nvmlDeviceGetPowerUsage"),
+    ("energy_j", lambda p: p.energy_j(), "nvmlDeviceGetTotalEnergyConsumption"),
+    ("power_limit_w", lambda p: p.power_limit_w(), "nvmlDeviceGetEnforcedPowerLimit"),
     ("temperature_c", lambda p: p.temperature_c(), "nvmlDeviceGetTemperature"),
 ]
 QUERY_IDS = [q[0] for q in QUERIES]

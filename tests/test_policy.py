@@ -125,4 +125,48 @@ def test_yield_from_filling_and_boosted_only_once() -> None:
 
 
 def test_state_values_are_the_log_words() -> None:
-    assert [s.value for s in State] == ["filling", "yielding", "boosted"]
+    assert [s.value for s in State] == ["filling", "yielding", "boosted", "paused"]
+
+
+# --- paused: outside the hours, a pause file, SIGUSR1 ---------------------------------------------------------
+
+
+def test_pause_holds_whatever_the_verdicts_and_unpause_fills_when_quiet() -> None:
+    p = make(resume_after_s=10.0)
+    assert p.pause(5.0, "SIGUSR1") == Transition("pause", State.PAUSED, "SIGUSR1")
+    assert p.current_target == 0.0
+    assert quiet_until(p, 5.0, 200.0) == []  # no resume, no boost while paused
+    assert p.state is State.PAUSED
+    assert p.unpause(200.0, "SIGUSR2") == Transition("unpause", State.FILLING, "SIGUSR2")
+    assert p.current_target == 0.5
+
+
+def test_a_foreign_job_during_a_pause_counts_for_the_resume_wait() -> None:
+    p = make(resume_after_s=10.0)
+    p.pause(1.0, "outside FORGE_ACTIVE_HOURS")
+    assert p.update(2.0, "process 7 on the GPU") is None  # no yield line: nothing of ours runs anyway
+    assert p.update(20.0, "process 7 on the GPU") is None
+    tr = p.unpause(25.0, "inside FORGE_ACTIVE_HOURS")
+    assert tr is not None and tr.state is State.YIELDING
+    assert tr.reason == "inside FORGE_ACTIVE_HOURS; foreign activity 5.0 s ago: filling after 10.0 s without any"
+    assert quiet_until(p, 25.0, 29.5) == []
+    assert quiet_until(p, 30.0, 30.0) == [(30.0, Transition("resume", State.FILLING, "no foreign activity for 10.0 s"))]
+
+
+def test_a_pause_while_yielding_or_boosted_and_a_new_reason_while_paused() -> None:
+    p = make(boost_after_s=50.0)
+    quiet_until(p, 0.0, 60.0)
+    assert p.state is State.BOOSTED
+    assert p.pause(61.0, "SIGUSR1") == Transition("pause", State.PAUSED, "SIGUSR1")
+    assert p.pause(62.0, "SIGUSR1; pause file /x") == Transition("pause", State.PAUSED, "SIGUSR1; pause file /x")
+    tr = p.unpause(63.0, "SIGUSR2; pause file removed")
+    assert tr == Transition("unpause", State.FILLING, "SIGUSR2; pause file removed")
+    assert p.update(63.5, None) == Transition("boost", State.BOOSTED, "no foreign activity for 64 s")
+    p.update(64.0, "process 1")
+    assert p.pause(65.0, "SIGUSR1") is not None and p.state is State.PAUSED
+
+
+def test_unpause_when_not_paused_changes_nothing() -> None:
+    p = make()
+    assert p.unpause(1.0, "SIGUSR2") is None
+    assert p.state is State.FILLING

@@ -1,0 +1,105 @@
+"""The power cap (FORGE_MAX_POWER_W): a second loop that limits the controller's duty so that board power stays
+at or under the cap while the filler fills. Pure: each reading's board power and our busy share are passed in.
+
+Board power is NVML's reading, which NVIDIA documents as a 1-s mean on Ampere (except A100) and newer GPUs and
+as instantaneous before; the simulated and the virtual GPU model the 1-s mean. Our busy share is taken over
+the same last second (CUDA events), so the two describe the same time.
+
+The model is a line: power = idle + slope x our busy share. `idle` is the lowest power read while nothing of
+ours ran and no foreign job was seen. `slope` starts at what the board's power limit allows (limit - idle:
+our kernels at full duty cannot draw more than the board may), never below the truth, so the first duty errs
+low; readings while filling steadily then teach it. A reading above the line raises the slope at once, one
+below lowers it by a step per reading, so a mistake errs toward less power. The duty limit is where the line
+meets the cap less a margin: each reading aims from the operating point at the cap, which on a board whose power
+grows with duty converges from below, as a secant step would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_BOARD_LIMIT_W = 1500.0  # when NVML names no limit: above any single GPU's, so the first duty errs low
+MARGIN_RATIO = 0.03  # aim this far under the cap: NVML's readings and our duty both wobble by a percent or so
+MIN_LEARN_RATIO = 0.05  # below this busy share our power cannot be told from the readings' noise
+LOWER_WEIGHT = 0.2  # how far one reading below the line moves the slope toward it
+RELEASE_BAND = 0.01  # binding ends once the controller wants this much less duty than the limit
+
+
+@dataclass(frozen=True)
+class CapChange:
+    """The cap started (binding=True) or stopped binding, for the `power_capped` line."""
+
+    binding: bool
+    power_w: float | None
+    cap_w: float
+    duty_limit: float
+
+
+class PowerCap:
+    def __init__(self, cap_w: float, board_limit_w: float | None = None, margin_ratio: float = MARGIN_RATIO,
+                 lower_weight: float = LOWER_WEIGHT) -> None:
+        self.cap_w = cap_w
+        self.board_limit_w = board_limit_w if board_limit_w is not None and board_limit_w > 0 else None
+        self.margin_ratio = margin_ratio
+        self.lower_weight = lower_weight
+        self.idle_w: float | None = None
+        self.learned_slope_w: float | None = None  # watts our busy share adds per unit, from the readings
+        self.power_w: float | None = None  # the latest reading
+        self.binding = False
+
+    @property
+    def slope_w(self) -> float | None:
+        """Watts per unit of our busy share: learned, or until then what the board's limit allows."""
+        if self.learned_slope_w is not None:
+            return self.learned_slope_w
+        if self.idle_w is None:
+            return None
+        limit_w = self.board_limit_w if self.board_limit_w is not None else DEFAULT_BOARD_LIMIT_W
+        return max(limit_w - self.idle_w, 1.0)
+
+    def observe(self, power_w: float | None, own_ratio: float, quiet: bool, steady: bool = True) -> None:
+        """One reading: board power, our busy share of the same second, whether nothing foreign was seen, and
+        whether our share was about the same the second before (a reading mid-ramp teaches nothing)."""
+        if power_w is None:
+            return
+        self.power_w = power_w
+        if not quiet:
+            return  # a foreign job's power is not ours to learn from
+        if own_ratio <= 0.0:
+            self.idle_w = power_w if self.idle_w is None else min(self.idle_w, power_w)
+            return
+        slope_w = self.slope_w
+        if own_ratio < MIN_LEARN_RATIO or not steady or slope_w is None or self.idle_w is None:
+            return
+        seen_w = (power_w - self.idle_w) / own_ratio
+        if seen_w >= slope_w:
+            self.learned_slope_w = seen_w
+        elif seen_w > 0:
+            self.learned_slope_w = slope_w + self.lower_weight * (seen_w - slope_w)
+
+    @property
+    def duty_limit(self) -> float:
+        """The most duty that keeps the line under the cap; 0 until an idle reading anchors it."""
+        slope_w = self.slope_w
+        if self.idle_w is None or slope_w is None:
+            return 0.0
+        budget_w = self.cap_w * (1.0 - self.margin_ratio) - self.idle_w
+        return min(max(budget_w / slope_w, 0.0), 1.0)
+
+    def after_plan(self, duty: float, limit: float) -> CapChange | None:
+        """The controller planned `duty` under `limit`: the change in binding, if any. It binds once the limit
+        sets the duty, and stops once the controller wants RELEASE_BAND less, so it does not flap at the edge."""
+        if not self.binding and limit < 1.0 and duty >= limit - 1e-12:
+            self.binding = True
+            return CapChange(True, self.power_w, self.cap_w, limit)
+        if self.binding and duty < limit - RELEASE_BAND:
+            self.binding = False
+            return CapChange(False, self.power_w, self.cap_w, limit)
+        return None
+
+    def stop_binding(self) -> CapChange | None:
+        """The filler stopped filling (yield, pause): the cap no longer binds."""
+        if not self.binding:
+            return None
+        self.binding = False
+        return CapChange(False, self.power_w, self.cap_w, self.duty_limit)

@@ -1,0 +1,114 @@
+"""forge_load.powercap: the duty limit that keeps board power under FORGE_MAX_POWER_W, against model boards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from forge_load.powercap import DEFAULT_BOARD_LIMIT_W, MARGIN_RATIO, RELEASE_BAND, CapChange, PowerCap
+
+IDLE_W = 70.0
+
+
+def run_board(cap: PowerCap, power_of: Callable[[int, float], float], wanted: float, seconds: int) -> list[float]:
+    """One reading a second: the controller wants `wanted`, gets at most the cap's limit, and the board's 1-s mean
+    power is `power_of(second, duty)`. Returns the power of every second."""
+    cap.observe(IDLE_W, 0.0, quiet=True)  # the reading before our first kernel
+    powers, previous = [], 0.0
+    for second in range(seconds):
+        duty = min(wanted, cap.duty_limit)
+        power_w = power_of(second, duty)
+        powers.append(power_w)
+        cap.observe(power_w, duty, quiet=True, steady=abs(duty - previous) <= 0.1 * max(duty, previous) + 0.01)
+        previous = duty
+    return powers
+
+
+@pytest.mark.parametrize("slope_w", [630.0, 400.0, 150.0])  # our kernels at full duty: the limit, or less
+@pytest.mark.parametrize("cap_w", [150.0, 300.0, 650.0])
+def test_a_linear_board_never_goes_over_and_settles_just_under(slope_w: float, cap_w: float) -> None:
+    cap = PowerCap(cap_w, board_limit_w=700.0)
+    powers = run_board(cap, lambda _s, d: IDLE_W + slope_w * d, wanted=1.0, seconds=60)
+    assert max(powers) <= cap_w
+    full_w = IDLE_W + slope_w
+    settled_w = min(cap_w * (1 - MARGIN_RATIO), full_w)
+    assert powers[-1] == pytest.approx(settled_w, rel=1e-3)
+    assert all(b >= a - 1e-9 for a, b in zip(powers, powers[1:]))  # from below, never past it
+
+
+def test_without_a_board_limit_it_starts_lower_and_still_settles() -> None:
+    cap = PowerCap(300.0, board_limit_w=None)
+    powers = run_board(cap, lambda _s, d: IDLE_W + 400.0 * d, wanted=1.0, seconds=60)
+    assert powers[0] == pytest.approx(IDLE_W + 400.0 * (300.0 * (1 - MARGIN_RATIO) - IDLE_W) / (DEFAULT_BOARD_LIMIT_W
+                                                                                             - IDLE_W))
+    assert max(powers) <= 300.0 and powers[-1] == pytest.approx(291.0, rel=1e-3)
+
+
+def test_a_board_that_heats_up_is_held_under_the_cap() -> None:
+    # Our kernels draw more each second as the GPU warms (slope 400 W -> 520 W over two minutes), and idle too.
+    def warming(second: int, duty: float) -> float:
+        warm = min(second / 120.0, 1.0)
+        return IDLE_W + 10.0 * warm + (400.0 + 120.0 * warm) * duty
+
+    cap = PowerCap(300.0, board_limit_w=700.0)
+    powers = run_board(cap, warming, wanted=1.0, seconds=240)
+    assert max(powers) <= 300.0
+    assert powers[-1] == pytest.approx(291.0, rel=0.01)
+
+
+def test_a_step_up_in_the_boards_power_is_corrected_at_the_next_reading() -> None:
+    # A jump no margin covers (a clock boost): over the cap for one reading only, then back under.
+    cap = PowerCap(300.0, board_limit_w=700.0)
+    powers = run_board(cap, lambda s, d: IDLE_W + (400.0 if s < 30 else 480.0) * d, wanted=1.0, seconds=60)
+    over = [i for i, p in enumerate(powers) if p > 300.0]
+    assert over == [30]
+    assert max(powers[31:]) <= 300.0
+
+
+def test_below_the_cap_the_controller_rules_and_nothing_binds() -> None:
+    cap = PowerCap(600.0, board_limit_w=700.0)
+    powers = run_board(cap, lambda _s, d: IDLE_W + 630.0 * d, wanted=0.5, seconds=20)
+    assert powers[-1] == pytest.approx(IDLE_W + 315.0)
+    assert cap.after_plan(0.5, cap.duty_limit) is None and not cap.binding
+
+
+def test_no_limit_before_an_idle_reading_and_none_under_idle() -> None:
+    cap = PowerCap(300.0, board_limit_w=700.0)
+    assert cap.duty_limit == 0.0  # nothing known: launch nothing
+    cap.observe(None, 0.0, quiet=True)
+    assert cap.duty_limit == 0.0
+    cap.observe(80.0, 0.0, quiet=True)
+    assert cap.duty_limit == pytest.approx((291.0 - 80.0) / 620.0)
+    below_idle = PowerCap(60.0, board_limit_w=700.0)
+    below_idle.observe(80.0, 0.0, quiet=True)
+    assert below_idle.duty_limit == 0.0
+
+
+def test_foreign_power_teaches_nothing() -> None:
+    cap = PowerCap(300.0, board_limit_w=700.0)
+    cap.observe(IDLE_W, 0.0, quiet=True)
+    before = cap.duty_limit
+    cap.observe(650.0, 0.0, quiet=False)  # a foreign job at full power while we yield
+    cap.observe(650.0, 0.3, quiet=False)
+    assert cap.duty_limit == before and cap.idle_w == IDLE_W and cap.power_w == 650.0
+
+
+def test_a_reading_mid_ramp_or_at_a_tiny_share_teaches_nothing() -> None:
+    cap = PowerCap(300.0, board_limit_w=700.0)
+    cap.observe(IDLE_W, 0.0, quiet=True)
+    cap.observe(80.0, 0.2, quiet=True, steady=False)
+    cap.observe(71.0, 0.01, quiet=True)
+    assert cap.learned_slope_w is None
+
+
+def test_binding_starts_at_the_limit_and_ends_a_band_below_it() -> None:
+    cap = PowerCap(300.0, board_limit_w=700.0)
+    cap.observe(IDLE_W, 0.0, quiet=True)
+    limit = cap.duty_limit
+    assert cap.after_plan(limit, limit) == CapChange(True, IDLE_W, 300.0, limit)
+    assert cap.after_plan(limit - RELEASE_BAND / 2, limit) is None  # within the band: still binding
+    assert cap.after_plan(limit - 2 * RELEASE_BAND, limit) == CapChange(False, IDLE_W, 300.0, limit)
+    assert cap.after_plan(1.0, 1.0) is None  # a limit of 1 is no cap
+    cap.after_plan(limit, limit)
+    assert cap.stop_binding() == CapChange(False, IDLE_W, 300.0, limit) and cap.stop_binding() is None
