@@ -4,12 +4,13 @@ Pure Python on purpose: no numba, no pynvml, no clock of its own. Time arrives w
 
 What we steer is our own busy share of time (the duty); the held quantity (quantity.py; today NVML's
 utilization, docs/DESIGN.md §1) says which duty holds a target before any feedback. The multiplier only sizes
-each launch: the PI law keeps every launch near `slice_s` so that stopping and yielding take at most a few
-milliseconds.
+each kernel: the PI law keeps the largest kernel near `slice_s`, and sets the Worker's period to a whole
+fraction of the sample window, so that every window holds the same number of bursts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -41,10 +42,13 @@ class PiController:
 
     name = "pi"
 
-    def __init__(self, quantity: Quantity = UTILIZATION, slice_s: float = 0.002, ki_per_s: float = 0.6,
-                 max_gain: float = 0.3, max_multiplier: int = 4096, initial_multiplier: int = 8) -> None:
+    def __init__(self, quantity: Quantity = UTILIZATION, slice_s: float = 0.010, burst_s: float = 1.0 / 12.0,
+                 max_period_s: float = 1.0 / 6.0, ki_per_s: float = 0.6, max_gain: float = 0.3,
+                 max_multiplier: int = 4096, initial_multiplier: int = 8) -> None:
         self.quantity = quantity
         self.slice_s = slice_s
+        self.burst_s = burst_s
+        self.max_period_s = max_period_s
         self.ki_per_s = ki_per_s
         self.max_gain = max_gain
         self.max_multiplier = max_multiplier
@@ -72,7 +76,30 @@ class PiController:
             scale = self.slice_s / launch_s
             if not 0.7 <= scale <= 1.4:  # dead band: kernel time moves in whole waves
                 self.multiplier = min(max(round(self.multiplier * scale), 1), self.max_multiplier)
-        return Plan(multiplier=self.multiplier, duty_ratio=max(min(feed_forward + self.integral_duty, max_duty), 0.0))
+        return Plan(multiplier=self.multiplier, duty_ratio=max(min(feed_forward + self.integral_duty, max_duty), 0.0),
+                    period_s=self.period_for(feed_forward, window_s))
+
+    def period_for(self, duty: float, window_s: float) -> float:
+        """How often the Worker queues a burst: the longest period, up to `max_period_s`, whose burst at this
+        duty is at most `burst_s` and that divides the sample window, so that each window holds whole
+        bursts.
+
+        Halvings of `max_period_s` come first: they divide every window of 1/6, 1/2 and 1 s (and 1/12 s
+        divides 1/4 s too), so the period does not change when the window is learned after the first
+        samples, which would upset one window. It is chosen by the target's feed-forward duty, not the
+        integral's, so that the integral's small steps never change it. The window is learned from sample
+        stamps: a hair over a multiple is that multiple."""
+        if window_s <= 0:
+            return 0.0
+        period_s = self.max_period_s
+        while duty * period_s > self.burst_s * 1.001 and period_s > self.burst_s / 64:
+            period_s /= 2
+        parts = window_s / period_s
+        if parts >= 0.99 and abs(parts - round(parts)) <= 0.01 * parts:
+            return window_s / round(parts)
+        parts = max(math.ceil(window_s / self.max_period_s - 0.01),
+                    math.ceil(duty * window_s / self.burst_s - 0.01), 1)
+        return window_s / parts
 
 
 class LegacyController:

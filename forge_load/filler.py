@@ -61,6 +61,7 @@ class Filler:
         self._yield_since_s: float | None = None
         self._draining = False  # a yield's (or a pause's) last kernels are still running
         self.power_cap = power_cap
+        self._power_pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover
         self.pauses = pauses
         self.on_transition = on_transition
         self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
@@ -174,14 +175,23 @@ class Filler:
             self.on_transition()
 
     def _observe_power(self, now_s: float, reading: Reading) -> None:
-        """The power cap learns from every reading: board power against our busy share of the same second."""
+        """The power cap learns from every reading: board power against our busy share of the same second.
+
+        A reading waits until every kernel of ours that ran before it is timed: a burst still in flight would
+        read our share low and the watts it costs high (bursts last up to a twelfth of a second)."""
         if self.power_cap is None:
             return
+        if self._power_pending is None and reading.power_w is not None:
+            self._power_pending = (now_s, reading)
         busy = self.worker.busy_log
-        own_ratio = min(busy.busy_s(now_s - 1.0, now_s), 1.0)
-        before_ratio = min(busy.busy_s(now_s - 2.0, now_s - 1.0), 1.0)
+        if self._power_pending is None or busy.complete_until_s < self._power_pending[0]:
+            return
+        at_s, pending = self._power_pending
+        self._power_pending = None
+        own_ratio = min(busy.busy_s(at_s - 1.0, at_s), 1.0)
+        before_ratio = min(busy.busy_s(at_s - 2.0, at_s - 1.0), 1.0)
         steady = abs(own_ratio - before_ratio) <= 0.1 * max(own_ratio, before_ratio) + 0.01
-        self.power_cap.observe(reading.power_w, own_ratio, quiet=reading.reason is None, steady=steady)
+        self.power_cap.observe(pending.power_w, own_ratio, quiet=pending.reason is None, steady=steady)
 
     def _log_cap(self, now_s: float, change: CapChange | None) -> None:
         if change is None:

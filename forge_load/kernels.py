@@ -8,6 +8,8 @@ launch), so it imports on machines without a GPU and under
 
 from __future__ import annotations
 
+import ctypes
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -71,6 +73,47 @@ def launch_burn(
     Casts the scalars so every launch uses the BURN_SIGNATURE specialization.
     """
     burn[blocks, THREADS_PER_BLOCK, stream](out, np.int32(iters), np.float32(sentinel))
+
+
+@dataclass(frozen=True)
+class BoundBurn:
+    """The burn kernel bound once: its function in the current context and its arguments packed for
+    cuLaunchKernel, so a launch is one driver call instead of numba's dispatch (docs/DESIGN.md §8)."""
+
+    function: Any  # cuda.bindings CUfunction
+    params: Any  # ctypes void*[]: the address of each argument, as kernelParams wants
+    values: tuple[Any, ...]  # the ctypes values `params` points at (kept alive with it)
+
+    @property
+    def params_address(self) -> int:
+        return ctypes.addressof(self.params)
+
+
+def bind_burn(out: Any, iters: int = BURN_ITERS, sentinel: float = UNREACHABLE_SENTINEL) -> BoundBurn:
+    """Bind the BURN_SIGNATURE specialization in the current context, with these arguments.
+
+    The arguments are what numba's own launch passes: numba expands them (an array becomes its data
+    model's fields), and each plain int goes as an intptr_t, as cuda.core packs it for numba.
+    """
+    from cuda.bindings import driver
+
+    kernel = burn.compile(BURN_SIGNATURE)  # compiled and loaded by a first launch_burn: found, not rebuilt
+    expanded: list[Any] = []
+    for arg_type, value in zip(kernel.argument_types, (out, np.int32(iters), np.float32(sentinel))):
+        kernel._prepare_args(arg_type, value, 0, [], expanded)
+    values = tuple(ctypes.c_ssize_t(v) if isinstance(v, int) else v for v in expanded)
+    for value in values:
+        if not isinstance(value, ctypes._SimpleCData):  # a numba that packs arguments differently
+            raise TypeError(f"cannot bind an argument of type {type(value).__name__}")
+    params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+    handle = kernel._codelibrary.get_cufunc().handle
+    if isinstance(handle, driver.CUkernel):  # a library kernel: its function in the current context
+        err, function = driver.cuKernelGetFunction(handle)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuKernelGetFunction failed: {err.name}")
+    else:
+        function = handle
+    return BoundBurn(function, params, values)
 
 
 def reference_value(thread_index: int, iters: int) -> float:

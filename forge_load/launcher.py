@@ -1,7 +1,8 @@
 """The Launcher on a real GPU: our CUDA context, one stream, and the host times of our kernels.
 
-numba-cuda is imported only here (and in kernels.py, which holds the kernel). The timeline arithmetic is
-pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the rest (docs/DESIGN.md §3, §8).
+numba-cuda and cuda-bindings are imported only here (and in kernels.py, which holds the kernel). The timeline
+arithmetic is pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the rest
+(docs/DESIGN.md §3, §8).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from forge_load.worker import Completed
 
 STACK_BYTES = 1024  # per thread; our kernels use no local memory at all (ptxas proves it in the tests)
 ANCHOR_EVERY_S = 1.0  # float32 milliseconds keep ~0.1 µs of precision up to here
+ANCHOR_BRACKET_S = 50e-6  # an anchor's record call must fit between two clock reads this close to be trusted
+ANCHOR_TRIES = 4
 CLOSE_WAIT_S = 1.0
 _OPEN_LOCK = threading.Lock()
 
@@ -33,29 +36,32 @@ class Anchor:
 
 
 class EventTimeline:
-    """Host times of the kernels on one stream, from one event recorded after each kernel.
+    """Host times of the launches on one stream, each a burst of kernels back to back, from the events
+    recorded after the first kernel of a burst and after its last.
 
     The GPU's event clock is placed on ours by anchors: events recorded on a stream of their own, where
-    nothing waits, so they complete at once and the host time of the record call is theirs. A kernel is
+    nothing waits, so they complete at once and the host time of the record call is theirs. A burst is
     timed from the anchor current at its launch (so the elapsed time is never negative); a fresh anchor
     every `anchor_every_s` keeps the float32 milliseconds of cuEventElapsedTime short and precise, and no
     error accumulates from one anchor to the next.
 
-    A kernel ends at its event's time after its anchor. A kernel queued behind another starts exactly when
-    that one ended, which also measures its length exactly. A kernel launched on an idle stream started at
-    some moment inside its launch call; it is given the length measured for its size (and never an earlier
-    start than the call's), or, before any was measured, the call's return. A start event would not do:
-    on an idle stream it completes before the kernel is even launched, and reads our busy time high.
+    A burst ends at its last event's time after its anchor. Its kernels after the first are queued behind
+    it, so the two events measure their length exactly (`rate_s`, seconds per block per SM). A burst queued
+    behind the one before starts exactly when that one ended. A burst launched on an idle stream started at
+    some moment inside its first launch call: its first kernel is given the length just measured for its
+    size (or, for a burst of one kernel, the measured rate times its size), never an earlier start than the
+    call's, and before anything was measured the call's return. A start event would not do: on an idle
+    stream it completes before the kernel is even launched, and reads our busy time high.
     """
 
     def __init__(self, elapsed_ms: Callable[[Any, Any], float], anchor_every_s: float = ANCHOR_EVERY_S,
-                 length_weight: float = 0.2) -> None:
+                 rate_weight: float = 0.2) -> None:
         self._elapsed_ms = elapsed_ms
         self._anchor_every_s = anchor_every_s
-        self._length_weight = length_weight
+        self._rate_weight = rate_weight
         self.current: Anchor | None = None
         self._last_end_s = float("-inf")
-        self.length_s: dict[int, float] = {}  # measured kernel length by multiplier
+        self.rate_s: float | None = None  # measured seconds of kernel per block per SM
 
     def wants_anchor(self, host_s: float) -> bool:
         return self.current is None or host_s - self.current.host_s >= self._anchor_every_s
@@ -67,38 +73,53 @@ class EventTimeline:
         return old if old is not None and old.users == 0 else None
 
     def launched(self) -> Anchor:
-        """A kernel was launched: the anchor it will be timed from."""
+        """A burst was launched: the anchor it will be timed from."""
         if self.current is None:
             raise RuntimeError("EventTimeline: a launch before any anchor")
         self.current.users += 1
         return self.current
 
-    def finish(self, anchor: Anchor, event: Any, multiplier: int, called_s: float, returned_s: float,
-               now_s: float) -> tuple[float, float]:
-        """(start, end) host times of the kernel whose end event has completed, seen at `now_s`; its launch
-        call ran from `called_s` to `returned_s`."""
+    def _at(self, anchor: Anchor, event: Any) -> float:
+        return anchor.host_s + self._elapsed_ms(anchor.event, event) / 1e3
+
+    def finish(self, anchor: Anchor, first_event: Any | None, last_event: Any, multiplier: int, count: int,
+               called_s: float, returned_s: float, now_s: float) -> tuple[float, float, float | None]:
+        """(start, end) host times of the burst whose last event has completed, seen at `now_s`, and the length
+        of one of its kernels where measured exactly (else None): `count` kernels of `multiplier`, the first
+        launch call from `called_s` to `returned_s`; `first_event` was recorded after the first kernel (None
+        for a burst of one)."""
         anchor.users -= 1
         # The event had completed by now_s: a later reading is the anchor's error, never real.
-        end_s = min(anchor.host_s + self._elapsed_ms(anchor.event, event) / 1e3, now_s)
-        if self._last_end_s >= returned_s:  # queued behind the kernel before it
+        end_s = min(self._at(anchor, last_event), now_s)
+        first_end_s = end_s
+        length_s: float | None = None  # of one kernel of this burst
+        measured_s: float | None = None
+        if first_event is not None and count > 1:
+            # The anchor's error cancels in the difference of two events timed from it.
+            measured_s = self._elapsed_ms(first_event, last_event) / 1e3 / (count - 1)
+            first_end_s = min(self._at(anchor, first_event), end_s)
+            length_s = measured_s
+            rate_s = length_s / multiplier
+            w = self._rate_weight
+            self.rate_s = rate_s if self.rate_s is None else (1 - w) * self.rate_s + w * rate_s
+        elif self.rate_s is not None:
+            length_s = self.rate_s * multiplier
+        if self._last_end_s >= returned_s:  # queued behind the burst before
             start_s = min(self._last_end_s, end_s)
-            length_s = end_s - start_s
-            known = self.length_s.get(multiplier)
-            w = self._length_weight
-            self.length_s[multiplier] = length_s if known is None else (1 - w) * known + w * length_s
         else:
-            known = self.length_s.get(multiplier)
-            start_s = returned_s if known is None else max(end_s - known, called_s)
+            start_s = returned_s if length_s is None else max(first_end_s - length_s, called_s)
             start_s = min(max(start_s, self._last_end_s), end_s)
         self._last_end_s = end_s
-        return start_s, end_s
+        return start_s, end_s, measured_s
 
 
 @dataclass
 class _Pending:
-    event: Any
+    first: Any | None  # the event after the first kernel (bursts of two or more)
+    last: Any  # the event after the last kernel
     anchor: Anchor
     multiplier: int
+    count: int
     called_s: float
     returned_s: float
 
@@ -115,7 +136,11 @@ def prepare_process() -> None:
 
 class CudaLauncher:
     """Our CUDA context on the GPU with this UUID: a 4-byte buffer, a stream for the kernels and one for
-    clock anchors, and one event per kernel (reused).
+    clock anchors, the burn kernel bound once, and a ring of reused events (two per burst).
+
+    numba compiles and loads the kernel (its first launch goes through numba's dispatch); every later
+    launch is one cuLaunchKernel through cuda-bindings with the arguments packed once, and events are
+    recorded and queried there too: numba's dispatch cost ~10x the driver call (docs/DESIGN.md §8).
 
     The device is found by UUID, never by index: CUDA numbers devices its own way (CUDA_VISIBLE_DEVICES,
     CUDA_DEVICE_ORDER, MIG), and NVML's index need not be CUDA's.
@@ -127,6 +152,7 @@ class CudaLauncher:
         self._clock = clock
         try:
             import numpy as np
+            from cuda.bindings import driver as cu
             from numba import config as numba_config
             from numba import cuda
         except Exception as error:
@@ -136,60 +162,116 @@ class CudaLauncher:
         # numba's driver and device list start lazily and not thread-safely: with FORGE_GPUS, GPU threads
         # opening at once got CUDA_ERROR_NOT_INITIALIZED. One at a time, then.
         with _OPEN_LOCK:
-            self._open(cuda, np, uuid, stack_bytes)
+            self._open(cuda, cu, np, uuid, stack_bytes)
 
-    def _open(self, cuda: Any, np: Any, uuid: str, stack_bytes: int) -> None:
+    def _open(self, cuda: Any, cu: Any, np: Any, uuid: str, stack_bytes: int) -> None:
         device = find_device(cuda, uuid)
         try:
             from forge_load import kernels
 
             self._cuda = cuda
+            self._cu = cu
             self._kernels = kernels
             self._device = device
+            self._events: list[Any] = []  # every event we created, destroyed at close
+            self._free: list[Any] = []
+            self._pending: deque[_Pending] = deque()
             cuda.select_device(device.id)
             self.stack_bytes_default, self.stack_bytes = _stack_limit(stack_bytes)
             self._stream = cuda.stream()
             self._clock_stream = cuda.stream()  # anchors only: nothing ever waits on it
             self._out = cuda.to_device(np.zeros(1, dtype=np.float32), stream=self._stream)
             self.sm_count = int(device.MULTIPROCESSOR_COUNT)
-            self._timeline = EventTimeline(cuda.event_elapsed_time)
-            self._pending: deque[_Pending] = deque()
-            self._free: list[Any] = []
-            # Compile and load now, so the first real launch is not a long one.
+            self._hstream = self._stream.handle
+            self._hclock = self._clock_stream.handle
+            self._timeline = EventTimeline(self._elapsed_ms)
+            # Compile and load through numba now, so the first real launch is not a long one; then bind.
             self._kernels.launch_burn(self._out, self.sm_count, self._stream)
             self._stream.synchronize()
+            self._burn = self._kernels.bind_burn(self._out)
         except Exception as error:
             raise GpuFailedError(f"could not start CUDA on {uuid}: {error}") from error
 
-    def _event(self) -> Any:
-        return self._free.pop() if self._free else self._cuda.event(timing=True)
+    def _check(self, result: tuple[Any, ...], name: str) -> Any:
+        if result[0] != self._cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{name} failed: {result[0].name}")
+        return result[1] if len(result) > 1 else None
 
-    def launch(self, multiplier: int, now_s: float) -> None:
-        if self._timeline.wants_anchor(self._clock()):
+    def _elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(self._check(self._cu.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+
+    def _event(self) -> Any:
+        if self._free:
+            return self._free.pop()
+        event = self._check(self._cu.cuEventCreate(self._cu.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        self._events.append(event)
+        return event
+
+    def _record(self, stream: Any) -> Any:
+        event = self._event()
+        self._check(self._cu.cuEventRecord(event, stream), "cuEventRecord")
+        return event
+
+    def _anchor(self) -> None:
+        """Record a fresh anchor, bracketed by two clock reads; one whose bracket is wide (the thread was held
+        up around the call: preempted, or waiting to take the GIL back) is not trusted and tried again, now
+        or, while the current anchor is still good, at the next launch."""
+        best: tuple[float, Any, float] | None = None  # (bracket, event, host time)
+        for _ in range(ANCHOR_TRIES):
             event = self._event()
-            event.record(self._clock_stream)
-            # The driver call is the last thing numba's record() does: the event's time is the return's.
-            retired = self._timeline.anchor(event, self._clock())
-            if retired is not None:
-                self._free.append(retired.event)
+            before_s = self._clock()
+            self._check(self._cu.cuEventRecord(event, self._hclock), "cuEventRecord")
+            bracket_s = self._clock() - before_s
+            if best is not None:
+                self._free.append(best[1] if bracket_s < best[0] else event)
+            if best is None or bracket_s < best[0]:
+                best = (bracket_s, event, before_s)
+            if bracket_s <= ANCHOR_BRACKET_S:
+                break
+        assert best is not None
+        if best[0] > ANCHOR_BRACKET_S and self._timeline.current is not None:
+            self._free.append(best[1])
+            return
+        retired = self._timeline.anchor(best[1], best[2])
+        if retired is not None:
+            self._free.append(retired.event)
+
+    def launch(self, multiplier: int, now_s: float, count: int = 1) -> None:
+        if self._timeline.wants_anchor(self._clock()):
+            self._anchor()
         anchor = self._timeline.launched()
+        launch, function, params = self._cu.cuLaunchKernel, self._burn.function, self._burn.params_address
+        grid, threads, stream = multiplier * self.sm_count, self._kernels.THREADS_PER_BLOCK, self._hstream
         called_s = self._clock()
-        self._kernels.launch_burn(self._out, multiplier * self.sm_count, self._stream)
+        self._check(launch(function, grid, 1, 1, threads, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
         returned_s = self._clock()
-        end = self._event()
-        end.record(self._stream)
-        self._pending.append(_Pending(end, anchor, multiplier, called_s, returned_s))
+        first = None
+        if count > 1:
+            first = self._record(stream)
+            for _ in range(count - 1):
+                self._check(launch(function, grid, 1, 1, threads, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
+        last = self._record(stream)
+        self._pending.append(_Pending(first, last, anchor, multiplier, count, called_s, returned_s))
 
     def poll(self, now_s: float) -> list[Completed]:
         done: list[Completed] = []
-        while self._pending and self._pending[0].event.query():
-            kernel = self._pending.popleft()
-            start_s, end_s = self._timeline.finish(kernel.anchor, kernel.event, kernel.multiplier,
-                                                   kernel.called_s, kernel.returned_s, self._clock())
-            done.append(Completed(start_s, end_s, kernel.multiplier))
-            self._free.append(kernel.event)
-            if kernel.anchor.users == 0 and kernel.anchor is not self._timeline.current:
-                self._free.append(kernel.anchor.event)
+        not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY
+        while self._pending:
+            burst = self._pending[0]
+            result = self._cu.cuEventQuery(burst.last)
+            if result[0] == not_ready:
+                break
+            self._check(result, "cuEventQuery")
+            self._pending.popleft()
+            start_s, end_s, kernel_s = self._timeline.finish(
+                burst.anchor, burst.first, burst.last, burst.multiplier, burst.count, burst.called_s,
+                burst.returned_s, self._clock())
+            done.append(Completed(start_s, end_s, burst.multiplier, burst.count, kernel_s))
+            self._free.append(burst.last)
+            if burst.first is not None:
+                self._free.append(burst.first)
+            if burst.anchor.users == 0 and burst.anchor is not self._timeline.current:
+                self._free.append(burst.anchor.event)
         return done
 
     def describe(self) -> dict[str, object]:
@@ -204,12 +286,17 @@ class CudaLauncher:
         FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others (docs/DESIGN.md §8).
         """
         deadline_s = self._clock() + CLOSE_WAIT_S
-        while self._pending and not self._pending[-1].event.query() and self._clock() < deadline_s:
+        not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY
+        while (self._pending and self._cu.cuEventQuery(self._pending[-1].last)[0] == not_ready
+               and self._clock() < deadline_s):
             time.sleep(0.001)
         self._pending.clear()
         self._free.clear()
-        self._timeline = EventTimeline(self._cuda.event_elapsed_time)
-        self._out = self._stream = self._clock_stream = None
+        for event in self._events:  # after a GPU failure these fail too; nothing is left to free then
+            self._cu.cuEventDestroy(event)
+        self._events.clear()
+        self._timeline = EventTimeline(self._elapsed_ms)
+        self._out = self._stream = self._clock_stream = self._hstream = self._hclock = None
         from numba.cuda.cudadrv.driver import driver
 
         while driver.pop_active_context() is not None:

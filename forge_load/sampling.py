@@ -15,6 +15,7 @@ from forge_load.probe import Probe, UtilSample
 DEFAULT_WINDOW_S = 1.0 / 6.0
 FALLBACK_AFTER_S = 2.5  # longer than two of the longest (1 s) sample windows
 GAPS_KEPT = 9  # the window is the median of the latest gaps between buffered samples
+EARLY_S = 0.02  # the buffer is asked again from this long before the next sample is due (stamps run a hair ahead)
 
 
 class SampleReader:
@@ -32,7 +33,13 @@ class SampleReader:
         return median(self._gaps_s) if self._gaps_s else DEFAULT_WINDOW_S
 
     def read(self, now_s: float) -> list[UtilSample]:
-        """The samples since the previous read, oldest first ([] when none is new)."""
+        """The samples since the previous read, oldest first ([] when none is new).
+
+        Once the window is known, the buffer is not asked before its next sample can be there: a query costs
+        more CPU than the rest of a poll (docs/DESIGN.md §7). A stamp may run a hair ahead of our clock, so
+        the buffer is asked from EARLY_S before."""
+        if self._gaps_s and now_s < self._last_buffered_s + self.window_s - EARLY_S:
+            return []
         fresh = self.probe.utilization_samples(self._last_sample_s)
         if fresh:
             for sample in fresh:

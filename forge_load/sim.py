@@ -4,8 +4,9 @@ Worker (SimLauncher). The Monitor, controller, policy and logging that run again
 The model:
 - NVML utilization: every `window_s` (phase drawn from the seed) a sample of the share of the window
   during which any kernel ran, ours or foreign, rounded to a whole percent as NVML reports it.
-- Our kernels run one after another on one stream; each takes a launch overhead plus one wave time
-  per wave, waves = ceil(grid blocks / (SMs x resident blocks per SM)), with a little seeded jitter.
+- Our kernels run one after another on one stream (a launch call may queue several back to back); each
+  takes a launch overhead plus one wave time per wave, waves = ceil(grid blocks / (SMs x resident
+  blocks per SM)), with a little seeded jitter.
 - A foreign job takes its device memory at the start of its interval (its context) and GPU time while
   it runs: busy for `foreign_load_ratio` of every 20-ms period. It shows in the process list unless
   hidden (a container without --pid=host). Foreign and own kernels overlap, which makes the foreign
@@ -292,18 +293,20 @@ class SimLauncher:
     def __init__(self, gpu: SimGpu) -> None:
         self.gpu = gpu
         self.sm_count = gpu.config.sms
-        self._pending: list[tuple[float, float, int]] = []
+        self._pending: list[tuple[float, float, int, int]] = []
         gpu.context_open = True
 
     def describe(self) -> dict[str, object]:
         return {}
 
-    def launch(self, multiplier: int, now_s: float) -> None:
+    def launch(self, multiplier: int, now_s: float, count: int = 1) -> None:
         start_s, end_s = self.gpu.run_kernel(now_s, multiplier * self.sm_count)
-        self._pending.append((start_s, end_s, multiplier))
+        for _ in range(count - 1):  # queued behind the first, so they run back to back
+            end_s = self.gpu.run_kernel(now_s, multiplier * self.sm_count)[1]
+        self._pending.append((start_s, end_s, multiplier, count))
 
     def poll(self, now_s: float) -> list[Completed]:
-        done = [Completed(a, b, m) for a, b, m in self._pending if b <= now_s]
+        done = [Completed(a, b, m, n, (b - a) / n if n > 1 else None) for a, b, m, n in self._pending if b <= now_s]
         self._pending = self._pending[len(done):]
         return done
 

@@ -383,6 +383,47 @@ def test_every_controller_the_config_accepts_can_be_made() -> None:
     assert {make_controller(name).name for name in CONTROLLER_NAMES} == set(CONTROLLER_NAMES)
 
 
+# --- PiController: the Worker's period -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window_s", [1 / 6, 0.2, 0.25, 1 / 3, 0.5, 0.7, 1.0])
+@pytest.mark.parametrize("target", [0.1, 0.3, 0.5, 0.54, 0.65, 0.8, 0.9, 1.0])
+def test_pi_period_divides_the_window_and_keeps_bursts_short(window_s: float, target: float) -> None:
+    c = PiController()
+    period_s = c.period_for(target, window_s)
+    parts = window_s / period_s
+    assert parts == pytest.approx(round(parts), abs=1e-9)  # whole bursts in every window
+    assert period_s <= c.max_period_s * 1.01
+    assert target * period_s <= c.burst_s * 1.01  # what a yield waits for
+
+
+@pytest.mark.parametrize("target", [0.3, 0.5, 0.65, 0.8])
+def test_pi_period_is_the_same_before_and_after_the_window_is_learned(target: float) -> None:
+    # The Monitor assumes 1/6 s until two samples have come; a period switch would upset one window.
+    c = PiController()
+    assert c.period_for(target, 1.0) == pytest.approx(c.period_for(target, 1 / 6))
+    assert c.period_for(target, 0.5) == pytest.approx(c.period_for(target, 1 / 6))
+
+
+@pytest.mark.parametrize(("window_s", "learned_s"), [(1 / 6, 0.1666667), (1 / 6, 0.166666), (1.0, 1.000001),
+                                                      (1.0, 0.999999)])
+def test_pi_period_divides_a_learned_window_exactly(window_s: float, learned_s: float) -> None:
+    c = PiController()
+    assert learned_s / c.period_for(0.5, learned_s) == pytest.approx(window_s / c.period_for(0.5, window_s))
+    assert (learned_s / c.period_for(0.5, learned_s)) % 1 == pytest.approx(0.0, abs=1e-9)
+
+
+def test_pi_plan_carries_the_period_chosen_by_the_target_not_the_duty() -> None:
+    c = PiController()
+    c.start(0.0)
+    first = c.update(0.5, [], 1 / 6, None)
+    assert first.period_s == pytest.approx(1 / 6)  # half of it busy: a burst of 1/12 s
+    # The integral moves the duty; the period stays.
+    later = c.update(0.5, [UtilSample(1.0, 0.45), UtilSample(1.2, 0.45)], 1 / 6, None)
+    assert later.duty_ratio > 0.5 and later.period_s == first.period_s
+    assert c.update(0.8, [], 1 / 6, None).period_s == pytest.approx(1 / 12)
+
+
 # --- the duty limit (the power cap's): no duty above it, no integral wound up against it --------------------
 
 

@@ -34,8 +34,10 @@ class FakeProbe:
     fail_with: Exception | None = None
     info: DeviceInfo = DeviceInfo(0, "GPU-fake", "Fake GPU", 81559.0, "fake", False)
     util_ratio_calls: int = 0
+    samples_calls: int = 0
 
     def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
+        self.samples_calls += 1
         if self.samples is None:
             return None
         return [s for s in self.samples if s.t_s > since_s]
@@ -498,3 +500,22 @@ def test_the_signals_are_a_list_the_monitor_is_given() -> None:
     probe = FakeProbe(procs=[own_proc(), GpuProcess(5, 1.0), GpuProcess(6, 1.0)])
     r = poll(monitor(probe, signals=[("crowded", many_processes)]), 1.0)
     assert r.signals == ("crowded",) and r.reason == "crowded"
+
+
+@pytest.mark.parametrize("window_s", [1 / 6, 0.5, 1.0])
+def test_the_sample_buffer_is_asked_about_once_per_window_and_no_sample_is_late(window_s: float) -> None:
+    # Every query costs CPU (docs/DESIGN.md §7): polls every 0.1 s ask the buffer only when a sample can be there,
+    # and each sample still comes with the first poll at or after its stamp.
+    stamps = [k * window_s for k in range(1, int(30 / window_s) + 1)]
+    probe = FakeProbe(samples=[])
+    m = monitor(probe)
+    seen_at: dict[float, float] = {}
+    for k in range(1, 301):
+        now_s = k / 10
+        probe.samples = [UtilSample(t, 0.1) for t in stamps if t <= now_s + 1e-9]
+        for sample in poll(m, now_s).samples:
+            seen_at[sample.t_s] = now_s
+    assert m.window_s == pytest.approx(window_s)
+    assert all(seen_at[t] - t < 0.1 + 1e-9 for t in stamps if t > 2 * window_s)  # none waits past one poll
+    learning = 2 * window_s / 0.1  # every poll asks until two samples have taught the window
+    assert probe.samples_calls <= 30 / window_s + learning + 5, probe.samples_calls  # not one per poll (300)

@@ -15,15 +15,14 @@ TARGETS = (0.2, 0.35, 0.5, 0.65, 0.8, 0.9)
 
 
 def assert_tracks(run_gpu, target: float, start_s: float, end_s: float) -> None:
+    """The acceptance numbers over 1-s readings: settled within 2 s, then a mean absolute error of at most
+    0.01 and a 95th percentile of at most 0.03."""
     samples = run_gpu.samples(start_s, end_s)
     result = tracking(samples, target, start_s, end_s)
     readings = one_second_readings(samples, start_s, end_s)
-    assert result.settle_s is not None and result.settle_s <= 5.0, (result, readings[:8])
-    at_5s = [u for t, u in readings if start_s + 4.0 <= t < start_s + 5.0]
-    assert at_5s and abs(at_5s[0] - target) <= 0.02, readings[:8]
-    after = [abs(u - target) for t, u in readings if t >= start_s + 5.0]
-    assert sum(after) / len(after) <= 0.02
-    assert sum(e <= 0.05 for e in after) / len(after) >= 0.95
+    assert result.settle_s is not None and result.settle_s <= 2.0, (result, readings[:8])
+    assert result.mae_ratio <= 0.01 and result.p95_error_ratio <= 0.03, (result, readings)
+    assert result.seconds >= (end_s - start_s) - 3
 
 
 @pytest.mark.parametrize("window_s", WINDOWS_S, ids=lambda w: f"window{w:.3f}")

@@ -40,7 +40,8 @@ def test_kernel_history_stays_bounded_over_a_long_run() -> None:
     history_s = (sim.BUFFERED_SAMPLES + 1) * run.gpu.window_s + 1.0
     # The lists are cut in halves: at most twice the history, of kernels at least 1 ms long (ours are ~2 ms).
     bound = int(2 * history_s / 0.001)
-    assert len(lengths) >= 295 and max(lengths) <= bound, (max(lengths), bound)
+    # A heartbeat comes at the first step a second or more after the last: at least one per 1.1 s of polls.
+    assert len(lengths) >= 270 and max(lengths) <= bound, (len(lengths), max(lengths), bound)
     assert max(lengths[150:]) <= 1.2 * max(lengths[40:150]), (max(lengths[40:150]), max(lengths[150:]))
     assert len(run.gpu._ends) == len(run.gpu._starts) == len(run.gpu._busy_before) - 1
 
