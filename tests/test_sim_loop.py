@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from forge_load.scoring import one_second_readings, tracking
+from forge_load.worker import QUEUE_S
 from tests.simrun import simulate
 
 WINDOWS_S = (1 / 6, 0.25, 0.5, 1.0)
@@ -52,6 +53,8 @@ def test_yields_within_half_a_second_stays_idle_and_resumes(window_s: float, how
         assert "process" not in yielded["signals"]
     drained = scenario.first("drained")
     assert drained["last_kernel_end_t"] - start_s <= 0.5
+    # From the signal to our last kernel's end: no more than was queued (the Worker's queue limit, 90 ms).
+    assert drained["last_kernel_end_t"] - yielded["t"] <= QUEUE_S + 0.001 <= 0.1
     # Nothing of ours runs from the drain until the job has ended.
     assert gpu.own_busy_s(drained["last_kernel_end_t"] + 1e-6, end_s) == 0.0
     resumed = scenario.first("resume")
