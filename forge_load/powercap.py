@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_BOARD_LIMIT_W = 1500.0  # when NVML names no limit: above any single GPU's, so the first duty errs low
-MARGIN_RATIO = 0.03  # aim this far under the cap: NVML's readings and our duty both wobble by a percent or so
+MARGIN_RATIO = 0.05  # aim this far under the cap: NVML's readings wobble by a percent, our bursts' 1-s share by more
 MIN_LEARN_RATIO = 0.05  # below this busy share our power cannot be told from the readings' noise
 LOWER_WEIGHT = 0.2  # how far one reading below the line moves the slope toward it
 RELEASE_BAND = 0.01  # binding ends once the controller wants this much less duty than the limit
