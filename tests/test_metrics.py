@@ -359,7 +359,7 @@ def test_a_list_of_gpus_runs_just_those() -> None:
 def test_a_gpu_named_twice_is_filled_once() -> None:
     rc, events, err = forge("--simulate", "--sim-speed", "0", "--sim-gpus", "2", "--duration", "5",
                             "--gpus", "0,1,GPU-51a00000-0000-4000-8000-000000000000")
-    assert rc == 0, err  # as the README says: filled once, not an error
+    assert rc == 0, err  # as docs/operating.md says: filled once, not an error
     assert not [e for e in events if e["event"] == "error"]
     starts, stops = by_gpu(events, "start"), by_gpu(events, "stop")
     assert sorted(starts) == sorted(stops) == [0, 1] and len(starts[0]) == len(stops[0]) == 1
