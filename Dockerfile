@@ -60,7 +60,7 @@ RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --
 # The dependencies next, in a layer of their own: they change far less often than the code. Left out in the
 # same layer, so they never reach the image: the packages' own test suites (numpy, numba: ~35 MB), never
 # imported at run time, and the files of the CUDA wheels that the filler never loads (~190 MB: a second NVRTC,
-# ptxas, headers, static libraries; measured on the virtual GPU, see scripts/image_prune.py and the README).
+# ptxas, headers, static libraries; measured on the virtual GPU, see scripts/image_prune.py and docs/deploying.md).
 # image_prune.py fails the build if a wheel no longer matches what was measured.
 COPY requirements.txt scripts/image_prune.py /tmp/forge-build/
 RUN python3 -m venv /opt/forge \

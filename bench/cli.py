@@ -89,8 +89,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="simulator seed; default 0")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     parser.add_argument("--section", type=Path, default=None,
-                        help="also write the README's benchmark section (Markdown) to this file, with "
-                             "links relative to the repository root")
+                        help="also write the generated benchmark blocks (Markdown) to this file, e.g. "
+                             "docs/benchmarks.md, with links relative to it")
     parser.add_argument("--render", type=Path, default=None, metavar="DIR",
                         help="measure nothing: redraw results.md, the plots (and --section) from DIR's "
                              "results.json and series.json")
@@ -279,19 +279,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def finish_outputs(results: Json | None, cpu_results: Json | None, out_dir: Path, args: argparse.Namespace,
                    code: int) -> int:
-    section: list[str] = []  # the README's generated blocks
+    section: list[str] = []  # docs/benchmarks.md's generated blocks
     goals: list[Json] = []
     if results is not None:
         markdown = write_outputs(results, out_dir, final=True)
         print(markdown)
         log(f"wrote {out_dir}/results.json, results.md" + (", plots" if results.get("plots") else ""))
-        section.append(render_section(results, out_dir))
+        section.append(render_section(results, out_dir, args.section))
         goals += results["goals"]
     if cpu_results is not None:
         markdown = write_cpu_outputs(cpu_results, out_dir)
         print(markdown)
         log(f"wrote {out_dir}/cpu.json, cpu.md")
-        section.append(render_cpu_section(cpu_results, out_dir))
+        section.append(render_cpu_section(cpu_results, out_dir, args.section))
         goals += cpu_results["goals"]
     if args.section:
         args.section.parent.mkdir(parents=True, exist_ok=True)

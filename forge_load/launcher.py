@@ -2,7 +2,7 @@
 
 numba-cuda and cuda-bindings are imported only here (and in kernels.py, which holds the kernel). The timeline
 arithmetic is pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the rest
-(docs/DESIGN.md §3, §8).
+(docs/design.md §3, §8).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class CudaLauncher:
 
     numba compiles and loads the kernel (its first launch goes through numba's dispatch); every later
     launch is one cuLaunchKernel through cuda-bindings with the arguments packed once, and events are
-    recorded and queried there too: numba's dispatch cost ~10x the driver call (docs/DESIGN.md §8).
+    recorded and queried there too: numba's dispatch cost ~10x the driver call (docs/design.md §8).
 
     The device is found by UUID, never by index: CUDA numbers devices its own way (CUDA_VISIBLE_DEVICES,
     CUDA_DEVICE_ORDER, MIG), and NVML's index need not be CUDA's.
@@ -283,7 +283,7 @@ class CudaLauncher:
         The primary context itself stays until the process exits, when the driver frees it. Resetting it
         here would break other users of the device in this process, and numba's cuda.close() resets every
         device when called from the thread numba takes for its main one (the first to import it: with
-        FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others (docs/DESIGN.md §8).
+        FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others (docs/design.md §8).
         """
         deadline_s = self._clock() + CLOSE_WAIT_S
         not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY

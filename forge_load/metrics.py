@@ -35,7 +35,7 @@ GPU_LABELS = ["gpu", "UUID"]
 # How often the accept loop looks for a shutdown request: close() returns within this.
 POLL_INTERVAL_S = 0.2
 
-# name (as exposed) -> (type, help). The README's metric table and the dashboard test read this.
+# name (as exposed) -> (type, help). docs/metrics.md (scripts/gen_docs.py) and the dashboard test read this.
 METRICS: dict[str, tuple[str, str]] = {
     "forge_load_build_info": ("gauge", "Always 1; labels: version, python_version, simulated"),
     "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, hostname (the node)"),
@@ -188,7 +188,7 @@ def make_app(registry: Any, fleet: Fleet) -> Callable[..., Iterable[bytes]]:
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one client can cost the server, in time, memory and threads (the README's metrics section)."""
+    """What one client can cost the server, in time, memory and threads (docs/metrics.md, generated from this)."""
 
     request_timeout_s: float = 5.0  # to send the whole request head; also for each write of the answer
     max_connections: int = 32  # connections served at once, one thread each

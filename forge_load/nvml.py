@@ -358,7 +358,7 @@ class NvmlProbe:
         return self._stamp_clock() - self._mono_clock()
 
     def _calibrate(self, stamps_us: Iterable[int]) -> None:
-        """Find which CPU clock NVML stamps its samples with (docs/DESIGN.md §2): the one the newest stamp is
+        """Find which CPU clock NVML stamps its samples with (docs/design.md §2): the one the newest stamp is
         a little behind of. Where none fits, anchor the newest sample at now."""
         newest_s = max(stamps_us) / 1e6
         ages = {name: clock() - newest_s for name, clock in self._stamp_clocks.items()}
@@ -455,7 +455,7 @@ class NvmlProbe:
         return None if milliwatts is None else float(milliwatts) / 1000.0
 
     def energy_j(self) -> float | None:
-        # Volta and newer: the board's energy since the driver loaded, in mJ (docs/DESIGN.md §9).
+        # Volta and newer: the board's energy since the driver loaded, in mJ (docs/design.md §9).
         millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._handle)
         return None if millijoules is None else int(millijoules) / 1000.0
 

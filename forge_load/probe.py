@@ -59,7 +59,7 @@ class Probe(Protocol):
         """Compute and graphics processes on the GPU, as far as this PID namespace shows them."""
 
     def power_w(self) -> float | None:
-        """Board power: NVML's reading (a 1-s mean on Ampere and newer, docs/DESIGN.md §9)."""
+        """Board power: NVML's reading (a 1-s mean on Ampere and newer, docs/design.md §9)."""
 
     def energy_j(self) -> float | None:
         """The board's energy counter (since the driver loaded; it only grows), in joules."""

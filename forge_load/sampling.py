@@ -36,7 +36,7 @@ class SampleReader:
         """The samples since the previous read, oldest first ([] when none is new).
 
         Once the window is known, the buffer is not asked before its next sample can be there: a query costs
-        more CPU than the rest of a poll (docs/DESIGN.md §7). A stamp may run a hair ahead of our clock, so
+        more CPU than the rest of a poll (docs/design.md §7). A stamp may run a hair ahead of our clock, so
         the buffer is asked from EARLY_S before."""
         if self._gaps_s and now_s < self._last_buffered_s + self.window_s - EARLY_S:
             return []

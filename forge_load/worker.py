@@ -6,7 +6,7 @@ launch is due, so no CPU core spins.
 
 The CPU cost of the loop is per wake-up and per launch call, so the Worker wakes once per period: it queues
 the period's whole busy share as one burst of a few back-to-back kernels (a single launch call, timed by the
-launcher as one span) and sleeps until the next period (docs/DESIGN.md §6, §7).
+launcher as one span) and sleeps until the next period (docs/design.md §6, §7).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """scripts/gpu_bench.py (the bench package): the benchmark on the simulated GPU (short durations), its output
 format, the goals our controller must meet there, and the real-GPU path driven end to end against a fake NVML,
 with the filler on the simulator and the foreign job on numba's CUDA simulator (so it runs in CI without a GPU);
-the cpu scenario on the virtual GPU and on the fakes; the README's generated blocks against their results."""
+the cpu scenario on the virtual GPU and on the fakes; docs/benchmarks.md's generated blocks against their results."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_pi_meets_every_goal_the_simulator_can_judge(sim_run: dict[str, Any]) ->
         assert goals[key]["measured"]["value"] is not None
     # The foreign job's simulated worst-case bound is ~0.99 by construction in its worst variant: the utilization
     # signal alone takes 0.4 s to see the job, about half of which is ours. Whether it lands just above or just
-    # below 0.99 depends on where our bursts fall in those 0.4 s (0.9877-0.9918 over six start phases; README).
+    # below 0.99 depends on where our bursts fall in those 0.4 s (0.9877-0.9918 over six start phases).
     assert goals["foreign"]["measured"]["value"] >= 0.985, goals["foreign"]
     for key in ("memory", "cpu"):  # footprint cannot be simulated: said so, not passed
         assert goals[key]["pass"] is None and goals[key]["note"].startswith("n/a")
@@ -343,7 +343,8 @@ def test_real_path_end_to_end_on_fakes(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_render_redraws_from_saved_results(sim_run: dict[str, Any], tmp_path: Path) -> None:
-    """After a run on a machine without matplotlib: results.md, plots and the README section from the files."""
+    """After a run on a machine without matplotlib: results.md, plots and the benchmark blocks from the files,
+    linked relative to the page they go into."""
     import shutil
 
     copy = tmp_path / "copy"
@@ -359,10 +360,11 @@ def test_render_redraws_from_saved_results(sim_run: dict[str, Any], tmp_path: Pa
     assert (copy / "results.md").read_text() == sim_run["md"]
     text = section.read_text()
     assert text.count("<!-- BENCH-TABLE -->") == 1 and text.count("<!-- /BENCH-SECTION -->") == 1
-    assert "## Benchmarks" in text and "No real-GPU run yet" in text
+    assert "## The goals, from the latest run" in text and "No real-GPU run yet" in text
+    assert "([all results](copy/results.md))" in text
     assert re.search(r"^\| 0\.5 \| 1\.0 / ", text, flags=re.M)
     if importlib.util.find_spec("matplotlib"):
-        assert (copy / "tracking.png").exists() and "tracking.png)" in text
+        assert (copy / "tracking.png").exists() and "(copy/tracking.png)" in text
     assert cli.main(["--render", str(tmp_path / "nothing")]) == 2
 
 
@@ -503,18 +505,20 @@ def test_cpu_scenario_real_path_on_fakes(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 
-def test_readme_blocks_are_generated_from_the_committed_results() -> None:
-    """Every generated block of the README is what --section draws from the results file it names."""
-    readme = (REPO / "README.md").read_text()
+def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
+    """Every generated block of docs/benchmarks.md is what --section draws from the results file it names
+    (regenerate: python scripts/gpu_bench.py --render DIR --section docs/benchmarks.md)."""
+    page = REPO / "docs" / "benchmarks.md"
+    text = page.read_text()
     for name in ("BENCH-TABLE", "BENCH-SECTION", "BENCH-CPU"):
         pattern = rf"<!-- {name} -->.*?<!-- /{name} -->"
-        block = re.search(pattern, readme, re.S)
-        assert block is not None, f"README.md has no {name} block"
+        block = re.search(pattern, text, re.S)
+        assert block is not None, f"docs/benchmarks.md has no {name} block"
         source = re.search(r"--section from (\S+)/(results|cpu)\.json ", block.group(0))
         assert source is not None, block.group(0)[:300]
         out_dir = REPO / source.group(1)
         saved = json.loads((out_dir / f"{source.group(2)}.json").read_text())
-        drawn = render.render_cpu_section(saved, out_dir) if name == "BENCH-CPU" else render.render_section(saved,
-                                                                                                           out_dir)
+        drawn = (render.render_cpu_section(saved, out_dir, page) if name == "BENCH-CPU"
+                 else render.render_section(saved, out_dir, page))
         expected = re.search(pattern, drawn, re.S)
         assert expected is not None and block.group(0) == expected.group(0), name

@@ -329,25 +329,35 @@ def test_the_unit_tests_fail_on_a_broken_rule(broken: str, tmp_path: Path) -> No
     assert failing in result.stdout + result.stderr, result.stdout + result.stderr
 
 
+def documented_rules() -> set[str]:
+    """The names in the first column of the tables under "Prometheus rules" in docs/deploying.md."""
+    page = (ROOT / "docs" / "deploying.md").read_text()
+    section = page[page.index("## Prometheus rules"):]
+    section = section[:section.index("\n## ")]
+    cells = re.findall(r"^\| ([^|]+) \|", section, re.M)
+    return {name for cell in cells for name in re.findall(r"`([^`]+)`", cell)}
+
+
 def test_rules_are_named_by_convention_and_documented() -> None:
-    readme = (ROOT / "README.md").read_text()
+    documented = documented_rules()
     records = recorded_names()
     assert records
     for name in records:
         # level:metric:operations; level UUID (one series per GPU) or fleet (one over all of them).
         assert re.fullmatch(r"(UUID|fleet):(forge_load|DCGM)_\w+:[a-z0-9_]+", name), name
-        assert f"`{name}`" in readme, name
+        assert name in documented, name
     alerts = [rule for group in rule_groups() for rule in group["rules"] if "alert" in rule]
     assert {a["alert"] for a in alerts} == {"ForgeLoadDown", "ForgeLoadBusyBesideForeignWork",
                                             "ForgeLoadPowerCapBinding"}
     for alert in alerts:
-        assert f"`{alert['alert']}`" in readme, alert["alert"]
+        assert alert["alert"] in documented, alert["alert"]
         assert alert["labels"]["severity"] in ("info", "warning", "critical"), alert["alert"]
         annotations = alert["annotations"]
         assert set(annotations) == {"summary", "description"}, alert["alert"]
         for label in ("gpu", "UUID"):
             assert f"$labels.{label}" in annotations["summary"], (alert["alert"], label)
         assert "$labels.instance" in annotations["description"], alert["alert"]
+    assert documented == records | {a["alert"] for a in alerts}  # and nothing the rules file no longer has
 
 
 def test_rules_use_only_series_that_exist() -> None:

@@ -7,7 +7,8 @@ unmodified numba-cuda and pynvml load, sharing one modelled GPU across processes
     gpu.unimplemented()  # driver entry points called but not implemented (should stay empty)
 
 Never load the stand-ins into the calling process: everything on the virtual GPU runs in subprocesses with
-`env()` (one libnvidia-ml per process). What the model does, and what it cannot prove: README, "Testing".
+`env()` (one libnvidia-ml per process). What the model does, and what it cannot prove: docs/testing.md, "The
+virtual GPU".
 """
 
 from __future__ import annotations
