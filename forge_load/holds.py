@@ -222,7 +222,9 @@ def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
 def ensure_dir(hold_dir: str) -> None:
     """The directory, made (mode 0755) with its parents where missing; HoldError when it cannot be."""
     try:
-        os.makedirs(hold_dir, mode=DIR_MODE, exist_ok=True)
+        if not os.path.lexists(hold_dir):
+            os.makedirs(hold_dir, mode=DIR_MODE, exist_ok=True)
+            os.chmod(hold_dir, DIR_MODE)  # whatever the umask: every filler must be able to read it
     except OSError as error:
         raise HoldError(f"cannot create {hold_dir} ({error.strerror or error})") from None
     if not os.path.isdir(hold_dir):
