@@ -447,7 +447,7 @@ class HoldWatch:
                 self.generation += 1  # a hold of this GPU placed, refreshed or removed: acknowledge it at once
         view = self._view
         problems = [p for p in view.problems if p not in self._said]
-        self._said.update(problems)
+        self._said = set(view.problems)  # only what is there now: bounded, and said again if it comes back
         fail_safe_before, self.fail_safe = self.fail_safe, view.fail_safe
         live: dict[str, Hold] = {}
         why_gone: dict[str, str] = {h.holder: "expired" for h in view.expired}
