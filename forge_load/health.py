@@ -199,9 +199,32 @@ def check_server(host: str, port: int, timeout_s: float = 4.0) -> tuple[bool, st
     return response.status == 200, body or f"{where}: HTTP {response.status}"
 
 
+HELP = """\
+usage: python -m forge_load.health [FORGE-LOAD SETTINGS...]
+
+Says whether the forge-load filler these settings name is alive: for Docker's HEALTHCHECK, Kubernetes probes
+and operators. It takes the filler's own settings (the same FORGE_* variables and flags, checked the same way;
+see forge-load --help), so give it those of the filler to judge.
+
+What it checks:
+  - with FORGE_METRICS_PORT set (not 0): that filler's /health, at FORGE_METRICS_ADDR (0.0.0.0 means
+    127.0.0.1, :: means ::1), which judges every GPU's loop; it prints the answer (a verdict, a line per GPU);
+  - otherwise: the heartbeat file that filler's loop touches about once a second (FORGE_HEARTBEAT_FILE, by
+    default /tmp/forge_load-<uid>/heartbeat-<the GPUs it fills>), which must be a regular file of this user's
+    and younger than FORGE_HEALTH_MAX_AGE seconds (default 30); it prints its age, or what is wrong.
+
+Exit codes: 0 healthy; 1 unhealthy, or a setting the filler would refuse (said in one line). Never 2, which
+Docker reserves.
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(HELP, end="")
+        return EXIT_HEALTHY
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
+        config = load_config(args)
     except ConfigError as error:
         print(f"forge_load.health: {escape_controls(str(error))}", file=sys.stderr)
         return EXIT_UNHEALTHY

@@ -786,3 +786,28 @@ def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(forge_load.nvml, "list_devices", lambda *a, **k: infos)
     config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
     assert app.gpu_selectors(config, backend_for(config)) == ["1", "0"]
+
+
+# --- the health command's own help, and the floor its help names ------------------------------------------------
+
+def test_health_help_says_what_it_checks_and_its_exit_codes() -> None:
+    result = subprocess.run([sys.executable, "-m", "forge_load.health", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result
+    text = result.stdout
+    assert len(text.splitlines()) < 30, "the filler's help, not the health command's"
+    assert "--sim-" not in text and "forge_load.health" in text.splitlines()[0]
+    assert re.search(r"\b0 healthy\b", text) and re.search(r"\b1 unhealthy\b", text)
+    assert "Never 2" in text
+
+
+def test_the_health_max_age_floor_in_the_help_is_accepted() -> None:
+    [setting] = [s for s in SETTINGS if s.env == "FORGE_HEALTH_MAX_AGE"]
+    match = re.search(r">= ([0-9.]+)", setting.help)
+    assert match, setting.help
+    floor = match[1]
+    assert load_config([], {"FORGE_HEALTH_MAX_AGE": floor}).health_max_age_s == float(floor)
+    assert load_config(["--health-max-age", floor], {}).health_max_age_s == float(floor)
+    with pytest.raises(ConfigError) as info:
+        load_config([], {"FORGE_HEALTH_MAX_AGE": f"{float(floor) - 0.01:g}"})
+    assert_one_clean_line(str(info.value), "FORGE_HEALTH_MAX_AGE", floor)
