@@ -154,9 +154,9 @@ class Filler:
         if transition.state not in FILLING_STATES:
             self.worker.set_plan(IDLE_PLAN)  # no kernel is launched after this line
             self._draining = self._draining or filling_before
-        if transition.event == "yield":
-            self.yields += 1
         if transition.state is State.YIELDING and self._yield_since_s is None:
+            # Every spell of yielding counts, also one an unpause begins (a job seen during the pause).
+            self.yields += 1
             self._yield_since_s = now_s
         elif transition.state is not State.YIELDING and self._yield_since_s is not None:
             self.yielding_s += now_s - self._yield_since_s

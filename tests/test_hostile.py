@@ -811,3 +811,41 @@ def test_the_health_max_age_floor_in_the_help_is_accepted() -> None:
     with pytest.raises(ConfigError) as info:
         load_config([], {"FORGE_HEALTH_MAX_AGE": f"{float(floor) - 0.01:g}"})
     assert_one_clean_line(str(info.value), "FORGE_HEALTH_MAX_AGE", floor)
+
+
+# --- the counters agree with the lines before them ---------------------------------------------------------------
+
+def _yield_spells(events: list[dict[str, Any]]) -> tuple[int, float]:
+    """(times the lines went into `yielding`, seconds they spent there) up to the stop line."""
+    count, spent_s, since_s, state = 0, 0.0, None, "filling"
+    for event in events:
+        t_s, new = float(event["t"]), event["state"]
+        if event["event"] == "stop":
+            break
+        if new == "yielding" and state != "yielding":
+            count, since_s = count + 1, t_s
+        elif new != "yielding" and state == "yielding" and since_s is not None:
+            spent_s, since_s = spent_s + t_s - since_s, None
+        state = new
+    if since_s is not None:
+        spent_s += float(events[-1]["t"]) - since_s
+    return count, spent_s
+
+
+def test_a_job_seen_while_paused_counts_as_a_yield_in_the_stop_line() -> None:
+    """Paused from the start, a job at 2-4 s, SIGUSR2 at 6 s: the unpause goes to `yielding` until 9 s."""
+    from forge_load.app import Controls
+    from forge_load.pause import PauseSwitch
+    from tests.test_operators import simulate
+
+    switch = PauseSwitch()
+    switch.set(True, "SIGUSR1")
+    run = simulate("--duration 12 --sim-foreign 2-4 --resume-after 5", controls=Controls(switch),
+                   at={6.0: lambda: switch.set(False, "SIGUSR2")})
+    unpause = run.of("unpause")[0]
+    assert unpause["state"] == "yielding", unpause
+    stop = run.of("stop")[0]
+    count, spent_s = _yield_spells(run.events)
+    assert count == 1 and spent_s > 2.0
+    assert stop["yields"] == count, stop
+    assert float(stop["yielding_s"]) == pytest.approx(spent_s, abs=0.01)
