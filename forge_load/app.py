@@ -123,6 +123,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
+    rt.filler.flush_lines(now_s)  # a line held back by a signal storm comes before the stop line
     status = rt.filler.status(now_s)
     rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
                 yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),

@@ -185,9 +185,7 @@ class CudaLauncher:
             self._hstream = self._stream.handle
             self._hclock = self._clock_stream.handle
             self._timeline = EventTimeline(self._elapsed_ms)
-            # Compile and load through numba now, so the first real launch is not a long one; then bind.
-            self._kernels.launch_burn(self._out, self.sm_count, self._stream)
-            self._stream.synchronize()
+            # Compile and load now, without launching: the first kernel waits until the filler may fill.
             self._burn = self._kernels.bind_burn(self._out)
         except Exception as error:
             raise GpuFailedError(f"could not start CUDA on {uuid}: {error}") from error

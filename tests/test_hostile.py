@@ -849,3 +849,55 @@ def test_a_job_seen_while_paused_counts_as_a_yield_in_the_stop_line() -> None:
     assert count == 1 and spent_s > 2.0
     assert stop["yields"] == count, stop
     assert float(stop["yielding_s"]) == pytest.approx(spent_s, abs=0.01)
+
+
+# --- a signal storm: the pause acts at once, the log stays readable -----------------------------------------------
+
+@pytest.mark.parametrize("pause_file", [True, False], ids=["pause file there", "no pause file"])
+def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, pause_file: bool) -> None:
+    """SIGUSR1 and SIGUSR2 by turns every 10 ms for 20 virtual seconds (as a `while true; do docker kill -s USR1
+    ...; docker kill -s USR2 ...; done` would): every pause takes effect at the step it is seen, the log holds about
+    a pause line a second, and its last pause line says the state the storm left."""
+    from forge_load.app import Controls, log_start, log_stop, open_simulated
+    from forge_load.pause import PauseSwitch
+
+    path = tmp_path / "pause"
+    if pause_file:
+        path.touch()
+    config = load_config(["--simulate", "--log-format", "json", "--log-interval", "5", "--pause-file", str(path)], {})
+    switch = PauseSwitch()
+    out = io.StringIO()
+    run = open_simulated(config, out, controls=Controls(switch))
+    rt, clock = run.runtime, run.clock
+    log_start(rt, {})
+    monitor_due_s = rt.monitor.step(0.0)
+    storm_s, step_s = 20.0, 0.01
+    for i in range(1, int(storm_s / step_s) + 1):
+        now_s = i * step_s
+        clock.advance_to(now_s)
+        if monitor_due_s <= now_s:
+            monitor_due_s = rt.monitor.step(now_s)
+        switch.set(i % 2 == 1, "SIGUSR1" if i % 2 == 1 else "SIGUSR2")
+        rt.filler.step(now_s)
+        paused = pause_file or switch.by is not None
+        assert (rt.filler.state.value == "paused") == paused, (now_s, rt.filler.state)
+        if paused:
+            assert rt.worker.plan.duty_ratio == 0, f"still launching at {now_s:.2f} s while paused"
+    switch.set(True, "SIGUSR1")  # the storm ends paused by the signal (and the file, where there is one)
+    end_s = storm_s + 0.05
+    clock.advance_to(end_s)
+    rt.filler.step(end_s)
+    assert rt.worker.plan.duty_ratio == 0
+    while rt.worker.in_flight:
+        clock.advance_to(rt.worker.drain(clock.now()))
+    log_stop(rt, clock.now(), "signal SIGTERM")
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    changes = [e for e in events if e["event"] in ("pause", "unpause")]
+    assert len(changes) <= storm_s + 3, f"{len(changes)} pause lines in {storm_s:g} s"
+    assert len(events) <= 2 * storm_s + 10, f"{len(events)} lines in {storm_s:g} s"
+    assert sum(int(e.get("coalesced", 0)) for e in changes) > 1000  # the lines say how many changes they stand for
+    last = changes[-1]
+    assert last["event"] == "pause" and last["state"] == "paused", last
+    assert last["reason"].startswith("SIGUSR1 (SIGUSR2 resumes)"), last
+    assert ("pause file" in last["reason"]) == pause_file, last
+    assert events[-1]["event"] == "stop" and events[-1]["state"] == "paused"
