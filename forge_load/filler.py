@@ -112,8 +112,8 @@ class Filler:
         due_s = self.worker.step(now_s)
         if self._draining and not self.worker.in_flight:
             self._draining = False
-            self._emit(now_s, "drained", {**self.fields(now_s),
-                                          "last_kernel_end_t": round(self.worker.busy_log.last_end_s - self.start_s, 6)})
+            last_end_t = round(self.worker.busy_log.last_end_s - self.start_s, 6)
+            self._emit(now_s, "drained", {**self.fields(now_s), "last_kernel_end_t": last_end_t})
         if now_s >= self._next_status_s:
             self._status(now_s)
         if self._held and now_s >= self._held_due_s():
