@@ -901,3 +901,64 @@ def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, p
     assert last["reason"].startswith("SIGUSR1 (SIGUSR2 resumes)"), last
     assert ("pause file" in last["reason"]) == pause_file, last
     assert events[-1]["event"] == "stop" and events[-1]["state"] == "paused"
+
+
+# --- no kernel of ours before the filler may fill ---------------------------------------------------------------
+
+# Moments of start-up a SIGUSR1 can come at: before the settings are read, before NVML opens, before CUDA starts,
+# and with our context made but the kernel not yet loaded.
+START_UP_MOMENTS = ("forge_load.app", "pynvml", "numba", "forge_load.kernels")
+
+
+def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp_path: Path) -> None:
+    """The virtual GPU's own record: not one kernel of ours with the pause file there at start, after a SIGUSR1
+    at any moment of start-up, or with a foreign job on the GPU at start (the unmodified numba-cuda path)."""
+    from tests.test_real_path import Run, finish, foreign_job, forge
+
+    pause = tmp_path / "pause"
+    pause.touch()
+    runs: dict[str, Run] = {"pause file": forge(vgpu(), "--pause-file", str(pause), "--duration", "2")}
+    for module in START_UP_MOMENTS:
+        gpu = vgpu()
+        command = [sys.executable, str(ENTRY), "--signal-on-import", f"SIGUSR1:{module}", "--", "--log-format",
+                   "json", "--duration", "2"]
+        proc = subprocess.Popen(command, env=gpu.env({**os.environ, "PYTHONPATH": str(ROOT)}), cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        runs[f"SIGUSR1 at import of {module}"] = Run(gpu, proc, time.time())
+    busy = vgpu()
+    with foreign_job(busy, seconds=60.0) as job:
+        assert job.stdout is not None
+        while json.loads(job.stdout.readline())["event"] != "context":
+            pass
+        runs["a foreign job at start"] = forge(busy, "--duration", "2")
+        assert finish(runs["a foreign job at start"]) == 0, runs["a foreign job at start"].stderr[-2000:]
+    for case, run in runs.items():
+        assert finish(run) == 0, (case, run.stderr[-2000:])
+        ours = run.kernels()
+        assert ours == [], f"{case}: {len(ours)} kernels of ours ran, the first {ours[0].start - run.wall(0):.3f} s in"
+        first = run.events[1]  # the line after the start line says why nothing ran
+        if case == "a foreign job at start":
+            assert first["event"] == "yield" and "process" in first["signals"], (case, first)
+        else:
+            assert first["event"] == "pause", (case, first)
+            assert first["reason"].startswith("SIGUSR1" if "SIGUSR1" in case else "pause file"), (case, first)
+
+
+@pytest.mark.parametrize("case", ["pause file", "SIGUSR1 before start", "a foreign job at start"])
+def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Path, case: str) -> None:
+    from forge_load.app import Controls
+    from forge_load.pause import PauseSwitch
+    from tests.test_operators import simulate
+
+    pause, switch = tmp_path / "pause", PauseSwitch()
+    flags = "--duration 3"
+    if case == "pause file":
+        pause.touch()
+        flags += f" --pause-file {pause}"
+    elif case == "SIGUSR1 before start":
+        switch.set(True, "SIGUSR1")
+    else:
+        flags += " --sim-foreign 0-10"
+    run = simulate(flags, controls=Controls(switch))
+    assert run.kernel_starts(0.0, 3.0) == []
+    assert run.events[1]["event"] == ("yield" if case == "a foreign job at start" else "pause")
