@@ -108,6 +108,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
         raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
                          f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
+    seeing, blind = rt.monitor.sight()
     fields: dict[str, object] = dict(describe(rt.config))
     fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
     fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
@@ -119,7 +120,13 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   **rt.launcher.describe(), **extra)
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
+    fields["signals"] = ",".join(seeing)  # the foreign-job signals that work on this GPU
     rt.log.emit("start", t=0.0, **fields)
+    if blind:
+        rest = (f"foreign jobs are seen only by {','.join(seeing)}" if seeing
+                else "no foreign job can be seen on this GPU: the filler will not step aside for one")
+        said = "; ".join(f"{name}: {why}" for name, why in blind.items())
+        rt.log.emit("warning", t=0.0, blind=",".join(blind), reason=f"blind foreign-job signals ({said}); {rest}")
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:

@@ -962,3 +962,61 @@ def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Pa
     run = simulate(flags, controls=Controls(switch))
     assert run.kernel_starts(0.0, 3.0) == []
     assert run.events[1]["event"] == ("yield" if case == "a foreign job at start" else "pause")
+
+
+# --- a blind foreign-job signal is said -------------------------------------------------------------------------
+
+PROCESS_QUERIES = [f"nvmlDevice{kind}RunningProcesses{version}" for kind in ("GetCompute", "GetGraphics")
+                   for version in ("_v3", "_v2", "")]
+
+
+def test_a_blind_process_signal_is_said_on_the_virtual_gpu(vgpu: Any) -> None:
+    from tests.test_real_path import finish, forge
+
+    run = forge(vgpu(not_supported=PROCESS_QUERIES), "--duration", "1")
+    assert finish(run) == 0, run.stderr[-2000:]
+    start = run.of("start")[0]
+    assert start["signals"] == "memory,utilization", start
+    [warning] = run.of("warning")
+    assert warning["blind"] == "process", warning
+    assert "process" in warning["reason"] and "not supported" in warning["reason"], warning
+    assert "memory,utilization" in warning["reason"], warning
+
+
+@pytest.mark.parametrize(("blind", "seen"), [
+    ((), "process,memory,utilization"),
+    (("processes",), "memory,utilization"),
+    (("memory_used_mib",), "process,utilization"),
+    (("utilization_samples", "utilization_ratio"), "process,memory"),
+    (("utilization_samples",), "process,memory,utilization"),  # the latest window's ratio stands in
+    (("processes", "memory_used_mib", "utilization_samples", "utilization_ratio"), ""),
+])
+def test_the_start_line_names_the_signals_that_work_and_a_warning_the_blind_ones(
+        blind: tuple[str, ...], seen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from forge_load.sim import SimProbe
+
+    for query in blind:
+        monkeypatch.setattr(SimProbe, query, lambda self, *args: None)
+    out = io.StringIO()
+    run_simulated(load_config("--simulate --sim-speed 0 --duration 1 --log-format json".split(), {}), out)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert events[0]["event"] == "start" and events[0]["signals"] == seen, events[0]
+    warnings = [e for e in events if e["event"] == "warning"]
+    if seen == "process,memory,utilization":
+        assert warnings == []
+        return
+    [warning] = warnings
+    named = {"processes": "process", "memory_used_mib": "memory", "utilization_ratio": "utilization"}
+    assert warning["blind"] == ",".join(named[q] for q in blind if q in named), warning
+    assert_one_clean_line(warning["reason"], *warning["blind"].split(","))
+    if not seen:
+        assert "no foreign job" in warning["reason"], warning
+
+
+def test_a_process_list_switched_off_is_not_named_but_not_warned_about() -> None:
+    out = io.StringIO()
+    run_simulated(load_config("--simulate --sim-speed 0 --duration 1 --log-format json --no-process-list".split(),
+                              {}), out)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert events[0]["signals"] == "memory,utilization"
+    assert not [e for e in events if e["event"] == "warning"]
