@@ -486,6 +486,18 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
     path, private = health.heartbeat_location(config)
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
+    holder = beat.claim()
+    if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/health.py)
+        same = (f"the heartbeat {escape_controls(str(path))} of the same GPUs ({health.heartbeat_name(config)})"
+                if private else f"FORGE_HEARTBEAT_FILE={escape_controls(str(path))}")
+        if not config.simulate:
+            say(f"forge-load: another forge-load (pid {holder}) already runs with {same}: two fillers on one GPU "
+                "only yield to each other, and the health check cannot tell them apart; stop that one, or give this "
+                "one other GPUs (FORGE_GPU, FORGE_GPUS) or its own FORGE_HEARTBEAT_FILE")
+            return EXIT_CONFIG
+        say(f"forge-load: warning: another forge-load (pid {holder}) already runs with {same}: this one writes no "
+            "heartbeat, and `python -m forge_load.health` with these settings judges that one")
+        beat.writes = False
     error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     fleet = Fleet(config.health_max_age_s, simulated=config.simulate)
     controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)))

@@ -922,7 +922,8 @@ def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp
         gpu = vgpu()
         command = [sys.executable, str(ENTRY), "--signal-on-import", f"SIGUSR1:{module}", "--", "--log-format",
                    "json", "--duration", "2"]
-        proc = subprocess.Popen(command, env=gpu.env({**os.environ, "PYTHONPATH": str(ROOT)}), cwd=ROOT, text=True,
+        own = {"PYTHONPATH": str(ROOT), "FORGE_HEARTBEAT_FILE": str(gpu.state_dir / "heartbeat")}
+        proc = subprocess.Popen(command, env=gpu.env({**os.environ, **own}), cwd=ROOT, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         runs[f"SIGUSR1 at import of {module}"] = Run(gpu, proc, time.time())
     busy = vgpu()
@@ -1020,3 +1021,95 @@ def test_a_process_list_switched_off_is_not_named_but_not_warned_about() -> None
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     assert events[0]["signals"] == "memory,utilization"
     assert not [e for e in events if e["event"] == "warning"]
+
+
+# --- one heartbeat, one filler ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("one", "other"), [
+    (["--gpu", "0"], ["--gpu", "1"]),
+    (["--gpus", "0,1"], ["--gpu", "0"]),
+    (["--gpus", "all"], ["--gpus", "0,1"]),
+    (["--simulate"], []),
+    (["--gpu", "GPU-00000000-0000-4000-8000-000000000000"], ["--gpu", "0"]),
+])
+def test_fillers_of_other_gpus_have_other_default_heartbeats(one: list[str], other: list[str]) -> None:
+    first, second = (health.heartbeat_location(load_config(args, {})) for args in (one, other))
+    assert first != second and first[1] and second[1]
+    assert first[0].parent == second[0].parent == health.default_heartbeat_path().parent
+    assert health.heartbeat_location(load_config(["--gpus", "1,0"], {})) == \
+        health.heartbeat_location(load_config(["--gpus", "0,1"], {}))
+
+
+def _started(proc: subprocess.Popen[str]) -> list[str]:
+    """Read the process's stdout up to its start line (it runs on)."""
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline()]
+    assert '"start"' in lines[0], lines[0] + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+    return lines
+
+
+def test_the_health_check_judges_the_filler_its_settings_name() -> None:
+    """Two simulated GPUs of one user's: the health check of GPU 6 does not read GPU 7's filler's heartbeat."""
+    sim = {"FORGE_SIMULATE": "1", "FORGE_SIM_GPUS": "8"}
+    proc = _spawn("--", "--simulate", "--sim-gpus", "8", "--gpu", "7", "--duration", "60")
+    try:
+        first = _started(proc)
+        deadline_s = time.monotonic() + 20
+        while (ours := run_health({**sim, "FORGE_GPU": "7"})).returncode != 0 and time.monotonic() < deadline_s:
+            time.sleep(0.2)
+        assert ours.returncode == 0, ours
+        other = run_health({**sim, "FORGE_GPU": "6"})
+        assert other.returncode == 1 and "no heartbeat" in other.stdout and "gpu6" in other.stdout, other
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and events[-1]["event"] == "stop", err
+
+
+def test_a_second_filler_of_the_same_gpus_is_refused() -> None:
+    """As a second `forge-load --gpu 3` beside a running one (a unit, or a test run): exit 2, one line, before it
+    opens the GPU; the first runs on."""
+    proc = _spawn("--wall-clock-sim", "--", "--gpu", "3", "--duration", "60")
+    try:
+        first = _started(proc)
+        second = subprocess.Popen([sys.executable, str(ENTRY), "--wall-clock-sim", "--", "--gpu", "3", "--duration",
+                                   "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")},
+                                       "PYTHONPATH": str(ROOT)})
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 2, (second.returncode, out[-1000:], err[-1000:])
+        assert out == "" and len(err.splitlines()) == 1, err
+        assert_one_clean_line(err.strip(), f"pid {proc.pid}", "heartbeat-gpu3", "FORGE_GPU")
+        assert proc.poll() is None, "the first filler stopped"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and events[-1]["event"] == "stop" and err == "", err
+
+
+def test_a_shared_heartbeat_file_is_refused_for_other_gpus_too(tmp_path: Path) -> None:
+    beat = str(tmp_path / "heartbeat")
+    proc = _spawn("--wall-clock-sim", "--", "--gpu", "3", "--duration", "60", "--heartbeat-file", beat)
+    try:
+        first = _started(proc)
+        second = forge("--gpu", "4", "--duration", "2", "--heartbeat-file", beat)
+        assert second.returncode == 2, second
+        assert_one_clean_line(second.stderr.strip(), f"pid {proc.pid}", f"FORGE_HEARTBEAT_FILE={beat}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and err == "", err
+
+
+def test_a_second_simulation_of_the_same_gpus_warns_and_leaves_the_heartbeat_alone() -> None:
+    proc = _spawn("--", "--simulate", "--sim-gpus", "8", "--gpu", "5", "--duration", "60")
+    try:
+        first = _started(proc)
+        second = forge("--simulate", "--sim-gpus", "8", "--gpu", "5", "--sim-speed", "0", "--duration", "5")
+        assert second.returncode == 0, second
+        assert len(second.stderr.splitlines()) == 1, second.stderr
+        assert_one_clean_line(second.stderr.strip(), "warning", f"pid {proc.pid}", "heartbeat-sim-gpu5")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and err == "", err
