@@ -6,7 +6,8 @@ not be written (stdout closed or full): the fillers stopped as for a signal, and
 
 With FORGE_GPUS (several GPUs), each GPU runs its own filler in its own thread and a failing GPU stops only
 its own: the others keep filling and /health reports it. The process exits when every filler has ended:
-3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), else 0.
+3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), 2 if the only ones that did not run
+are GPUs another filler of this user on this host fills already (one filler per GPU: forge_load/health.py), else 0.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ from forge_load.worker import BusyLog, Launcher, Worker
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
+
+
+class GpuTakenError(Exception):
+    """Another filler of this user on this host fills the GPU already: this one leaves it (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +237,15 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
     probe = backend.open_probe(config.gpu)
     rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
+    claim_fd: int | None = None
     try:
+        # Before our context exists: a second filler of one GPU would only yield to the first, and it to us.
+        claim_fd, holder = health.claim_gpu(probe.info.uuid)
+        if holder is not None:
+            raise GpuTakenError(
+                f"GPU {probe.info.index} ({probe.info.uuid}) is already filled by another forge-load of this user "
+                f"(pid {holder}): two fillers on one GPU only yield to each other; stop that one, or leave this GPU "
+                "out of FORGE_GPU/FORGE_GPUS")
         rt = open_runtime(config, backend, probe, time.monotonic, stream, on_reading=wake.set, heartbeat=heartbeat,
                           controls=controls)
         if on_start is not None:
@@ -273,6 +286,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
                 rt.launcher.close()
         with contextlib.suppress(Exception):
             probe.close()
+        if claim_fd is not None:
+            os.close(claim_fd)
 
 
 # --- several GPUs in one process -------------------------------------------------------------------------------
@@ -348,6 +363,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
         return
     except NoGpuError as error:
         reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
+    except GpuTakenError as error:
+        reason, code = str(error), EXIT_CONFIG
     except GpuFailedError as error:
         reason, code = str(error), EXIT_GPU_FAILED
     except Exception as error:  # noqa: BLE001 - a bug, but one GPU's: the others go on
@@ -407,6 +424,10 @@ def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threadin
         reasons = "; ".join((slot.reason or "").removeprefix("no usable GPU: ") for slot in failed)
         print(f"forge-load: no usable GPU: {reasons}", file=sys.stderr)
         return EXIT_NO_GPU
+    if all(slot.exit_code == EXIT_CONFIG for slot in failed):  # GPUs another filler of this user fills
+        if len(failed) == len(slots):
+            say("forge-load: " + "; ".join(slot.reason or "" for slot in failed))
+        return EXIT_CONFIG
     return EXIT_INTERNAL if any(slot.exit_code == EXIT_INTERNAL for slot in failed) else EXIT_GPU_FAILED
 
 

@@ -184,32 +184,8 @@ class Heartbeat:
         whose writes will say why), else the other holder's PID, as it wrote it ("?" when unreadable)."""
         if self.private_dir and _private_dir_problem(self.path.parent, create=True):
             return None
-        lock = self.path.with_name(self.path.name + ".lock")
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        try:
-            fd = os.open(lock, flags, 0o600)
-        except OSError:
-            return None
-        try:
-            if _file_problem(os.fstat(fd), lock):
-                os.close(fd)
-                return None
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            except OSError:
-                holder = ""
-            os.close(fd)
-            return holder if holder.isdigit() else "?"
-        except OSError:
-            os.close(fd)
-            return None
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._claim_fd = fd  # held until the process ends (or clear())
-        return None
+        self._claim_fd, holder = claim_lock(self.path.with_name(self.path.name + ".lock"))
+        return holder
 
     def clear(self) -> None:
         """Remove the file at exit, if it is still the one we wrote."""
@@ -222,6 +198,47 @@ class Heartbeat:
             if self._claim_fd is not None:  # the lock file stays: removing it would race the next filler's claim
                 os.close(self._claim_fd)
                 self._claim_fd = None
+
+
+def claim_lock(lock: Path) -> tuple[int | None, str | None]:
+    """An exclusive hold on `lock` (flock, released when the process ends or the descriptor is closed).
+
+    (fd, None): held by this process now; (None, pid): held by another process, by the PID it wrote ("?" when
+    unreadable); (None, None): it cannot be held here (not a regular file of ours, or not writable): nothing is
+    claimed, and nothing refused for it. The file is left in place: removing it would race the next claim."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except OSError:
+        return None, None
+    try:
+        if _file_problem(os.fstat(fd), lock):
+            os.close(fd)
+            return None, None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            holder = ""
+        os.close(fd)
+        return None, holder if holder.isdigit() else "?"
+    except OSError:
+        os.close(fd)
+        return None, None
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
+
+
+def claim_gpu(uuid: str, base: Path = DEFAULT_BASE) -> tuple[int | None, str | None]:
+    """Hold a GPU for this filler among the user's fillers on this host (claim_lock on gpu-<UUID>.lock in the
+    user's private directory), whatever names it in the settings: an index, a UUID, FORGE_GPUS."""
+    directory = default_heartbeat_path(base).parent
+    if _private_dir_problem(directory, create=True):
+        return None, None  # a planted directory: the heartbeat warns about it
+    return claim_lock(directory / f"gpu-{re.sub(r'[^A-Za-z0-9._-]', '_', uuid)}.lock")
 
 
 def check(path: Path, max_age_s: float, private_dir: bool = False) -> tuple[bool, str]:

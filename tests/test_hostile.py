@@ -1113,3 +1113,26 @@ def test_a_second_simulation_of_the_same_gpus_warns_and_leaves_the_heartbeat_alo
         proc.send_signal(signal.SIGTERM)
     code, events, err = _finish(proc, first)
     assert code == 0 and err == "", err
+
+
+def test_a_second_filler_of_one_gpu_by_another_name_is_refused_on_the_virtual_gpu(vgpu: Any) -> None:
+    """`--gpu 0` runs; `--gpu GPU-...` (the same GPU by its UUID, another heartbeat) exits 2 before it makes a
+    context, without a kernel, saying which filler has the GPU."""
+    from tests.test_real_path import finish, forge, wait_for
+
+    gpu = vgpu()
+    first = forge(gpu, "--duration", "30")
+    try:
+        wait_for(first, "start")
+        second = forge(gpu, "--gpu", gpu.uuids()[0], "--duration", "2")
+        assert second.wait() == 2, (second.stdout[-2000:], second.stderr[-2000:])
+        [error] = second.of("error")
+        assert error["exit_code"] == 2 and f"pid {first.proc.pid}" in error["reason"], error
+        assert len(second.stderr.splitlines()) == 1, second.stderr
+        assert_one_clean_line(second.stderr.strip(), f"pid {first.proc.pid}", gpu.uuids()[0])
+        assert second.kernels() == []
+        assert first.proc.poll() is None and first.of("yield") == [], "the first filler took the second for a job"
+    finally:
+        first.proc.send_signal(signal.SIGTERM)
+    assert finish(first) == 0, first.stderr[-2000:]
+    assert first.of("yield") == []
