@@ -1136,3 +1136,21 @@ def test_a_second_filler_of_one_gpu_by_another_name_is_refused_on_the_virtual_gp
         first.proc.send_signal(signal.SIGTERM)
     assert finish(first) == 0, first.stderr[-2000:]
     assert first.of("yield") == []
+
+
+def test_a_fleet_leaves_out_a_gpu_another_filler_fills_and_fills_the_rest() -> None:
+    """`--gpu 1` runs; `--gpus 0,1` fills GPU 0, and GPU 1's filler ends at once with an error line (exit 2)."""
+    proc = _spawn("--wall-clock-sim", "--", "--gpu", "1", "--duration", "60")
+    try:
+        first = _started(proc)
+        second = _spawn("--wall-clock-sim", "--", "--gpus", "0,1", "--duration", "2")
+        code, events, err = _finish(second)
+        assert code == 2, (code, err)
+        [error] = [e for e in events if e["event"] == "error"]
+        assert error["gpu"] == 1 and error["exit_code"] == 2 and f"pid {proc.pid}" in error["reason"], error
+        assert [e["gpu"] for e in events if e["event"] == "stop"] == [0]  # GPU 0 was filled to the end
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and err == "", err
