@@ -45,7 +45,8 @@ ENV PATH=/opt/forge/bin:${PATH} \
 
 # Fails when the filler's loop has not written its heartbeat for FORGE_HEALTH_MAX_AGE seconds (default 30), or
 # (with FORGE_METRICS_PORT) when its /health says so; it reads the same settings as the filler. The heartbeat
-# is at its default place, /tmp/forge_load-10001/heartbeat: a directory of the filler's user, mode 0700.
+# is at its default place, /tmp/forge_load-10001/heartbeat-gpu0 (named after FORGE_GPU/FORGE_GPUS, which the
+# check reads too): a directory of the filler's user, mode 0700.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-m", "forge_load.health"]
 

@@ -6,7 +6,8 @@ not be written (stdout closed or full): the fillers stopped as for a signal, and
 
 With FORGE_GPUS (several GPUs), each GPU runs its own filler in its own thread and a failing GPU stops only
 its own: the others keep filling and /health reports it. The process exits when every filler has ended:
-3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), else 0.
+3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), 2 if the only ones that did not run
+are GPUs another filler of this user on this host fills already (one filler per GPU: forge_load/health.py), else 0.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ from forge_load.worker import BusyLog, Launcher, Worker
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
+
+
+class GpuTakenError(Exception):
+    """Another filler of this user on this host fills the GPU already: this one leaves it (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
         raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
                          f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
+    seeing, blind = rt.monitor.sight()
     fields: dict[str, object] = dict(describe(rt.config))
     fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
     fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
@@ -122,10 +128,17 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   **rt.launcher.describe(), **extra)
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
+    fields["signals"] = ",".join(seeing)  # the foreign-job signals that work on this GPU
     rt.log.emit("start", t=0.0, **fields)
+    if blind:
+        rest = (f"foreign jobs are seen only by {','.join(seeing)}" if seeing
+                else "no foreign job can be seen on this GPU: the filler will not step aside for one")
+        said = "; ".join(f"{name}: {why}" for name, why in blind.items())
+        rt.log.emit("warning", t=0.0, blind=",".join(blind), reason=f"blind foreign-job signals ({said}); {rest}")
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
+    rt.filler.flush_lines(now_s)  # a line held back by a signal storm comes before the stop line
     status = rt.filler.status(now_s)
     rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
                 yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),
@@ -229,7 +242,15 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
     probe = backend.open_probe(config.gpu)
     rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
+    claim_fd: int | None = None
     try:
+        # Before our context exists: a second filler of one GPU would only yield to the first, and it to us.
+        claim_fd, holder = health.claim_gpu(probe.info.uuid)
+        if holder is not None:
+            raise GpuTakenError(
+                f"GPU {probe.info.index} ({probe.info.uuid}) is already filled by another forge-load of this user "
+                f"(pid {holder}): two fillers on one GPU only yield to each other; stop that one, or leave this GPU "
+                "out of FORGE_GPU/FORGE_GPUS")
         rt = open_runtime(config, backend, probe, time.monotonic, stream, on_reading=wake.set, heartbeat=heartbeat,
                           controls=controls)
         if on_start is not None:
@@ -270,6 +291,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
                 rt.launcher.close()
         with contextlib.suppress(Exception):
             probe.close()
+        if claim_fd is not None:
+            os.close(claim_fd)
 
 
 # --- several GPUs in one process -------------------------------------------------------------------------------
@@ -345,6 +368,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
         return
     except NoGpuError as error:
         reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
+    except GpuTakenError as error:
+        reason, code = str(error), EXIT_CONFIG
     except GpuFailedError as error:
         reason, code = str(error), EXIT_GPU_FAILED
     except Exception as error:  # noqa: BLE001 - a bug, but one GPU's: the others go on
@@ -404,6 +429,10 @@ def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threadin
         reasons = "; ".join((slot.reason or "").removeprefix("no usable GPU: ") for slot in failed)
         print(f"forge-load: no usable GPU: {reasons}", file=sys.stderr)
         return EXIT_NO_GPU
+    if all(slot.exit_code == EXIT_CONFIG for slot in failed):  # GPUs another filler of this user fills
+        if len(failed) == len(slots):
+            say("forge-load: " + "; ".join(slot.reason or "" for slot in failed))
+        return EXIT_CONFIG
     return EXIT_INTERNAL if any(slot.exit_code == EXIT_INTERNAL for slot in failed) else EXIT_GPU_FAILED
 
 
@@ -483,6 +512,18 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
     path, private = health.heartbeat_location(config)
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
+    holder = beat.claim()
+    if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/health.py)
+        same = (f"the heartbeat {escape_controls(str(path))} of the same GPUs ({health.heartbeat_name(config)})"
+                if private else f"FORGE_HEARTBEAT_FILE={escape_controls(str(path))}")
+        if not config.simulate:
+            say(f"forge-load: another forge-load (pid {holder}) already runs with {same}: two fillers on one GPU "
+                "only yield to each other, and the health check cannot tell them apart; stop that one, or give this "
+                "one other GPUs (FORGE_GPU, FORGE_GPUS) or its own FORGE_HEARTBEAT_FILE")
+            return EXIT_CONFIG
+        say(f"forge-load: warning: another forge-load (pid {holder}) already runs with {same}: this one writes no "
+            "heartbeat, and `python -m forge_load.health` with these settings judges that one")
+        beat.writes = False
     error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     fleet = Fleet(config.health_max_age_s, simulated=config.simulate)
     controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)))

@@ -557,11 +557,12 @@ SETTINGS: tuple[Setting, ...] = (
     # load_config also holds it to twice the heartbeat's longest gap (heartbeat_period_s).
     Setting("health_max_age_s", "FORGE_HEALTH_MAX_AGE", "--health-max-age",
             partial(_seconds_value, low=MIN_HEALTH_MAX_AGE_S),
-            "seconds without a loop heartbeat before /health and the health command report a GPU stalled, "
-            ">= 2; default 30"),
+            "seconds without a loop heartbeat before /health and the health command report a GPU stalled; "
+            f">= {2 * (HEARTBEAT_EVERY_S + Config.poll_interval_s):g}, twice the heartbeat's longest gap "
+            "2 x (1 s + poll interval), divided by the simulation's speed when below 1; default 30"),
     Setting("heartbeat_file", "FORGE_HEARTBEAT_FILE", "--heartbeat-file", _path_value,
             "file the loop touches and `python -m forge_load.health` checks; default "
-            "/tmp/forge_load-<uid>/heartbeat"),
+            "/tmp/forge_load-<uid>/heartbeat-<GPUs> (heartbeat-gpu0)"),
     Setting("max_power_w", "FORGE_MAX_POWER_W", "--max-power-w", _power_value,
             "power cap: board power (1-s mean) stays at or under this many watts while filling; default none"),
     Setting("active_hours", "FORGE_ACTIVE_HOURS", "--active-hours", _active_hours_value,

@@ -18,6 +18,13 @@ from forge_load.signals import ShareSample
 from forge_load.status import GpuStatus
 from forge_load.worker import IDLE_PLAN, Worker
 
+# Lines a signal storm can repeat (SIGUSR1/SIGUSR2 by turns: each change of the pause's reasons): each kind is
+# written at most once per LINES_EVERY_S. A line that comes sooner is held, the latest replacing the one held, and
+# written when its second is up (or before any other line, so the log stays in order) with `coalesced`: how many
+# changes it stands for that have no line. Only the lines wait: the pause itself acts at once.
+COALESCED_KINDS = {"pause": "pause", "unpause": "pause", "drained": "drained", "power_capped": "power_capped"}
+LINES_EVERY_S = 1.0
+
 
 @dataclass
 class IntervalStats:
@@ -30,6 +37,16 @@ class IntervalStats:
 
     def mean(self, total: float) -> float | None:
         return total / self.count if self.count else None
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A line held back (COALESCED_KINDS): the latest of its kind, and how many changes before it had no line."""
+
+    event: str
+    t_s: float
+    fields: dict[str, object]
+    coalesced: int
 
 
 class Filler:
@@ -71,6 +88,8 @@ class Filler:
         self.holds = holds
         self.holds_begun = 0
         self._holds_checked = False  # asked at the first step, before anything is launched; then every reading
+        self._held: dict[str, _Held] = {}  # by kind: the latest line not yet written
+        self._written_s: dict[str, float] = {}  # kind -> when its last line was written
         # Energy: the device's, over the time between two readings that began while we were filling.
         self.energy_j = 0.0
         self.energy_source = "none"  # counter (NVML's energy counter), power (integrated readings) or none
@@ -102,18 +121,45 @@ class Filler:
         due_s = self.worker.step(now_s)
         if self._draining and not self.worker.in_flight:
             self._draining = False
-            self.log.emit("drained", t=now_s - self.start_s, **self.fields(now_s),
-                          last_kernel_end_t=round(self.worker.busy_log.last_end_s - self.start_s, 6))
+            last_end_t = round(self.worker.busy_log.last_end_s - self.start_s, 6)
+            self._emit(now_s, "drained", {**self.fields(now_s), "last_kernel_end_t": last_end_t})
         if self.holds is not None:  # at once when drained, so that `hold --wait` returns at once
             problem = self.holds.acknowledge(now_s, self.policy.state.value, self.drained)
             if problem is not None:
-                self.log.emit("hold_warning", t=now_s - self.start_s, **self.fields(now_s), reason=problem)
+                self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
         if now_s >= self._next_status_s:
             self._status(now_s)
+        if self._held and now_s >= self._held_due_s():
+            self.flush_lines(now_s)
         if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:
             self._last_beat_s = now_s
             self.heartbeat()
-        return min(due_s, self._next_status_s)
+        return min(due_s, self._next_status_s, self._held_due_s())
+
+    def _held_due_s(self) -> float:
+        """When the first held line is due to be written (inf when none is held)."""
+        return min((self._written_s[kind] + LINES_EVERY_S for kind in self._held), default=float("inf"))
+
+    def _emit(self, now_s: float, event: str, fields: dict[str, object]) -> None:
+        """Write a line at `now_s`, or hold it (COALESCED_KINDS); every held line goes first, in order."""
+        kind = COALESCED_KINDS.get(event)
+        if kind is not None and (kind in self._held
+                                 or now_s - self._written_s.get(kind, float("-inf")) < LINES_EVERY_S):
+            held = self._held.get(kind)
+            self._held[kind] = _Held(event, now_s, fields, 0 if held is None else held.coalesced + 1)
+            return
+        self.flush_lines(now_s)
+        self.log.emit(event, t=now_s - self.start_s, **fields)
+        if kind is not None:
+            self._written_s[kind] = now_s
+
+    def flush_lines(self, now_s: float) -> None:
+        """Write the held lines now (before a line that must follow them, and before the stop line)."""
+        held, self._held = self._held, {}
+        for kind, line in sorted(held.items(), key=lambda item: item[1].t_s):
+            extra: dict[str, object] = {"coalesced": line.coalesced} if line.coalesced else {}
+            self.log.emit(line.event, t=line.t_s - self.start_s, **line.fields, **extra)
+            self._written_s[kind] = now_s
 
     def _react(self, now_s: float, reading: Reading) -> None:
         self.last = reading
@@ -172,7 +218,7 @@ class Filler:
         self._holds_checked = True
         changes, problems = self.holds.check(now_s)
         for problem in problems:
-            self.log.emit("hold_warning", t=now_s - self.start_s, **self.fields(now_s), reason=problem)
+            self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
         releases = [c for c in changes if c.event == "release"]
         for change in changes:
             extra: dict[str, object] = {"holder": change.holder}
@@ -193,7 +239,7 @@ class Filler:
                     continue
             fields = self.fields(now_s)
             fields.update(reason=reason, **extra)
-            self.log.emit(change.event, t=now_s - self.start_s, **fields)
+            self._emit(now_s, change.event, fields)
 
     def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None,
                extra: dict[str, object] | None = None) -> None:
@@ -203,9 +249,9 @@ class Filler:
         if transition.state not in FILLING_STATES:
             self.worker.set_plan(IDLE_PLAN)  # no kernel is launched after this line
             self._draining = self._draining or filling_before
-        if transition.event == "yield":
-            self.yields += 1
         if transition.state is State.YIELDING and self._yield_since_s is None:
+            # Every spell of yielding counts, also one an unpause begins (a job seen during the pause).
+            self.yields += 1
             self._yield_since_s = now_s
         elif transition.state is not State.YIELDING and self._yield_since_s is not None:
             self.yielding_s += now_s - self._yield_since_s
@@ -217,7 +263,7 @@ class Filler:
             extra["signals"] = ",".join(reading.signals)
         fields = self.fields(now_s)
         fields.update(reason=transition.reason, **extra)
-        self.log.emit(transition.event, t=now_s - self.start_s, **fields)
+        self._emit(now_s, transition.event, fields)
         if transition.state not in FILLING_STATES and self.power_cap is not None:
             self._log_cap(now_s, self.power_cap.stop_binding())
         if self.on_transition is not None:
@@ -248,7 +294,7 @@ class Filler:
         fields = self.fields(now_s)
         fields.update(capped=change.binding, power_w=None if change.power_w is None else round(change.power_w, 1),
                       max_power_w=change.cap_w, duty_limit=round(change.duty_limit, 4))
-        self.log.emit("power_capped", t=now_s - self.start_s, **fields)
+        self._emit(now_s, "power_capped", fields)
 
     @staticmethod
     def energy_source_of(reading: Reading | None) -> str:
@@ -287,7 +333,7 @@ class Filler:
         fields = self.fields(now_s)
         fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
                       foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
-        self.log.emit("status", t=now_s - self.start_s, **fields)
+        self._emit(now_s, "status", fields)
         self._stats = IntervalStats()
         while self._next_status_s <= now_s:
             self._next_status_s += self.log_interval_s

@@ -97,7 +97,7 @@ def bind_burn(out: Any, iters: int = BURN_ITERS, sentinel: float = UNREACHABLE_S
     """
     from cuda.bindings import driver
 
-    kernel = burn.compile(BURN_SIGNATURE)  # compiled and loaded by a first launch_burn: found, not rebuilt
+    kernel = burn.compile(BURN_SIGNATURE)  # compiled here (or found, if launched before) and loaded below
     expanded: list[Any] = []
     for arg_type, value in zip(kernel.argument_types, (out, np.int32(iters), np.float32(sentinel))):
         kernel._prepare_args(arg_type, value, 0, [], expanded)

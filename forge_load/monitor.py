@@ -65,10 +65,26 @@ class Monitor:
         self._samples = SampleReader(probe)
         self._pending: list[UtilSample] = []
         self._recent: deque[ShareSample] = deque(maxlen=RECENT_SAMPLES)
+        self._processes_offered: bool | None = None  # at the latest poll (None: no poll yet)
+        self._memory_offered: bool | None = None
 
     @property
     def window_s(self) -> float:
         return self._samples.window_s
+
+    def sight(self) -> tuple[tuple[str, ...], dict[str, str]]:
+        """(the signals that can see a foreign job on this GPU, the blind ones with why), from the latest poll.
+        A signal switched off by a setting is in neither: that is the operator's choice, not the GPU's."""
+        why_blind: dict[str, str] = {}
+        if self._processes_offered is False:
+            why_blind["process"] = "NVML answers no process-list query on this GPU (not supported)"
+        if self._memory_offered is False:
+            why_blind["memory"] = "NVML reports no device memory in use on this GPU (not supported)"
+        if self._samples.blind:
+            why_blind["utilization"] = "NVML reports no utilization on this GPU (not supported, as on MIG)"
+        names = [name for name, _ in self.signals if name in why_blind or name != "process"
+                 or self.thresholds.use_process_list]
+        return tuple(n for n in names if n not in why_blind), {n: why_blind[n] for n in names if n in why_blind}
 
     def latest(self) -> Reading | None:
         with self._lock:
@@ -103,6 +119,7 @@ class Monitor:
         samples = self._new_samples(now_s)
         shares = self._split(samples)
         processes = self.probe.processes()
+        self._processes_offered = processes is not None
         own_process_mib: float | None = None
         foreign_pids: tuple[int, ...] = ()
         if processes is not None:
@@ -113,6 +130,7 @@ class Monitor:
         # foreign memory on every poll, so the larger estimate wins.
         own_mem_mib = max(self.own_mem_context_mib, own_process_mib or 0.0)
         used_mib = self.probe.memory_used_mib()
+        self._memory_offered = used_mib is not None
         foreign_mem_mib = None
         if used_mib is not None:
             # A baseline that included a job which has since left comes down with it.
