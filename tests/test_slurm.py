@@ -15,7 +15,6 @@ The prolog's cost and the lead times are printed (run with -s to see them):
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
