@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import secrets
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -142,8 +143,9 @@ def _read_regular(path: str, max_bytes: int) -> tuple[bytes, int]:
 
 def write_atomic(directory: str, name: str, data: bytes) -> None:
     """`directory/name` holds `data`, whole or not at all: a dot file beside it, then a rename."""
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    # A fresh name, made exclusively: in a directory others may write, no link or file of theirs is written through.
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
             os.write(fd, data)
