@@ -1,7 +1,10 @@
 """A real single-node Slurm for the tests: Debian's munged, slurmctld and slurmd on a temporary configuration.
 
-    with SlurmCluster(prolog=..., epilog=..., settings={"FORGE_LOAD": ...}) as cluster:
-        cluster.srun(["hostname"], gres="gpu:1")
+    def test_x(slurm_cluster: ClusterFactory) -> None:      # skipped, saying why, where Slurm cannot run
+        cluster = slurm_cluster(prolog=..., epilog=..., settings={"FORGE_LOAD": ...})
+        cluster.srun(["hostname"], gres="gpu:1")             # stopped in order at the test's end
+
+or, outside pytest, `with SlurmCluster(...) as cluster: ...`.
 
 No systemd or cgroups are needed (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none). The node has
 `Gres=gpu:2`: gres.conf names two character devices made with mknod (major 195, minors 0 and 1, as the NVIDIA
@@ -25,10 +28,12 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+import pytest
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sinfo", "squeue", "scontrol")
@@ -271,3 +276,34 @@ class SlurmCluster:
                     if text:
                         parts.append(f"\n--- {path.name}:\n" + "\n".join(text))
         return "".join(parts)
+
+
+class ClusterFactory:
+    """Starts clusters for one test (keyword arguments as SlurmCluster's) and stops them all after it."""
+
+    def __init__(self) -> None:
+        self.made: list[SlurmCluster] = []
+
+    def __call__(self, **kwargs: Any) -> SlurmCluster:
+        cluster = SlurmCluster(**kwargs)
+        cluster.start()  # stops what it started itself when it fails
+        self.made.append(cluster)
+        return cluster
+
+    def stop_all(self) -> None:
+        while self.made:
+            self.made.pop().stop()
+
+
+@pytest.fixture
+def slurm_cluster() -> Iterator[ClusterFactory]:
+    """A factory of running clusters, each stopped in order at the end of the test; skips where Slurm cannot
+    run here (not root, or the Debian packages missing)."""
+    reason = missing()
+    if reason is not None:
+        pytest.skip(reason)
+    factory = ClusterFactory()
+    try:
+        yield factory
+    finally:
+        factory.stop_all()

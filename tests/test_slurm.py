@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.slurm_harness import SlurmCluster, missing
+from tests.slurm_harness import ClusterFactory, SlurmCluster
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -156,6 +156,9 @@ def test_the_prolog_holds_the_gpu_with_the_jobs_device_minor_by_uuid_and_the_epi
     assert rc == 0
     assert [(h["gpu"], h["holder"]) for h in hold_files(hold_dir)] == [(UUIDS[1], "slurm-43")]
     assert "released slurm-42" in syslog.wait_for("job 42: released")
+    # A range, as Slurm may write several GPUs: each by its minor.
+    assert run_script(PROLOG, conf, "44", "0-1", "prolog_slurmd")[0] == 0
+    assert sorted(h["gpu"] for h in hold_files(hold_dir) if h["holder"] == "slurm-44") == sorted(UUIDS)
 
 
 def test_the_epilog_is_told_by_slurms_context_not_only_by_its_name(tmp_path: Path) -> None:
@@ -352,13 +355,6 @@ def test_the_prolog_exits_0_within_its_bound_with_no_filler_a_healthy_one_or_a_s
 # --- a real Slurm ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def slurm_ready() -> None:
-    reason = missing()
-    if reason is not None:
-        pytest.skip(reason)
-
-
 @dataclass
 class Job:
     job_id: str
@@ -402,7 +398,7 @@ JOBS = 5
 
 
 def test_real_slurm_jobs_start_on_drained_gpus_and_the_gpus_fill_again(
-        slurm_ready: None, vgpu: VgpuFactory, tmp_path: Path, syslog: Syslog) -> None:
+        slurm_cluster: ClusterFactory, vgpu: VgpuFactory, tmp_path: Path, syslog: Syslog) -> None:
     gpu = vgpu(gpus=2)
     hold_dir = tmp_path / "holds"
     events = tmp_path / "calls"
@@ -412,19 +408,20 @@ def test_real_slurm_jobs_start_on_drained_gpus_and_the_gpus_fill_again(
     filler = start_filler(gpu, hold_dir, tmp_path / "filler.log")
     jobs: list[Job] = []
     try:
-        with SlurmCluster(prolog=PROLOG, epilog=EPILOG, settings=settings) as cluster:
-            wait_filling(filler, range(2))
-            for _ in range(JOBS):
-                job = run_job(cluster, gpu)
-                jobs.append(job)
-                cluster.wait_idle(60)  # the epilog has run
-                assert cluster.node_reason() in ("", "none"), cluster.node_reason()
-                # The next job only once this GPU fills again: each lead time is then measured from filling.
-                released_s = call_time(read_calls(events), "end", "release", f"slurm-{job.job_id}")
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline and \
-                        not any(k.start > released_s for k in filler.ours(int(job.step_gpus))):
-                    time.sleep(0.2)
+        cluster = slurm_cluster(prolog=PROLOG, epilog=EPILOG, settings=settings)
+        wait_filling(filler, range(2))
+        for _ in range(JOBS):
+            job = run_job(cluster, gpu)
+            jobs.append(job)
+            cluster.wait_idle(60)  # the epilog has run
+            assert cluster.node_reason() in ("", "none"), cluster.node_reason()
+            # The next job only once this GPU fills again: each lead time is then measured from filling.
+            released_s = call_time(read_calls(events), "end", "release", f"slurm-{job.job_id}")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and \
+                    not any(k.start > released_s for k in filler.ours(int(job.step_gpus))):
+                time.sleep(0.2)
+        slurm_cluster.stop_all()  # in order: the node idle, slurmd, slurmctld, munged
     finally:
         filler.stop()
 
