@@ -220,11 +220,14 @@ def test_bad_settings_are_named_in_one_line_and_the_defaults_used(tmp_path: Path
     fake = tmp_path / "forge-load"
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
     fake.chmod(0o755)
-    conf = write_settings(tmp_path / "etc", FORGE_LOAD=str(fake), FORGE_SLURM_WAIT_S="two",
-                          FORGE_SLURM_SYSLOG_SOCKET=str(syslog.path), FORGE_HOLD_TIME="3")
+    conf = write_settings(tmp_path / "etc", FORGE_HOLD_TIME="3", FORGE_LOAD=str(fake), FORGE_SLURM_WAIT_S="two",
+                          FORGE_SLURM_SYSLOG_SOCKET=str(syslog.path))  # a bad line before the socket's
     assert run_script(PROLOG, conf, "3", "0", "prolog_slurmd")[0] == 0
     assert "FORGE_SLURM_WAIT_S='two' is not seconds from 0 to 30; waiting 2" in syslog.wait_for("WAIT_S='two'")
-    assert "ignored line 'FORGE_HOLD_TIME=3'" in syslog.wait_for("FORGE_HOLD_TIME")
+    assert "ignored line(s) 'FORGE_HOLD_TIME=3' (keys: FORGE_LOAD," in syslog.wait_for("FORGE_HOLD_TIME")
+    syslog.wait_for("job 3: held")  # the last line of the run
+    assert sum("FORGE_HOLD_TIME" in line for line in syslog.lines) == 1, syslog.lines  # once per job
+    assert sum("WAIT_S='two'" in line for line in syslog.lines) == 1, syslog.lines
     assert calls.read_text().split()[:2] == ["hold", "--gpu"] and "--wait 2 " in calls.read_text()
 
 

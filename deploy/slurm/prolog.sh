@@ -48,10 +48,11 @@ log() {  # log PRIORITY MESSAGE: to syslog, never failing, never blocking for lo
     return 0
 }
 
-read_settings() {  # the KEY=value lines of forge-load.conf beside slurm.conf; unknown keys are named once
+read_settings() {  # the KEY=value lines of forge-load.conf beside slurm.conf; with "say", what is wrong logged
     conf=${SLURM_CONF:-/etc/slurm/slurm.conf}
     conf=${conf%/*}/forge-load.conf
     [ -r "$conf" ] || return 0
+    ignored=
     while IFS= read -r line || [ -n "$line" ]; do
         case $line in '' | '#'*) continue ;; esac
         key=${line%%=*}
@@ -62,15 +63,18 @@ read_settings() {  # the KEY=value lines of forge-load.conf beside slurm.conf; u
             FORGE_SLURM_WAIT_S) FORGE_SLURM_WAIT_S=$value ;;
             FORGE_SLURM_SYSLOG_SOCKET) FORGE_SLURM_SYSLOG_SOCKET=$value ;;
             FORGE_SLURM_NVIDIA_PROC) FORGE_SLURM_NVIDIA_PROC=$value ;;
-            *) log warning "$conf: ignored line '$line' (keys: FORGE_LOAD, FORGE_HOLD_DIR, FORGE_SLURM_WAIT_S, FORGE_SLURM_SYSLOG_SOCKET, FORGE_SLURM_NVIDIA_PROC)" ;;
+            *) ignored="$ignored '$line'" ;;
         esac
     done <"$conf"
+    if [ -n "$ignored" ] && [ "${1:-}" = say ]; then  # logged once the socket setting is known
+        log warning "$conf: ignored line(s)$ignored (keys: FORGE_LOAD, FORGE_HOLD_DIR, FORGE_SLURM_WAIT_S, FORGE_SLURM_SYSLOG_SOCKET, FORGE_SLURM_NVIDIA_PROC)"
+    fi
     case $FORGE_SLURM_WAIT_S in
         '' | *[!0-9.]* | *.*.* | .) bad=1 ;;
         *) bad=$(awk -v w="$FORGE_SLURM_WAIT_S" 'BEGIN { print (w + 0 > 30) ? 1 : 0 }') ;;
     esac
     if [ "$bad" = 1 ]; then
-        log warning "$conf: FORGE_SLURM_WAIT_S='$FORGE_SLURM_WAIT_S' is not seconds from 0 to 30; waiting 2"
+        [ "${1:-}" != say ] || log warning "$conf: FORGE_SLURM_WAIT_S='$FORGE_SLURM_WAIT_S' is not seconds from 0 to 30; waiting 2"
         FORGE_SLURM_WAIT_S=2
     fi
 }
@@ -119,7 +123,7 @@ if [ "${1:-}" != --guarded ]; then
     # The outer run (as slurmd calls it, with no arguments): the real work runs again under `timeout`, with
     # the start time as argument; whatever it does, this exits 0.
     [ -n "${SLURM_JOB_GPUS:-}" ] || exit 0  # a job without GPUs: nothing held, nothing to release
-    read_settings
+    read_settings say  # here only: the guarded run below reads them again, quietly
     bound=$(awk -v w="$FORGE_SLURM_WAIT_S" 'BEGIN { print w + 1 }')
     start=$(now_s)
     timeout -s KILL "$bound" "$0" --guarded "$start"
