@@ -112,7 +112,8 @@ class SlurmCluster:
         try:
             if wait_jobs_s > 0 and "slurmctld" in self._procs and "slurmd" in self._procs:
                 try:
-                    self.wait_idle(wait_jobs_s)
+                    # Drained or down (a script failed) is settled too: nothing runs there any more.
+                    self.wait_idle(wait_jobs_s, states=("idle", "drained", "down", "drained*", "down*"))
                 except SlurmError:
                     pass  # stopped anyway, below: a test that left a job running fails on its own
             for name in ("slurmd", "slurmctld", "munged"):
@@ -146,8 +147,8 @@ class SlurmCluster:
         return [line for line in self._client(["squeue", "--noheader", "--format=%i %T"]).splitlines()
                 if line.strip()]
 
-    def wait_idle(self, timeout_s: float) -> None:
-        """Until no job is queued or running and the node is idle; SlurmError after timeout_s."""
+    def wait_idle(self, timeout_s: float, states: tuple[str, ...] = ("idle",)) -> None:
+        """Until no job is queued or running and the node is in one of `states`; SlurmError after timeout_s."""
         deadline = time.monotonic() + timeout_s
         state, jobs = "", ["?"]
         while time.monotonic() < deadline:
@@ -157,7 +158,7 @@ class SlurmCluster:
                 state = self.node_state()
             except SlurmError:
                 state = "(slurmctld not answering yet)"
-            if not jobs and state == "idle":
+            if not jobs and state in states:
                 return
             time.sleep(0.1)
         raise SlurmError(f"the node is not idle after {timeout_s} s: state {state!r}, jobs {jobs}"
