@@ -33,7 +33,7 @@ from bench.runner import CHILDREN
 from bench.scenarios import REAL_VARIANTS, SIM_VARIANTS, real_plan, run_real_bench, run_simulated_bench
 from forge_load import __version__ as forge_version
 
-SCENARIOS = ("tracking", "yield", "footprint", "cpu")
+SCENARIOS = ("tracking", "yield", "footprint", "cpu", "announced")
 DEFAULT_SCENARIOS = "tracking,yield,footprint"
 SCRIPT = REPO / "scripts" / "gpu_bench.py"
 
@@ -59,8 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="tracking targets, comma separated; default 0.3,0.5,0.8")
     parser.add_argument("--controllers", default="pi,legacy", help="default pi,legacy (pi first)")
     parser.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
-                        help="which to run, comma separated, of tracking, yield, footprint, cpu; default "
-                             f"{DEFAULT_SCENARIOS} (cpu: real mode only, see --cpu-s)")
+                        help="which to run, comma separated, of tracking, yield, footprint, cpu, announced; "
+                             f"default {DEFAULT_SCENARIOS} (cpu and announced: real mode only, see --cpu-s and "
+                             "--announced-jobs)")
     parser.add_argument("--foreign-s", type=float, default=None,
                         help="seconds the foreign job trains; default 15 (simulated: 20)")
     parser.add_argument("--warmup-s", type=float, default=None,
@@ -80,6 +81,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="extra flags for every filler run, one string (e.g. '--poll-interval 0.05')")
     parser.add_argument("--foreign-args", default="",
                         help="extra flags for scripts/foreign_job.py, one string (e.g. '--backend cupy')")
+    parser.add_argument("--announced-jobs", type=int, default=3,
+                        help="announced scenario: foreign jobs, each announced by `forge-load hold --wait 2` as the "
+                             "Slurm prolog does and released after it; default 3")
     parser.add_argument("--cpu-s", type=float, default=cpu.RUN_S,
                         help=f"cpu scenario: seconds per run; default {cpu.RUN_S:g}")
     parser.add_argument("--cpu-gpus", default=",".join(map(str, cpu.GPU_COUNTS)),
@@ -109,6 +113,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--scenarios: expected some of {', '.join(SCENARIOS)}")
     if "cpu" in args.scenarios and args.simulate:
         parser.error("--scenarios cpu: needs real mode (a real GPU, or --vgpu): virtual time has no CPU cost")
+    if "announced" in args.scenarios and args.simulate:
+        parser.error("--scenarios announced: needs real mode (a real GPU, or --vgpu): the holds are files and the "
+                     "commands processes, in real time")
+    if not 1 <= args.announced_jobs <= 100:
+        parser.error(f"--announced-jobs {args.announced_jobs}: expected 1 to 100")
     try:
         args.cpu_gpus = sorted({int(n) for n in args.cpu_gpus.split(",") if n.strip()})
     except ValueError:
@@ -178,7 +187,7 @@ def new_results(args: argparse.Namespace, argv: list[str], today: str) -> Json:
             "budget_s": q(args.budget_s or None, "s", None if args.budget_s else "no limit"),
         },
         "gpu": {"name": "unknown", "driver": "unknown"},
-        "tracking": {}, "yield": {}, "footprint": {}, "notes": [], "failures": [], "skipped": [],
+        "tracking": {}, "yield": {}, "announced": {}, "footprint": {}, "notes": [], "failures": [], "skipped": [],
         "_series": {},
     }
     if args.simulate:

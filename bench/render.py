@@ -94,6 +94,26 @@ def render_markdown(results: dict[str, Any]) -> str:
             out.append(f"Solo runs of the foreign job differ by {fmt(solo['solo_spread_ratio'], 4)} "
                        "(run-to-run noise of the throughput ratio).")
 
+    if results.get("announced"):
+        out += ["", f"### Announced: each job held by `forge-load hold --wait 2` first (the Slurm prolog's call), "
+                f"filler at {YIELD_TARGET:g}", "",
+                "| controller | job | hold answered (s) | acknowledged | lead time (s) | our kernels while held | "
+                "resumed after release (s) |", "|---|---|---|---|---|---|---|"]
+        for m in results["announced"].values():
+            for i, j in enumerate(m["jobs"], 1):
+                out.append(f"| {m['controller']} | {i} | {fmt(j['hold_s'], 3)} | {'yes' if j['acknowledged'] else 'no'}"
+                           f" | {fmt(j['lead_s'], 3)} | {fmt(j['own_kernels_while_held'])} | {fmt(j['resume_s'], 2)} |")
+        lines = ["", "Lead time: the job's CUDA context creation began, minus the end of our last kernel on the GPU "
+                 "(the filler's `drained` line): > 0 means the GPU was ours no more when the job touched it. "
+                 "Every announced job's lead time > 0: " + ", ".join(
+                     f"{'yes' if m['every_lead_positive'] else 'NO'} ({m['controller']})"
+                     for m in results["announced"].values()) + "."]
+        found = results["yield"].get("pi_visible", {}).get("yield_from_context_begin_s")
+        if found is not None and found.get("value") is not None:
+            lines.append(f"Found by NVML instead (yield, pi, visible): our last kernel ended {fmt(found, 3)} s "
+                         "after the job began creating its context (a lead time of minus that).")
+        out += lines
+
     fp = results.get("footprint")
     if fp:
         lab = " (simulated)" if fp.get("simulated") else ""

@@ -226,6 +226,52 @@ def test_yield_metrics_from_a_real_log() -> None:
     assert never["detected"] is False and never["yield_s"]["value"] is None and never["yield_s"]["note"]
 
 
+def test_announced_job_from_a_real_log() -> None:
+    """The hold placed at 10.0 and answered at 10.15; the filler's last kernel ended 10.08; the job began creating
+    its context at 10.4; released at 20.0, resumed at 21.1 (the filler's clock)."""
+    events = [
+        {"t": 0.0, "event": "start", "wall_time": 1000.0},
+        {"t": 10.05, "event": "hold", "holder": "bench"},
+        {"t": 10.1, "event": "drained", "last_kernel_end_t": 10.08},
+        {"t": 21.1, "event": "resume"},
+    ]
+    j = to_json(analysis.announced_job(events, 10.0, 10.15, 0, 10.4, 20.0, 0))
+    assert j["hold_s"]["value"] == pytest.approx(0.15) and j["acknowledged"] is True
+    assert j["lead_s"]["value"] == pytest.approx(0.32) and j["own_kernels_while_held"]["value"] == 0
+    assert j["resume_s"]["value"] == pytest.approx(1.1)
+    # The wait ran out (exit 1): not acknowledged; a drain after the answer is no acknowledgement either.
+    assert analysis.announced_job(events, 10.0, 10.15, 1, 10.4, 20.0, 0).acknowledged is False
+    assert analysis.announced_job(events, 10.0, 10.02, 0, 10.4, 20.0, 0).acknowledged is False
+    # Our kernel ran into the job's context creation: a negative lead time, as found by NVML.
+    assert analysis.announced_job(events, 10.0, 10.15, 0, 10.0, 20.0, None).lead_s.value == pytest.approx(-0.08)
+    never = to_json(analysis.announced_job(events[:1], 10.0, 10.15, 0, 10.4, 20.0, None))
+    assert never["lead_s"]["value"] is None and never["lead_s"]["note"] == "the filler logged no hold"
+    assert never["own_kernels_while_held"]["note"].startswith("n/a")
+
+
+def test_announced_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Path,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    """Two jobs, each announced by `forge-load hold --wait 2`: the virtual GPU's record has none of our kernels
+    while held, and each job's lead time is > 0."""
+    out = tmp_path / "announced"
+    code = cli.main(["--vgpu", "--scenarios", "announced", "--announced-jobs", "2", "--foreign-s", "2",
+                     "--warmup-s", "2", "--resume-after", "1", "--out", str(out),
+                     "--foreign-args", "--backend numba --size 256"])
+    printed = capfd.readouterr().out  # --vgpu runs the benchmark again in a child, on a fresh virtual GPU
+    r = json.loads((out / "results.json").read_text())
+    assert r["failures"] == [] and r["virtual_gpu"] is True, r["failures"]
+    m = r["announced"]["pi"]
+    assert len(m["jobs"]) == 2 and m["every_lead_positive"] is True and m["min_lead_s"]["value"] > 0
+    for job in m["jobs"]:
+        assert job["acknowledged"] is True and job["own_kernels_while_held"]["value"] == 0, job
+        assert job["resume_s"]["value"] is not None
+    assert "### Announced" in printed and "Every announced job's lead time > 0: yes (pi)" in printed
+    for path, leaf in leaves(r):
+        if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+            assert path in BARE_NUMBERS, f"{path} = {leaf} has no unit"
+    assert code in (0, 1)  # 1: the goals of the scenarios not run are missed
+
+
 def test_cpu_percent_and_proc_stat() -> None:
     assert runner.cpu_percent([(0.0, 0), (5.0, 5 * runner.CLK_TCK // 100)], 0.0, 10.0) == pytest.approx(1.0, abs=0.2)
     assert runner.cpu_percent([(0.0, 0)], 0.0, 10.0) is None
@@ -247,6 +293,8 @@ def test_bad_arguments_exit_2() -> None:
     assert cli.main(["--targets", "0.5,2"]) == 2
     assert cli.main(["--simulate", "--variants", "nope"]) == 2
     assert cli.main(["--simulate", "--scenarios", "cpu"]) == 2  # virtual time has no CPU cost
+    assert cli.main(["--simulate", "--scenarios", "announced"]) == 2  # holds are files, in real time
+    assert cli.main(["--scenarios", "announced", "--announced-jobs", "0"]) == 2
     assert cli.main(["--scenarios", "cpu", "--cpu-gpus", "1,9"]) == 2
     assert cli.main(["--scenarios", "cpu", "--cpu-s", "3"]) == 2
 
