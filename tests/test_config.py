@@ -313,6 +313,7 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--pause-file", "/run/p"], "pause_file", "/run/p"),
     (["--hold-dir", "/run/h"], "hold_dir", "/run/h"),
     (["--hold-idle-age-out", "2h"], "hold_idle_age_out_s", 7200.0),
+    (["--kubelet-socket", "/run/k/kubelet.sock"], "kubelet_socket", "/run/k/kubelet.sock"),
 ]
 
 
