@@ -183,9 +183,16 @@ class KubeletHolds:
 
     def run(self, stop: threading.Event) -> None:
         wait_s = self.poll_s
+        said_bug = False
         try:
             while not stop.is_set():
-                ok = self.poll()
+                try:
+                    ok = self.poll()
+                except Exception as error:  # noqa: BLE001 - a bug: said once; the fillers and their NVML go on
+                    ok = False
+                    if not said_bug:
+                        said_bug = True
+                        self.say(f"internal error, please report: {type(error).__name__}: {error}")
                 wait_s = self.poll_s if ok else min(max(wait_s * 2, self.poll_s), BACKOFF_MAX_S)
                 stop.wait(wait_s)
         finally:

@@ -154,6 +154,27 @@ def test_the_thread_backs_off_after_failures_and_stops_on_the_stop_event(tmp_pat
     assert 2 <= watch.polls <= 8 and len(lines) == 1
 
 
+def test_a_bug_in_a_poll_is_said_once_and_the_thread_goes_on(tmp_path: Path) -> None:
+    board, lines = HoldBoard(), []
+    calls: list[int] = []
+
+    def broken() -> object:
+        calls.append(1)
+        raise_at = len(calls) <= 3
+        return None if raise_at else type("Response", (), {"pod_resources": []})()  # None has no pod_resources
+
+    watch = client(board, lines, poll_s=0.01, list_pods=broken)
+    stop = threading.Event()
+    thread = watch.start(stop)
+    deadline_s = time.monotonic() + 10
+    while len(calls) < 5 and time.monotonic() < deadline_s:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(timeout=5)
+    assert len(calls) >= 5  # went on after the bug
+    assert [line.split(":")[0] for line in lines] == ["internal error, please report"]
+
+
 def test_the_committed_stubs_are_what_the_proto_generates(tmp_path: Path) -> None:
     protoc = pytest.importorskip("grpc_tools.protoc")
     proto = "forge_load/podresources/api.proto"
