@@ -13,7 +13,7 @@ def readme_order() -> list[str]:
     text = (ROOT / "README.md").read_text()
     block = text[text.index("forge_load/               each file imports only those above it"):]
     block = block[:block.index("```")]
-    return re.findall(r"^  ([a-z_]+)\.py", block, re.M)
+    return re.findall(r"^  ([a-z_]+)(?:\.py|/)", block, re.M)  # a module, or a package (`name/`)
 
 
 def imports_of(path: Path) -> set[str]:
@@ -29,13 +29,20 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+def sources(name: str) -> list[Path]:
+    """A module's file, or every file of a package."""
+    package = ROOT / "forge_load" / name
+    return sorted(package.glob("*.py")) if package.is_dir() else [ROOT / "forge_load" / f"{name}.py"]
+
+
 def test_the_readme_lists_every_module_once() -> None:
-    modules = sorted(p.stem for p in (ROOT / "forge_load").glob("*.py") if not p.stem.startswith("__"))
+    modules = sorted([p.stem for p in (ROOT / "forge_load").glob("*.py") if not p.stem.startswith("__")]
+                     + [p.parent.name for p in (ROOT / "forge_load").glob("*/__init__.py")])
     assert sorted(readme_order()) == modules
 
 
 def test_every_import_points_up_the_readmes_list() -> None:
     order = {name: i for i, name in enumerate(readme_order())}
-    upward = [(module, imported) for module in order
-              for imported in imports_of(ROOT / "forge_load" / f"{module}.py") if order[imported] >= order[module]]
+    upward = [(module, imported) for module in order for path in sources(module)
+              for imported in imports_of(path) if imported != module and order[imported] >= order[module]]
     assert upward == []
