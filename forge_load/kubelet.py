@@ -136,8 +136,8 @@ class KubeletHolds:
     def holds_of(self, found: Iterable[Assignment], now_unix_s: float) -> list[Hold]:
         holds: dict[tuple[str, str], Hold] = {}
         for item in found:
-            if self.own_pod == (item.namespace, item.pod):
-                continue
+            if self.own_pod is not None and item.pod == self.own_pod[1] and self.own_pod[0] in ("", item.namespace):
+                continue  # ours (a namespace not given: any pod of our name)
             device_id = base_device_id(item.device_id)
             if not (item.resource.startswith(NVIDIA_PREFIX) or GPU_UUID_RE.fullmatch(device_id)):
                 continue  # another vendor's devices, and ids that are no GPU's

@@ -67,6 +67,14 @@ def test_replica_ids_hold_their_gpu_our_pod_and_other_devices_do_not() -> None:
     assert lines == []
 
 
+def test_our_pod_without_a_namespace_is_known_by_its_name() -> None:
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, own_pod=("", "forge-load-abcde"))
+    board.replace(watch.holds_of([Assignment("forge-load", "forge-load-abcde", "c", "nvidia.com/gpu", GPU_A),
+                                  Assignment("ml", "forge-load-abcdf", "c", "nvidia.com/gpu", GPU_B)], 1.0))
+    assert held(board, GPU_A, GPU_B) == {GPU_A: [], GPU_B: ["k8s-ml_forge-load-abcdf_c"]}
+
+
 def test_mig_and_index_ids_map_to_their_gpu_through_nvml() -> None:
     mig_a0 = FakeDevice(uuid="MIG-aaaaaaaa-0000-4000-8000-000000000000")
     fake = FakeNvml([FakeDevice(uuid=GPU_A, mig_mode=1, migs=[mig_a0, FakeDevice(uuid=MIG_A1)]),
