@@ -27,7 +27,7 @@ from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
 from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
 from forge_load.filler import Filler, line_fields
-from forge_load.holds import FillerHolds
+from forge_load.holds import FillerHolds, HoldBoard
 from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
 from forge_load.pause import Pauses, PauseSwitch
@@ -54,11 +54,12 @@ class GpuTakenError(Exception):
 
 @dataclass(frozen=True)
 class Controls:
-    """What steers every GPU's filler from outside at run time: the signals' pause switch (SIGUSR1, SIGUSR2), and
-    who is told when a filler changes state (the process title)."""
+    """What steers every GPU's filler from outside at run time: the signals' pause switch (SIGUSR1, SIGUSR2), who is
+    told when a filler changes state (the process title), and the holds kept in this process (the kubelet's)."""
 
     switch: PauseSwitch | None = None
     on_transition: Callable[[], None] | None = None
+    board: HoldBoard | None = None
 
 
 NO_CONTROLS = Controls()
@@ -100,7 +101,8 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     if controls.switch is not None or config.pause_file is not None or config.active_hours is not None:
         pauses = Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock,
                         tz=local_zone(config.time_zone))
-    holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s)
+    holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
+                        controls.board)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
                     heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition,
@@ -239,6 +241,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
     backend = backend or NvidiaBackend()
     if controls.switch is not None:
         controls.switch.add_listener(wake.set)  # a pause signal is acted on at once, not at the next poll
+    if controls.board is not None:
+        controls.board.add_listener(wake.set)  # and so is a hold the kubelet gave
     probe = backend.open_probe(config.gpu)
     rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
@@ -283,6 +287,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
     finally:
         # The Monitor may be inside an NVML call: NVML is shut down only once it has stopped.
         stop.set()
+        if controls.board is not None:
+            controls.board.remove_listener(wake.set)
         if monitor_thread is not None:
             monitor_thread.join(timeout=MONITOR_JOIN_S)
         # After a GPU failure these may fail too; the first error is the one to report.
@@ -526,7 +532,12 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         beat.writes = False
     error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     fleet = Fleet(config.health_max_age_s, simulated=config.simulate)
-    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)))
+    try:
+        board = start_kubelet(config, error_log, stop)
+    except ConfigError as error:
+        say(f"forge-load: {error}")
+        return EXIT_CONFIG
+    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)), board)
     if config.pause_file is not None and not os.path.isdir(os.path.dirname(config.pause_file)):
         say(f"forge-load: warning: FORGE_PAUSE_FILE={config.pause_file}: its directory does not exist (yet), so "
             "the file cannot appear: is the directory mounted?")
@@ -559,6 +570,30 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         if server is not None:
             server.close()
     return _log_checked(code, log_stream, out)
+
+
+def start_kubelet(config: Config, log: EventLog, stop: threading.Event) -> HoldBoard | None:
+    """With FORGE_KUBELET_SOCKET: the thread that holds what the kubelet assigns (forge_load/kubelet.py), and the
+    board it keeps; this filler's own pod (POD_NAMESPACE, POD_NAME from the downward API) is never held for."""
+    if config.kubelet_socket is None:
+        return None
+    try:
+        from forge_load import kubelet
+        from forge_load.podresources import api_pb2_grpc  # noqa: F401 - grpcio, checked before any GPU is opened
+    except ImportError as error:
+        raise ConfigError(f"FORGE_KUBELET_SOCKET={config.kubelet_socket} needs the grpcio and protobuf packages "
+                          f"({error}): pip install 'forge-load[kubernetes]', or unset it") from None
+    own_pod = None
+    if os.environ.get("POD_NAME"):
+        own_pod = (os.environ.get("POD_NAMESPACE", ""), os.environ["POD_NAME"])
+    board = HoldBoard()
+    client = kubelet.KubeletHolds(config.kubelet_socket, board, lambda line: log.emit("kubelet", reason=line),
+                                  kubelet.nvml_resolver() if not config.simulate else kubelet.simulated_resolver,
+                                  own_pod=own_pod)
+    log.emit("kubelet", socket=config.kubelet_socket, own_pod="/".join(own_pod) if own_pod else None,
+             poll_s=client.poll_s)
+    client.start(stop)
+    return board
 
 
 def _log_checked(code: int, log_stream: LogStream, out: TextIO) -> int:

@@ -76,6 +76,7 @@ class Config:
     pause_file: str | None = None
     hold_dir: str = DEFAULT_HOLD_DIR
     hold_idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S  # 0: never
+    kubelet_socket: str | None = None  # the kubelet's pod-resources socket; None: not asked
     time_zone: str | None = None  # TZ as given, checked when the hours or the pause file need local time
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -576,6 +577,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hold_idle_age_out_s", "FORGE_HOLD_IDLE_AGE_OUT", "--hold-idle-age-out", _seconds_value,
             "a hold over a GPU without foreign work for this long is taken for its dead holder's and no longer "
             f"honoured, 0 = never; default {DEFAULT_IDLE_AGE_OUT_S / 3600:g}h"),
+    Setting("kubelet_socket", "FORGE_KUBELET_SOCKET", "--kubelet-socket",
+            partial(_path_value, example="/var/lib/kubelet/pod-resources/kubelet.sock"),
+            "the kubelet's pod-resources socket: every GPU the kubelet assigns to another container is held "
+            "(docs/kubernetes-holds.md); default none"),
     Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed", _speed_value,
             "simulator: virtual seconds per real second, 0 = as fast as possible, else >= 0.1; default 1"),
     Setting("sim.window_s", "FORGE_SIM_WINDOW", "--sim-window", _window_value,
@@ -841,6 +846,8 @@ def describe(config: Config) -> dict[str, object]:
         out["pause_file"] = config.pause_file
     out["hold_dir"] = config.hold_dir
     out["hold_idle_age_out_s"] = config.hold_idle_age_out_s
+    if config.kubelet_socket is not None:
+        out["kubelet_socket"] = config.kubelet_socket
     if config.time_zone is not None:
         out["tz"] = config.time_zone
     if config.metrics_port is not None:

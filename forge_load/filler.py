@@ -90,6 +90,7 @@ class Filler:
         self._holds_checked = False  # asked at the first step, before anything is launched; then every reading
         self._held: dict[str, _Held] = {}  # by kind: the latest line not yet written
         self._written_s: dict[str, float] = {}  # kind -> when its last line was written
+        self._holds_generation = 0  # and at once when the in-process holds change (HoldBoard)
         # Energy: the device's, over the time between two readings that began while we were filling.
         self.energy_j = 0.0
         self.energy_source = "none"  # counter (NVML's energy counter), power (integrated readings) or none
@@ -107,7 +108,8 @@ class Filler:
             raise self.monitor.failure
         reading = self.monitor.latest()
         fresh = reading is not None and reading.seq != self._seq
-        if self.holds is not None and (fresh or not self._holds_checked):
+        if self.holds is not None and (fresh or not self._holds_checked
+                                       or self.holds.generation != self._holds_generation):
             if fresh and reading is not None and reading.reason is not None:
                 self.holds.foreign_seen(now_s)  # a held GPU at work is not idle: no age-out
             self._check_holds(now_s)
@@ -216,6 +218,7 @@ class Filler:
         `release` line per holder gone (the last one lets it fill again); each problem once."""
         assert self.holds is not None
         self._holds_checked = True
+        self._holds_generation = self.holds.generation
         changes, problems = self.holds.check(now_s)
         for problem in problems:
             self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})

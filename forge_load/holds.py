@@ -20,7 +20,8 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 FORMAT: int = 1
@@ -385,20 +386,64 @@ class HoldChange:
     reason: str  # the hold's reason ("hold"), or why it ended: released, expired, aged out ("release")
     until_unix_s: float | None = None
 
+class HoldBoard:
+    """Holds kept in this process, never on disk: what an engine the filler asks itself says (the kubelet's
+    pod-resources List, forge_load/kubelet.py). One writer replaces them all at once; every GPU's HoldWatch reads
+    its own. Such a hold has no end time: it ends when the writer leaves it out, or by the idle age-out; its
+    `since_unix_s` stamps it, so one that ends and comes back is a new hold."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holds: dict[str, tuple[Hold, ...]] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self.generation = 0  # moves on every change
+
+    def replace(self, holds: Iterable[Hold]) -> bool:
+        """Every hold of the board, at once; whether anything changed (listeners are told then)."""
+        by_gpu: dict[str, list[Hold]] = {}
+        for hold in holds:
+            by_gpu.setdefault(hold.gpu_uuid, []).append(hold)
+        new = {gpu: tuple(sorted(held, key=lambda h: h.holder)) for gpu, held in by_gpu.items()}
+        with self._lock:
+            if new == self._holds:
+                return False
+            self._holds = new
+            self.generation += 1
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+        return True
+
+    def holds_for(self, gpu_uuid: str) -> tuple[Hold, ...]:
+        with self._lock:
+            return self._holds.get(gpu_uuid, ())
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
 
 class HoldWatch:
     """One GPU's holds as its filler sees them, asked on every poll.
 
     The directory is listed again only when its mtime moved, or a second has passed since it was last listed (a
     change in the same clock tick as a listing would not move the mtime), so polling ten times a second costs a
-    stat. `check` says what began and ended since the last call, and each problem once. The idle age-out:
+    stat. `board` adds the holds kept in this process (HoldBoard): honoured like a file's, a file's hold of the
+    same holder first. `check` says what began and ended since the last call, and each problem once. The idle age-out:
     a hold that has seen no foreign work on its GPU for `idle_age_out_s` (filler time, counted from when this
     filler first saw it, or from the last foreign work) is no longer honoured until its file is rewritten.
     """
 
-    def __init__(self, hold_dir: str, gpu_uuid: str, idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S) -> None:
+    def __init__(self, hold_dir: str, gpu_uuid: str, idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S,
+                 board: HoldBoard | None = None) -> None:
         self.hold_dir = hold_dir
         self.gpu_uuid = gpu_uuid
+        self.board = board
         self.idle_age_out_s = idle_age_out_s  # 0: never
         self.honoured: dict[str, Hold] = {}
         self.fail_safe: str | None = None
@@ -446,16 +491,23 @@ class HoldWatch:
             if self._view.mtimes_ns != before:
                 self.generation += 1  # a hold of this GPU placed, refreshed or removed: acknowledge it at once
         view = self._view
+        holds, stamps = list(view.holds), dict(view.mtimes_ns)
+        if self.board is not None:
+            from_files = {h.holder for h in view.holds} | {h.holder for h in view.expired}
+            for hold in self.board.holds_for(self.gpu_uuid):
+                if hold.holder not in from_files:
+                    holds.append(hold)
+                    stamps[hold.holder] = round(hold.since_unix_s * 1e9)
         problems = [p for p in view.problems if p not in self._said]
         self._said = set(view.problems)  # only what is there now: bounded, and said again if it comes back
         fail_safe_before, self.fail_safe = self.fail_safe, view.fail_safe
         live: dict[str, Hold] = {}
         why_gone: dict[str, str] = {h.holder: "expired" for h in view.expired}
-        for hold in view.holds:
+        for hold in holds:
             if hold.until_unix_s is not None and hold.until_unix_s <= now_unix_s:
                 why_gone[hold.holder] = "expired"  # expired since the directory was read
                 continue
-            stamp = view.mtimes_ns.get(hold.holder, 0)
+            stamp = stamps.get(hold.holder, 0)
             if self._aged.get(hold.holder) == stamp:
                 continue
             self._aged.pop(hold.holder, None)
@@ -475,7 +527,7 @@ class HoldWatch:
         for holder in set(self._stamp) - set(live) - set(self._aged):
             self._stamp.pop(holder, None)
             self._seen_s.pop(holder, None)
-        for holder in set(self._aged) - {h.holder for h in view.holds}:
+        for holder in set(self._aged) - {h.holder for h in holds}:
             self._aged.pop(holder)  # its file is gone: a new one is a new hold
         self.honoured = live
         if self.fail_safe is not None and fail_safe_before is None:
@@ -493,8 +545,8 @@ class FillerHolds:
     fails is said once (`ack_problem`) and tried again at the next change or refresh."""
 
     def __init__(self, hold_dir: str, gpu_uuid: str, pid: int, wall_clock: Callable[[], float],
-                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S) -> None:
-        self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s)
+                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None) -> None:
+        self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s, board)
         self.hold_dir = hold_dir
         self.gpu_uuid = gpu_uuid
         self.pid = pid
@@ -506,6 +558,11 @@ class FillerHolds:
     @property
     def held(self) -> bool:
         return self.watch.held
+
+    @property
+    def generation(self) -> int:
+        """Moves when the in-process holds change: the filler asks again at once, not at its next reading."""
+        return self.watch.board.generation if self.watch.board is not None else 0
 
     def check(self, now_s: float) -> tuple[list[HoldChange], list[str]]:
         return self.watch.check(now_s, self.wall_clock())

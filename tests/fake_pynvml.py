@@ -50,6 +50,7 @@ class FakeDevice:
     power_limit_mw: int = 700_000  # the enforced limit
     temperature_c: int = 35
     mig_mode: int | None = None  # None: GetMigMode raises NotSupported (a GPU without MIG)
+    migs: list[FakeDevice] = field(default_factory=list)  # its MIG devices (found by UUID, not by GPU index)
     errors: dict[str, ErrorSpec] = field(default_factory=dict)
 
 
@@ -63,6 +64,8 @@ class FakeNvml:
         "nvmlDeviceGetCount",
         "nvmlDeviceGetHandleByIndex",
         "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
         "nvmlDeviceGetIndex",
         "nvmlDeviceGetName",
         "nvmlDeviceGetUUID",
@@ -178,7 +181,21 @@ class FakeNvml:
         for device in self.devices:
             if device.uuid == text:
                 return device
+            for mig in device.migs:
+                if mig.uuid == text:
+                    return mig
         raise pynvml.NVMLError_NotFound()
+
+    def _nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeDevice) -> FakeDevice:
+        for device in self.devices:
+            if handle in device.migs:
+                return device
+        raise pynvml.NVMLError_InvalidArgument()  # not a MIG device
+
+    def _nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeDevice, index: int) -> FakeDevice:
+        if not 0 <= index < len(handle.migs):
+            raise pynvml.NVMLError_NotFound()
+        return handle.migs[index]
 
     def _nvmlDeviceGetIndex(self, handle: FakeDevice) -> int:
         return self.devices.index(handle)

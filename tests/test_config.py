@@ -209,6 +209,8 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_HOLD_DIR", "/srv/holds", "hold_dir", "/srv/holds"),
     ("FORGE_HOLD_IDLE_AGE_OUT", "0", "hold_idle_age_out_s", 0.0),
     ("FORGE_HOLD_IDLE_AGE_OUT", "36h", "hold_idle_age_out_s", 129600.0),
+    ("FORGE_KUBELET_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet_socket",
+     "/var/lib/kubelet/pod-resources/kubelet.sock"),
 ]
 
 
@@ -311,6 +313,7 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--pause-file", "/run/p"], "pause_file", "/run/p"),
     (["--hold-dir", "/run/h"], "hold_dir", "/run/h"),
     (["--hold-idle-age-out", "2h"], "hold_idle_age_out_s", 7200.0),
+    (["--kubelet-socket", "/run/k/kubelet.sock"], "kubelet_socket", "/run/k/kubelet.sock"),
 ]
 
 
@@ -574,6 +577,8 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_HOLD_DIR", ""),
     ("FORGE_HOLD_IDLE_AGE_OUT", "-1"),
     ("FORGE_HOLD_IDLE_AGE_OUT", "1d"),
+    ("FORGE_KUBELET_SOCKET", "kubelet.sock"),
+    ("FORGE_KUBELET_SOCKET", ""),
 ]
 
 

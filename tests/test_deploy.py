@@ -155,13 +155,35 @@ def test_it_has_no_privileges_it_does_not_need(docs: dict[str, dict[str, Any]]) 
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
-    assert security["runAsNonRoot"] is True and pod["securityContext"]["runAsNonRoot"] is True
-    assert "privileged" not in security
+    assert "privileged" not in security and "add" not in security["capabilities"]
     assert pod["automountServiceAccountToken"] is False
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    # The image's user: the Dockerfile's USER must be the uid the pod runs as.
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(rf"^USER {pod['securityContext']['runAsUser']}\b", dockerfile, re.MULTILINE)
+    uid = pod["securityContext"]["runAsUser"]
+    if uid == 0:  # root only to reach the kubelet's socket, and the manifest says so
+        assert env_of(docs).get("FORGE_KUBELET_SOCKET")
+        lines = (KUBE / "20-daemonset.yaml").read_text().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.strip() == "runAsUser: 0")
+        comment = " ".join(line for line in lines[at - 10:at] if line.strip().startswith("#"))
+        assert "socket" in comment and "capabilit" in comment
+        assert pod["securityContext"]["runAsNonRoot"] is False and "runAsNonRoot" not in security
+    else:  # the image's user: the Dockerfile's USER must be the uid the pod runs as
+        assert security["runAsNonRoot"] is True and pod["securityContext"]["runAsNonRoot"] is True
+        dockerfile = (ROOT / "Dockerfile").read_text()
+        assert re.search(rf"^USER {uid}\b", dockerfile, re.MULTILINE)
+
+
+def test_the_kubelets_pod_resources_are_asked_through_a_read_only_directory(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    env = env_of(docs)
+    config = load_config([], {k: v for k, v in env.items() if k.startswith("FORGE_") and v})
+    assert config.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    mount = next(m for m in container(docs)["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources")
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"  # the directory: a new socket shows
+    # The pod's own name and namespace (the downward API): the filler never holds a GPU for itself.
+    refs = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container(docs)["env"]}
+    assert (refs["POD_NAME"], refs["POD_NAMESPACE"]) == ("metadata.name", "metadata.namespace")
 
 
 def test_what_it_writes_goes_to_a_writable_volume(docs: dict[str, dict[str, Any]]) -> None:

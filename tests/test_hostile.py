@@ -266,6 +266,7 @@ EXTREMES: dict[str, tuple[str, ...]] = {
     "FORGE_PAUSE_FILE": ("/",),  # a directory: there, and unreadable as a time: paused the whole run
     "FORGE_HOLD_DIR": (),  # a directory the filler writes its acknowledgement into: tests/test_filler_holds.py
     "FORGE_HOLD_IDLE_AGE_OUT": ("0", "1e-9", "1e300"),
+    "FORGE_KUBELET_SOCKET": (),  # a socket the filler connects to: tests/test_kubelet.py
 }
 
 

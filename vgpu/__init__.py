@@ -132,10 +132,15 @@ class VirtualGpu:
         """Where libcuda.so.1 and libnvidia-ml.so.1 of this GPU's driver variant are."""
         return self.lib_dir / OLD_DRIVER_DIR if self.old_driver else self.lib_dir
 
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    def env(self, base: Mapping[str, str] | None = None, visible: str | None = None) -> dict[str, str]:
         """The environment for a subprocess on this GPU: `base` (default os.environ) plus the library path
-        and the state path; the CUDA simulator switched off."""
+        and the state path; the CUDA simulator switched off. `visible`: NVIDIA_VISIBLE_DEVICES, the devices of a
+        container as the NVIDIA container toolkit sets it (NVML and CUDA then show only those, numbered from 0);
+        without it the variable is dropped: the test machine's own value says nothing about the virtual GPU."""
         env = dict(os.environ if base is None else base)
+        env.pop("NVIDIA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env["NVIDIA_VISIBLE_DEVICES"] = visible
         lib = str(self.library_dir)
         env["LD_LIBRARY_PATH"] = lib + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         env[STATE_ENV] = str(self.state_dir)

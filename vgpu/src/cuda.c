@@ -155,14 +155,22 @@ static vevent *event_of(CUevent he) {
 
 static int parse_visible(void) {
     const vgpu_state *st = g_view.st;
+    /* A container (NVIDIA_VISIBLE_DEVICES) has only its devices; CUDA orders and numbers those. */
+    int cont[VGPU_MAX_GPUS];
+    int ncont = vgpu_container_devices(st, cont);
     int base[VGPU_MAX_GPUS];
     const char *order = getenv("CUDA_DEVICE_ORDER");
     int pci = order != NULL && strcmp(order, "PCI_BUS_ID") == 0;
-    for (int i = 0; i < st->gpus; i++) base[i] = pci ? i : st->fastest_first[i];
+    int nbase = 0;
+    for (int i = 0; i < st->gpus; i++) {
+        int dev = pci ? i : st->fastest_first[i];
+        for (int j = 0; j < ncont; j++)
+            if (cont[j] == dev) base[nbase++] = dev;
+    }
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     g_nvisible = 0;
     if (env == NULL) {
-        for (int i = 0; i < st->gpus; i++) g_visible[g_nvisible++] = base[i];
+        for (int i = 0; i < nbase; i++) g_visible[g_nvisible++] = base[i];
         return g_nvisible;
     }
     /* As the driver does: entries are ordinals in CUDA_DEVICE_ORDER or GPU-UUID prefixes; the list ends
@@ -177,11 +185,11 @@ static int parse_visible(void) {
         int dev = -1;
         if (strncmp(tok, "GPU-", 4) == 0) {
             int matches = 0;
-            for (int i = 0; i < st->gpus; i++) {
+            for (int i = 0; i < nbase; i++) {
                 char uuid[48];
-                vgpu_uuid_string(st->dev[i].uuid, uuid);
+                vgpu_uuid_string(st->dev[base[i]].uuid, uuid);
                 if (strncasecmp(uuid, tok, strlen(tok)) == 0) {
-                    dev = i;
+                    dev = base[i];
                     matches++;
                 }
             }
@@ -189,7 +197,7 @@ static int parse_visible(void) {
         } else {
             char *num_end = NULL;
             long k = strtol(tok, &num_end, 10);
-            if (num_end == tok || *num_end != '\0' || k < 0 || k >= st->gpus) break;
+            if (num_end == tok || *num_end != '\0' || k < 0 || k >= nbase) break;
             dev = base[k];
         }
         int dup = 0;

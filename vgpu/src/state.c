@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -271,6 +272,42 @@ void vgpu_unimplemented(vgpu_view *v, const char *what) {
 void vgpu_uuid_string(const uint8_t u[16], char out[48]) {
     snprintf(out, 48, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
              u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+int vgpu_container_devices(const vgpu_state *st, int out[VGPU_MAX_GPUS]) {
+    const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
+    int seen[VGPU_MAX_GPUS] = {0};
+    int n = 0;
+    if (env == NULL || env[0] == '\0' || strcmp(env, "void") == 0 || strcmp(env, "all") == 0) {
+        for (int i = 0; i < st->gpus; i++) seen[i] = 1;
+    } else if (strcmp(env, "none") != 0) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", env);
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            int dev = -1;
+            if (strncmp(tok, "GPU-", 4) == 0) {
+                for (int i = 0; i < st->gpus; i++) {
+                    char uuid[48];
+                    vgpu_uuid_string(st->dev[i].uuid, uuid);
+                    if (strcasecmp(uuid, tok) == 0) dev = i;
+                }
+            } else {
+                char *end = NULL;
+                long k = strtol(tok, &end, 10);
+                if (end != tok && *end == '\0' && k >= 0 && k < st->gpus) dev = (int)k;
+            }
+            if (dev < 0) {
+                static int said;
+                if (!said++) fprintf(stderr, "vgpu: NVIDIA_VISIBLE_DEVICES entry '%s' names no device: left out\n", tok);
+                continue;
+            }
+            seen[dev] = 1;
+        }
+    }
+    for (int i = 0; i < st->gpus; i++)
+        if (seen[i]) out[n++] = i;
+    return n;
 }
 
 /* --- creation ------------------------------------------------------------------------------------------ */

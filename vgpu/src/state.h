@@ -116,6 +116,13 @@ void vgpu_unimplemented(vgpu_view *v, const char *what);
 /* Create a fresh state in `dir` from "key=value" lines; 0, or -1 with a one-line reason. */
 int vgpu_create(const char *dir, const char *config, char *why, size_t why_len);
 
+/* The devices a process sees, as in a container the NVIDIA container toolkit set up: NVIDIA_VISIBLE_DEVICES
+ * "all" (or unset, empty or "void": no container, the host's view) sees every device; "none" none; otherwise a
+ * comma-separated list of host indices and GPU UUIDs. They are numbered from 0 in the host's order (NVML
+ * enumerates the devices a container has by PCI bus, not in the order the list names them). `out` gets the
+ * host indices; returns how many. An entry that names no device is left out and said once on stderr. */
+int vgpu_container_devices(const vgpu_state *st, int out[VGPU_MAX_GPUS]);
+
 /* UUID as NVML prints it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (41 bytes with the NUL). */
 void vgpu_uuid_string(const uint8_t uuid[16], char out[48]);
 
