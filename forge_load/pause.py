@@ -7,14 +7,15 @@ as there, with no end time), and at most PAUSE_FILE_MAX_BYTES of it.
 
 What the file holds decides when the pause ends: nothing (or only spaces) means until the file is removed; a
 time means until then (ISO 8601, such as 2026-11-20T08:00:00+01:00, where one without an offset is local time,
-or a Unix time in seconds), and a file whose time has passed pauses nothing. Anything else is a mistake the
-filler cannot read as an end: it stays paused until the file is removed, the safe side for the real work that
-the file was written for, and its pause line says why.
+or a Unix time in seconds), and a file whose time has passed pauses nothing, however long ago (the year 1, the
+year 0). A time after the year 9999, which Python's datetime cannot hold (a Unix time in milliseconds by
+mistake, `date -d @999999999999 -Iseconds`), pauses until the file is removed, and its pause line quotes it.
+Anything else is a mistake the filler cannot read as an end: it stays paused until the file is removed, the safe
+side for the real work that the file was written for, and its pause line says why. No content raises.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import stat
@@ -27,7 +28,10 @@ from datetime import datetime, tzinfo
 from forge_load.schedule import ActiveHours, from_unix, to_unix
 
 PAUSE_FILE_MAX_BYTES = 256
-_UNIX_TIME_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]*)?", re.ASCII)
+_UNIX_TIME_RE = re.compile(r"[0-9]+(?:\.[0-9]*)?", re.ASCII)
+# An ISO 8601 date whose year datetime cannot hold: 0000, a sign, or more than four digits (GNU date's way).
+_YEAR_RE = re.compile(r"([+-]?)([0-9]+)(-.*)", re.ASCII | re.DOTALL)
+_DAYS_PER_400_YEARS = 146097  # the Gregorian calendar repeats every 400 years, leap days included
 SIGNAL_SOURCE, FILE_SOURCE, HOURS_SOURCE = "signal", "file", "hours"
 
 
@@ -97,22 +101,32 @@ def parse_until(text: str, tz: tzinfo | None = None) -> float | None:
     if not stripped:
         return None
     if _UNIX_TIME_RE.fullmatch(stripped):
-        return float(stripped)
+        return float(stripped)  # 256 bytes of digits stay finite
     iso = stripped[:-1] + "+00:00" if stripped[-1:] in ("Z", "z") else stripped
+    shift_s = 0.0
+    match = _YEAR_RE.fullmatch(iso)
+    if match is not None and (match[1] or len(match[2]) > 4 or int(match[2]) == 0):
+        # Read as the year in the same place of the 400-year cycle (the same leap days), then moved by the cycles.
+        year = int(match[1] + match[2])
+        stand_in = 2000 + year % 400
+        iso = f"{stand_in}{match[3]}"
+        cycles = (year - stand_in) // 400
+        shift_s = cycles * _DAYS_PER_400_YEARS * 86400.0 if abs(cycles) < 10**290 else cycles * float("inf")
     try:
         when = datetime.fromisoformat(iso)
     except ValueError:
         raise ValueError("neither an ISO 8601 time nor a Unix time") from None
-    until_s = to_unix(when, tz)
-    if not math.isfinite(until_s):
-        raise ValueError("not a time")
-    return until_s
+    return to_unix(when, tz) + shift_s
 
 
-def shown_time(t_s: float, tz: tzinfo | None = None) -> str:
-    """A Unix time as local ISO 8601 with its offset, to the second."""
-    local = from_unix(t_s, tz)
-    return (local if local.tzinfo is not None else local.astimezone()).isoformat(timespec="seconds")
+def shown_time(t_s: float, tz: tzinfo | None = None) -> str | None:
+    """A Unix time as local ISO 8601 with its offset, to the second; None beyond what datetime holds (the years 1
+    to 9999 in that zone)."""
+    try:
+        local = from_unix(t_s, tz)
+        return (local if local.tzinfo is not None else local.astimezone()).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -165,6 +179,13 @@ class Pauses:
         return PauseVerdict("; ".join(held.values()) or None, "; ".join(ended))
 
     def _file_reason(self, now_s: float) -> str | None:
+        try:
+            return self._judge_file(now_s)
+        except Exception as error:  # noqa: BLE001 - a bug must not stop every filler of the node: paused, and said
+            return (f"pause file {self.pause_file} could not be judged ({type(error).__name__}: {error}, please "
+                    "report): paused until it is removed")
+
+    def _judge_file(self, now_s: float) -> str | None:
         path = self.pause_file
         state = self.read(path or "")
         if not state.exists:
@@ -172,15 +193,18 @@ class Pauses:
             return None
         if state.text is None:
             return f"pause file {path} {state.problem}: paused until it is removed"
+        content = state.text.strip()
+        content = content if len(content) <= 40 else content[:40] + "..."
         try:
             until_s = parse_until(state.text, self.tz)
         except ValueError as error:
-            content = state.text.strip()
-            content = content if len(content) <= 40 else content[:40] + "..."
             return f"pause file {path} holds {content!r}, {error}: paused until it is removed"
         if until_s is None:
             return f"pause file {path}: paused until it is removed"
+        shown = shown_time(until_s, self.tz)
         if until_s <= now_s:
-            self._file_ended = f"pause file's time {shown_time(until_s, self.tz)} reached"
+            self._file_ended = f"pause file's time {shown or content} reached"
             return None
-        return f"pause file {path}: paused until {shown_time(until_s, self.tz)}"
+        if shown is None:
+            return f"pause file {path} holds {content!r}, a time after the year 9999: paused until it is removed"
+        return f"pause file {path}: paused until {shown}"

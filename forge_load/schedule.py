@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import datetime, timezone, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 DAY_NAMES = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # datetime.weekday() order
@@ -122,11 +122,21 @@ def from_unix(t_s: float, tz: tzinfo | None = None) -> datetime:
     return datetime.fromtimestamp(t_s, tz) if tz is not None else datetime.fromtimestamp(t_s)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def to_unix(local: datetime, tz: tzinfo | None = None) -> float:
-    """A datetime's Unix time; one without a zone is read as local time (`tz`, or the C library's)."""
+    """A datetime's Unix time; one without a zone is read as local time (`tz`, or the C library's). Any datetime
+    has one: at the ends of the calendar (the years 1 and 9999), where the C library cannot say its offset, a
+    naive time is read as UTC, within a day of the truth."""
     if local.tzinfo is None and tz is not None:
         local = local.replace(tzinfo=tz)
-    return local.timestamp()
+    if local.tzinfo is None:
+        try:
+            return local.timestamp()
+        except (OverflowError, ValueError, OSError):
+            local = local.replace(tzinfo=timezone.utc)
+    return (local - _EPOCH).total_seconds()  # what timestamp() does, without a datetime beyond the calendar
 
 
 def local_zone(tz_value: str | None) -> tzinfo | None:

@@ -786,3 +786,54 @@ def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(forge_load.nvml, "list_devices", lambda *a, **k: infos)
     config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
     assert app.gpu_selectors(config, backend_for(config)) == ["1", "0"]
+
+
+# --- the pause file: no content crashes anything (issue 17) ------------------------------------------------------
+
+FAR_PAUSE_TIMES = {  # content -> whether it pauses (until the file is removed), or is a time long past
+    "999999999999": True,  # a Unix time in the year 33658
+    "0001-01-01T00:00:00+14:00": False,  # before the year 1 in UTC
+    "9999-12-31T23:59:59-12:00": True,  # the year 10000 in UTC
+    "0000-01-01T00:00:00Z": False,
+    "1763640000000": True,  # milliseconds by mistake
+    "33658-09-27T01:46:39+00:00": True,  # `date -d @999999999999 -Iseconds`
+    "1." + "9" * 240: False,
+}
+
+
+@pytest.mark.parametrize("content", list(FAR_PAUSE_TIMES))
+def test_a_far_time_in_the_pause_file_at_start_crashes_nothing(tmp_path: Path, content: str) -> None:
+    pause = tmp_path / "pause"
+    pause.write_text(content + "\n")
+    result = forge("--simulate", "--sim-speed", "0", "--duration", "2", "--log-format", "json",
+                   "--pause-file", str(pause))
+    assert result.returncode == 0 and result.stderr == "", (result.returncode, result.stderr, result.stdout[-2000:])
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("error", "stop")] == ["stop"]
+    pauses = [e for e in events if e["event"] == "pause"]
+    if FAR_PAUSE_TIMES[content]:
+        [line] = pauses
+        assert "a time after the year 9999: paused until it is removed" in line["reason"], line
+        assert events[-1]["state"] == "paused"
+    else:
+        assert pauses == [] and events[-1]["state"] == "filling"
+
+
+@pytest.mark.parametrize("content", list(FAR_PAUSE_TIMES))
+def test_a_far_time_written_mid_run_crashes_nothing(tmp_path: Path, content: str) -> None:
+    pause = tmp_path / "pause"
+    config = load_config(["--simulate", "--sim-speed", "0", "--duration", "5", "--log-format", "json",
+                          "--pause-file", str(pause)], {})
+    beats: list[int] = []
+
+    def beat() -> None:  # once a virtual second: the file appears after two
+        beats.append(1)
+        if len(beats) == 2:
+            pause.write_text(content)
+
+    out = io.StringIO()
+    run_simulated(config, out, heartbeat=beat)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("error", "stop")] == ["stop"], events[-1]
+    assert len(beats) >= 4, "the loop stopped beating"
+    assert [e["event"] == "pause" for e in events].count(True) == int(FAR_PAUSE_TIMES[content])

@@ -9,7 +9,15 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from forge_load.pause import PAUSE_FILE_MAX_BYTES, FileState, Pauses, PauseSwitch, parse_until, read_pause_file
+from forge_load.pause import (
+    PAUSE_FILE_MAX_BYTES,
+    FileState,
+    Pauses,
+    PauseSwitch,
+    parse_until,
+    read_pause_file,
+    shown_time,
+)
 from forge_load.schedule import parse_active_hours
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -132,3 +140,74 @@ def test_sigusr2_lifts_only_the_signals_pause(tmp_path: Path) -> None:
     assert verdict.reason == f"pause file {path}: paused until it is removed" and verdict.ended == "SIGUSR2"
     path.unlink()
     assert pauses.check().reason is None
+
+
+# --- times at and beyond the ends of the calendar (issue 17): never a crash ------------------------------------
+
+KIRITIMATI, MINUS_12 = ZoneInfo("Pacific/Kiritimati"), ZoneInfo("Etc/GMT+12")  # UTC+14 and UTC-12
+ZONES = [BERLIN, KIRITIMATI, MINUS_12, None]  # None: the C library's local time (TZ)
+FAR_PAST = ["0", "0001-01-01T00:00:00+14:00", "0001-01-01T00:00:00", "0001-01-01", "0000-01-01T00:00:00Z",
+            "0000-02-29", "-0044-03-15T12:00:00+01:00", "1." + "9" * 200, "0." + "0" * 250]
+# Beyond what Python's datetime can hold (the year 9999) in every zone above.
+FAR_FUTURE = ["999999999999", "9" * 12 + "." + "9" * 242, "1763640000000", "9" * 255, "10000-01-01",
+              "9999-12-31T23:59:59-14:00", "33658-09-27T01:46:39+00:00", "+33658-09-27T01:46:39Z",
+              "1" + "0" * 200 + "-01-01T00:00:00Z"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("0000-01-01T00:00:00Z", datetime(1, 1, 1, tzinfo=timezone.utc).timestamp() - 366 * 86400),  # 0 is leap
+    ("33658-09-27T01:46:39+00:00", 999999999999.0),  # as GNU date writes @999999999999
+    ("+33658-09-27T03:46:39+02:00", 999999999999.0),
+    ("1763640000000", 1763640000000.0),  # milliseconds by mistake: a time in the year 57857
+    ("0001-01-01T00:00:00+14:00", datetime(1, 1, 1, tzinfo=timezone.utc).timestamp() - 14 * 3600),
+])
+def test_parse_until_beyond_the_calendar(text: str, expected: float) -> None:
+    assert parse_until(text, BERLIN) == expected
+
+
+@pytest.mark.parametrize("tz", ZONES, ids=str)
+@pytest.mark.parametrize("text", FAR_PAST)
+def test_a_far_past_time_pauses_nothing(tmp_path: Path, text: str, tz: ZoneInfo | None) -> None:
+    path = tmp_path / "pause"
+    path.write_text(text)
+    pauses = Pauses(pause_file=str(path), wall_clock=Clock(NOON_UTC), tz=tz)
+    assert pauses.check().reason is None
+
+
+@pytest.mark.parametrize("tz", ZONES, ids=str)
+@pytest.mark.parametrize("text", FAR_FUTURE)
+def test_a_time_beyond_the_calendar_pauses_until_removed_and_says_what_was_read(tmp_path: Path, text: str,
+                                                                               tz: ZoneInfo | None) -> None:
+    path = tmp_path / "pause"
+    path.write_text(text + "\n")
+    clock = Clock(NOON_UTC)
+    pauses = Pauses(pause_file=str(path), wall_clock=clock, tz=tz)
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    reason = pauses.check().reason
+    assert reason == f"pause file {path} holds {shown!r}, a time after the year 9999: paused until it is removed"
+    clock.t_s += 1e9  # thirty years on, still paused
+    assert pauses.check().reason == reason
+    path.unlink()
+    verdict = pauses.check()
+    assert verdict.reason is None and verdict.ended == "pause file removed"
+
+
+@pytest.mark.parametrize("tz", ZONES, ids=str)
+def test_far_times_written_mid_pause_neither_crash_nor_lose_the_end(tmp_path: Path, tz: ZoneInfo | None) -> None:
+    path = tmp_path / "pause"
+    clock = Clock(NOON_UTC)
+    pauses = Pauses(pause_file=str(path), wall_clock=clock, tz=tz)
+    assert pauses.check().reason is None
+    path.write_text("9999-12-31T23:59:59-12:00")
+    assert pauses.check().reason is not None
+    path.write_text("0001-01-01T00:00:00+14:00")  # rewritten with a time long gone: the pause ends
+    verdict = pauses.check()
+    assert verdict.reason is None and verdict.ended == "pause file's time 0001-01-01T00:00:00+14:00 reached"
+
+
+def test_a_time_at_the_end_of_the_calendar_is_shown_where_it_can_be() -> None:
+    assert shown_time(parse_until("9999-12-31T00:00:00Z"), BERLIN) == "9999-12-31T01:00:00+01:00"
+    assert shown_time(parse_until("0001-01-02T00:00:00Z"), BERLIN) == "0001-01-02T00:53:28+00:53:28"  # Berlin's LMT
+    for tz in ZONES:
+        assert shown_time(parse_until("9999-12-31T23:59:59-12:00"), tz) is None
+    assert shown_time(float("inf")) is None and shown_time(float("nan")) is None
