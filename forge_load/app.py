@@ -93,7 +93,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     pauses = None
     if controls.switch is not None or config.pause_file is not None or config.active_hours is not None:
         pauses = Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock,
-                        tz=local_zone(config.time_zone))
+                        tz=local_zone(config.time_zone), on_host_error=lambda why: say(f"forge-load: warning: {why}"))
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
                     heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition)

@@ -12,10 +12,16 @@ year 0). A time after the year 9999, which Python's datetime cannot hold (a Unix
 mistake, `date -d @999999999999 -Iseconds`), pauses until the file is removed, and its pause line quotes it.
 Anything else is a mistake the filler cannot read as an end: it stays paused until the file is removed, the safe
 side for the real work that the file was written for, and its pause line says why. No content raises.
+
+A host short of descriptors or memory (EMFILE, ENFILE, ENOMEM) says nothing about the file, so it is not read as
+"pause": whether the file is there is asked without a descriptor (stat), a file that is gone pauses nothing, the
+same file unchanged since its last reading means what it meant then, and only a new or changed one that cannot
+be read pauses, until it can be. The host's error is said once (on_host_error).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -33,6 +39,8 @@ _UNIX_TIME_RE = re.compile(r"[0-9]+(?:\.[0-9]*)?", re.ASCII)
 _YEAR_RE = re.compile(r"([+-]?)([0-9]+)(-.*)", re.ASCII | re.DOTALL)
 _DAYS_PER_400_YEARS = 146097  # the Gregorian calendar repeats every 400 years, leap days included
 SIGNAL_SOURCE, FILE_SOURCE, HOURS_SOURCE = "signal", "file", "hours"
+# The host's errors, which say nothing about the file: out of descriptors or kernel memory.
+HOST_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 class PauseSwitch:
@@ -66,33 +74,56 @@ class PauseSwitch:
 
 @dataclass(frozen=True)
 class FileState:
-    exists: bool
+    exists: bool | None  # None: the host could not even say (see host_error)
     text: str | None = None  # the content, when it could be read
     problem: str | None = None  # why it could not
+    host_error: str | None = None  # the host's error (out of descriptors or memory) that kept it from being read
+    version: tuple[int, ...] | None = None  # device, inode, size, change time: the same file, unchanged
+
+
+def _version(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def read_pause_file(path: str) -> FileState:
-    """Whether the file is there and what it holds; never blocks, never raises."""
+    """Whether the file is there and what it holds; never blocks, never raises. Out of descriptors or memory,
+    whether it is there is asked without opening it (host_error says why it was not read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return FileState(False)
-    except OSError as error:  # there (or its directory cannot be searched): paused, to be safe
-        return FileState(True, problem=f"cannot be read ({error.strerror or error})")
+    except OSError as error:
+        if error.errno in HOST_ERRNOS:
+            return _state_without_opening(path, error.strerror or str(error))
+        return FileState(True, problem=f"cannot be read ({error.strerror or error})")  # there: paused, to be safe
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return FileState(True, problem="is not a regular file")
         data = os.read(fd, PAUSE_FILE_MAX_BYTES + 1)
     except OSError as error:
+        if error.errno in HOST_ERRNOS:
+            return _state_without_opening(path, error.strerror or str(error))
         return FileState(True, problem=f"cannot be read ({error.strerror or error})")
     finally:
         os.close(fd)
     if len(data) > PAUSE_FILE_MAX_BYTES:
-        return FileState(True, problem=f"holds more than {PAUSE_FILE_MAX_BYTES} bytes")
+        return FileState(True, problem=f"holds more than {PAUSE_FILE_MAX_BYTES} bytes", version=_version(st))
     try:
-        return FileState(True, text=data.decode("utf-8"))
+        return FileState(True, text=data.decode("utf-8"), version=_version(st))
     except UnicodeDecodeError:
-        return FileState(True, problem="is not UTF-8 text")
+        return FileState(True, problem="is not UTF-8 text", version=_version(st))
+
+
+def _state_without_opening(path: str, why: str) -> FileState:
+    """stat() takes no descriptor: whether the file is there (and which version of it), without its content."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return FileState(False, host_error=why)
+    except OSError:
+        return FileState(None, host_error=why)
+    return FileState(True, host_error=why, version=_version(st))
 
 
 def parse_until(text: str, tz: tzinfo | None = None) -> float | None:
@@ -140,15 +171,20 @@ class Pauses:
 
     def __init__(self, switch: PauseSwitch | None = None, pause_file: str | None = None,
                  active_hours: ActiveHours | None = None, wall_clock: Callable[[], float] | None = None,
-                 tz: tzinfo | None = None, read: Callable[[str], FileState] = read_pause_file) -> None:
+                 tz: tzinfo | None = None, read: Callable[[str], FileState] = read_pause_file,
+                 on_host_error: Callable[[str], None] | None = None) -> None:
+        """`on_host_error` hears, once until the file can be read again, that the host kept it from being read."""
         self.switch = switch
         self.pause_file = pause_file
         self.active_hours = active_hours
         self.wall_clock = wall_clock or time.time
         self.tz = tz
         self.read = read
+        self.on_host_error = on_host_error
         self._held: dict[str, str] = {}  # source -> its reason, at the previous check
         self._file_ended = "pause file removed"
+        self._last_read: FileState | None = None  # the last reading with the file's content, or its absence
+        self._host_error_said = False
 
     @property
     def generation(self) -> int:
@@ -187,10 +223,15 @@ class Pauses:
 
     def _judge_file(self, now_s: float) -> str | None:
         path = self.pause_file
-        state = self.read(path or "")
+        state = self._with_host_errors_judged(self.read(path or ""))
+        if state is None:  # nothing new could be learnt: the last verdict stands
+            return self._held.get(FILE_SOURCE)
         if not state.exists:
             self._file_ended = "pause file removed"
             return None
+        if state.text is None and state.host_error is not None:
+            return (f"pause file {path} is there but cannot be read now ({state.host_error}): paused until it can "
+                    "be read")
         if state.text is None:
             return f"pause file {path} {state.problem}: paused until it is removed"
         content = state.text.strip()
@@ -208,3 +249,25 @@ class Pauses:
         if shown is None:
             return f"pause file {path} holds {content!r}, a time after the year 9999: paused until it is removed"
         return f"pause file {path}: paused until {shown}"
+
+    def _with_host_errors_judged(self, state: FileState) -> FileState | None:
+        """A host error (out of descriptors or memory) says nothing about the file: the same file, unchanged,
+        means what it meant at its last reading; a file gone pauses nothing; a new or changed one that cannot be
+        read pauses until it can be; None when not even its presence is known (the last verdict stands)."""
+        if state.host_error is None:
+            self._last_read = state
+            self._host_error_said = False
+            return state
+        if not self._host_error_said:
+            self._host_error_said = True
+            if self.on_host_error is not None:
+                self.on_host_error(f"pause file {self.pause_file} cannot be read now ({state.host_error}): the "
+                                   "host is short of descriptors or memory; judged by what it held when last read")
+        if state.exists is None:
+            return None
+        if not state.exists:
+            return state
+        last = self._last_read
+        if last is not None and last.exists and last.version == state.version:
+            return last
+        return state  # there, unread: paused until it can be read

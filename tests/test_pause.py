@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,9 +57,9 @@ def test_read_pause_file(tmp_path: Path) -> None:
     assert read_pause_file(str(path)) == FileState(False)
     assert read_pause_file(str(tmp_path / "no-dir" / "pause")) == FileState(False)
     path.write_text("")
-    assert read_pause_file(str(path)) == FileState(True, "")
+    assert (read_pause_file(str(path)).exists, read_pause_file(str(path)).text) == (True, "")
     path.write_text("1763640000\n")
-    assert read_pause_file(str(path)) == FileState(True, "1763640000\n")
+    assert (read_pause_file(str(path)).exists, read_pause_file(str(path)).text) == (True, "1763640000\n")
     path.write_bytes(b"x" * (PAUSE_FILE_MAX_BYTES + 1))
     assert read_pause_file(str(path)).problem == f"holds more than {PAUSE_FILE_MAX_BYTES} bytes"
     path.write_bytes(b"\xff\xfe")
@@ -211,3 +212,68 @@ def test_a_time_at_the_end_of_the_calendar_is_shown_where_it_can_be() -> None:
     for tz in ZONES:
         assert shown_time(parse_until("9999-12-31T23:59:59-12:00"), tz) is None
     assert shown_time(float("inf")) is None and shown_time(float("nan")) is None
+
+
+# --- the host out of descriptors or memory (issue 17): not "the pause file says pause" ---------------------------
+
+class ShortHost:
+    """read_pause_file, until `short` is set: then every open() fails as on a host out of descriptors."""
+
+    def __init__(self) -> None:
+        self.short = False
+
+    def __call__(self, path: str) -> FileState:
+        if not self.short:
+            return read_pause_file(path)
+        real_open = os.open
+
+        def no_descriptor(*args: object, **kwargs: object) -> int:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        os.open = no_descriptor  # type: ignore[assignment]
+        try:
+            return read_pause_file(path)
+        finally:
+            os.open = real_open
+
+
+def test_out_of_descriptors_a_missing_file_pauses_nothing_and_is_said_once(tmp_path: Path) -> None:
+    path = tmp_path / "pause"
+    host, said = ShortHost(), []
+    pauses = Pauses(pause_file=str(path), wall_clock=Clock(NOON_UTC), tz=BERLIN, read=host, on_host_error=said.append)
+    host.short = True
+    for _ in range(5):
+        assert pauses.check().reason is None
+    assert len(said) == 1 and "Too many open files" in said[0] and str(path) in said[0]
+
+
+@pytest.mark.parametrize(("content", "paused"), [("", True), ("2026-11-18T13:30:00+01:00", True),
+                                                 ("2020-01-01T00:00:00Z", False)])
+def test_out_of_descriptors_the_same_file_means_what_it_meant(tmp_path: Path, content: str, paused: bool) -> None:
+    path = tmp_path / "pause"
+    path.write_text(content)
+    host = ShortHost()
+    pauses = Pauses(pause_file=str(path), wall_clock=Clock(NOON_UTC), tz=BERLIN, read=host, on_host_error=print)
+    before = pauses.check().reason
+    assert (before is not None) == paused
+    host.short = True
+    assert pauses.check().reason == before
+    path.unlink()
+    assert pauses.check().reason is None  # its removal is seen without a descriptor
+
+
+def test_out_of_descriptors_a_new_file_pauses_until_it_can_be_read(tmp_path: Path) -> None:
+    path = tmp_path / "pause"
+    host, said = ShortHost(), []
+    pauses = Pauses(pause_file=str(path), wall_clock=Clock(NOON_UTC), tz=BERLIN, read=host, on_host_error=said.append)
+    assert pauses.check().reason is None
+    host.short = True
+    path.write_text("2020-01-01T00:00:00Z")  # a time long past, which cannot be read yet
+    assert pauses.check().reason == (f"pause file {path} is there but cannot be read now (Too many open files): "
+                                     "paused until it can be read")
+    host.short = False
+    verdict = pauses.check()
+    assert verdict.reason is None
+    host.short = True
+    pauses.check()
+    assert len(said) == 2  # once per spell without descriptors
