@@ -837,3 +837,25 @@ def test_a_far_time_written_mid_run_crashes_nothing(tmp_path: Path, content: str
     assert [e["event"] for e in events if e["event"] in ("error", "stop")] == ["stop"], events[-1]
     assert len(beats) >= 4, "the loop stopped beating"
     assert [e["event"] == "pause" for e in events].count(True) == int(FAR_PAUSE_TIMES[content])
+
+
+# --- the host's limit on open files (issue 17) ---------------------------------------------------------------------
+
+def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -> None:
+    import resource
+
+    from forge_load.app import MIN_OPEN_FILES
+
+    def low_limit() -> None:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (12, hard))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-m", "forge_load", "--simulate", "--duration", "1"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, preexec_fn=low_limit)
+    assert result.returncode == 2, (result.returncode, result.stderr, result.stdout[-500:])
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert_one_clean_line(lines[0], "ulimit -n", "12", str(MIN_OPEN_FILES))
+    assert "CUDA" not in lines[0] and not EVENT_RE.search(result.stdout)
