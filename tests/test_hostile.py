@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from forge_load import config as config_module
 from forge_load import health
 from forge_load.app import run_simulated
 from forge_load.backend import backend_for
@@ -859,3 +860,32 @@ def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -
     assert len(lines) == 1, result.stderr
     assert_one_clean_line(lines[0], "ulimit -n", "12", str(MIN_OPEN_FILES))
     assert "CUDA" not in lines[0] and not EVENT_RE.search(result.stdout)
+
+
+# --- a ratio above 1: the percent it suggests is one the setting takes, and only for a whole number (issue 17) ----
+
+RATIO_SETTINGS = [s for s in SETTINGS if getattr(s.parse, "func", None) is config_module._ratio_value]
+
+
+@pytest.mark.parametrize("env", [s.env for s in RATIO_SETTINGS])
+@pytest.mark.parametrize("raw", ["1.5", "2", "10", "50", "99.5", "100", "150", "1e2"])
+def test_a_ratio_above_1_suggests_only_a_percent_that_is_meant_and_taken(env: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], {env: raw})
+    message = str(info.value)
+    assert_one_clean_line(message, env)
+    suggested = re.search(r"did you mean (\S+)\?", message)
+    if not raw.isdigit():  # 1.5 is not how a percent is written: 1.5 % is no likelier than 15 % or 0.15
+        assert suggested is None, message
+        return
+    [setting] = [s for s in RATIO_SETTINGS if s.env == env]
+    if suggested is not None:
+        assert suggested[1] == f"{raw}%"
+        setting.parse(suggested[1])  # the setting takes it (another setting may still disagree: a boost below target)
+    else:
+        with pytest.raises(config_module._Rejected):
+            setting.parse(raw + "%")
+
+
+def test_there_are_ratio_settings_to_check() -> None:
+    assert {"FORGE_TARGET", "FORGE_BOOST_TARGET", "FORGE_FOREIGN_UTIL"} <= {s.env for s in RATIO_SETTINGS}
