@@ -11,8 +11,10 @@ the night they go back, an hour that occurs twice is active both times.
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -22,6 +24,7 @@ MINUTES_PER_DAY = 24 * 60
 _TIME_RANGE_RE = re.compile(r"([0-9]{1,2}):([0-9]{2})-([0-9]{1,2}):([0-9]{2})", re.ASCII)
 _DAYS_RE = re.compile(r"([A-Za-z]{3})(?:-([A-Za-z]{3}))?", re.ASCII)
 MAX_ENTRIES = 64
+MAX_ZONE_FILE_BYTES = 1 << 20
 # A POSIX TZ rule (std offset [dst [offset] [,start,end]]), which the C library reads without any zone file.
 _ABBREVIATION = r"(?:[A-Za-z]{3,}|<[A-Za-z0-9+-]{3,}>)"
 _OFFSET = r"[+-]?[0-9]{1,2}(?::[0-9]{2}){0,2}"
@@ -151,8 +154,22 @@ def local_zone(tz_value: str | None) -> tzinfo | None:
         return None
     try:
         if os.path.isabs(name):
-            with open(name, "rb") as zone_file:
-                return ZoneInfo.from_file(zone_file, key=name)
+            return ZoneInfo.from_file(io.BytesIO(_zone_file(name)), key=name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ScheduleError(f"{_quoted(name)} is no time zone this system knows") from None
+
+
+def _zone_file(path: str) -> bytes:
+    """A zone file's bytes, read without waiting on a FIFO or a device and at most MAX_ZONE_FILE_BYTES of it
+    (the largest zone files are a few KiB); ValueError for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, MAX_ZONE_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_ZONE_FILE_BYTES:
+        raise ValueError("too large for a zone file")
+    return data
