@@ -216,6 +216,14 @@ def open_files_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
+def _open_descriptors() -> int:
+    """How many descriptors the process has open now (Linux's /proc; elsewhere a guess of a fresh process's)."""
+    try:
+        return max(len(os.listdir("/proc/self/fd")) - 1, 0)  # less the one listdir itself held
+    except OSError:
+        return 16
+
+
 def reserved_fds_for(limit: int | None) -> int:
     """A quarter of the limit, and at least MIN_RESERVED_FDS: as much as a filler of eight GPUs opens at start."""
     return MIN_RESERVED_FDS if limit is None else max(MIN_RESERVED_FDS, limit // 4)
@@ -284,7 +292,8 @@ def _plain_answer(status: str, text: str) -> bytes:
 
 
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most `limits.max_connections` of them.
+    """A thread per connection, at most `connection_cap` of them: `limits.max_connections`, or fewer where the
+    process's limit on open files leaves room for fewer beside the filler's reserve (set_limits).
 
     At the cap, a new connection takes the place of the one that has waited longest without sending a
     complete request (so silent clients cannot keep a scraper out); when every one is busy answering, the new
@@ -301,6 +310,7 @@ class _Server(ThreadingMixIn, WSGIServer):
         self._closing = False
         self._closed = threading.Event()  # wakes the accept loop's back-off at close()
         self._host_error: str | None = None  # said once, until accept() works again
+        self.connection_cap = self.limits.max_connections  # lowered by set_limits() to fit the open-files limit
         self.fd_ceiling: int | None = None  # a connection given a descriptor at or above this is refused
         super().__init__(*args, **kwargs)
 
@@ -308,7 +318,15 @@ class _Server(ThreadingMixIn, WSGIServer):
         self.limits = limits
         limit = open_files_limit()
         reserved = limits.reserved_fds if limits.reserved_fds is not None else reserved_fds_for(limit)
-        self.fd_ceiling = None if limit is None else limit - reserved
+        self.connection_cap = limits.max_connections
+        self.fd_ceiling = None
+        if limit is not None:
+            # Each connection costs a descriptor, and an evicted one keeps its own until its thread ends (the
+            # server holds at most twice the cap): the cap leaves the reserve free of what is open now. Should
+            # the filler's own work use more, the last half of the reserve is never handed to a client anyway.
+            room = limit - reserved - _open_descriptors()
+            self.connection_cap = max(1, min(limits.max_connections, room // 2))
+            self.fd_ceiling = limit - reserved // 2
 
     def _accept(self) -> tuple[socket.socket, Any]:
         return self.socket.accept()
@@ -330,7 +348,7 @@ class _Server(ThreadingMixIn, WSGIServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._lock:
-            admitted = self._admit() and (self.fd_ceiling is None or request.fileno() < self.fd_ceiling)
+            admitted = (self.fd_ceiling is None or request.fileno() < self.fd_ceiling) and self._admit()
             if admitted:
                 self._connections[request] = _Connection(request, time.monotonic())
         if not admitted:
@@ -349,7 +367,7 @@ class _Server(ThreadingMixIn, WSGIServer):
         """Under the lock: room for one more connection, made by evicting a silent one if need be."""
         if self._closing:
             return False
-        cap = self.limits.max_connections
+        cap = self.connection_cap
         live = [c for c in self._connections.values() if not c.evicted]
         if len(live) < cap:
             return True
