@@ -956,3 +956,22 @@ def test_tz_naming_what_is_no_zone_file_is_refused_without_reading_it_all(tmp_pa
     with pytest.raises(ConfigError) as info:
         load_config(["--active-hours", "Mon-Sun"], {"TZ": str(path)})
     assert_one_clean_line(str(info.value), "TZ=")
+
+
+def test_out_of_descriptors_the_heartbeat_warns_once_and_raises_nothing(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard (this held before issue 17): the loop's heartbeat, on a host out of descriptors."""
+    import errno
+
+    def no_descriptor(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    refused: list[str] = []
+    beat = health.Heartbeat(tmp_path / "heartbeat", every_s=0.0, on_refused=refused.append)
+    monkeypatch.setattr(os, "open", no_descriptor)
+    for _ in range(3):
+        beat()
+    monkeypatch.undo()
+    assert len(refused) == 1 and "Too many open files" in refused[0]
+    beat()
+    assert health.check(tmp_path / "heartbeat", 30.0)[0]  # written again once descriptors are there
