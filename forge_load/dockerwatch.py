@@ -242,8 +242,8 @@ class DockerHolds:
 
     def hold(self, container_id: str, now_unix_s: float, why: str, until_unix_s: float | None,
              rewrite: bool = False) -> bool:
-        """Place (or refresh) the container's holds, one line when that changes them; `rewrite`: write the files
-        even if they should be there already. False when it is not held for (or cannot be)."""
+        """Place (or refresh) the container's holds, one line when it was not held; `rewrite`: write the files even
+        if they should be there already. False when it is not held for (or cannot be)."""
         tracked = self.tracked.get(container_id)
         if tracked is None:
             return False
@@ -258,12 +258,12 @@ class DockerHolds:
         except HoldError as error:
             self.log(f"event=error holder={holder} container={tracked.name} cannot hold: {error}")
             return False
-        refresh = tracked.held
+        already = tracked.held  # a start after its create: the same hold, now without an end
         tracked.held, tracked.until_unix_s = True, until_unix_s
-        if not same:
+        if not already:
             until = "none" if until_unix_s is None else f"{until_unix_s:.3f}"
-            self.log(f"event={'hold_refresh' if refresh else 'hold'} holder={holder} container={tracked.name} "
-                     f"gpus={','.join(tracked.gpus)} why={why} until={until}")
+            self.log(f"event=hold holder={holder} container={tracked.name} gpus={','.join(tracked.gpus)} "
+                     f"why={why} until={until}")
         return True
 
     def release(self, container_id: str, why: str) -> None:

@@ -1,0 +1,295 @@
+"""`forge_fleet.py watch` (docs/docker-watch.md): the Docker engine's container events into holds.
+
+First the logic against fake events and a fake engine (no engine needed): what a container asks for, the holds
+that follow its life, the labels that are never held for, reconciliation, and the order of events while an
+inspect is on its way. Then with the real engine of tests/docker_support.py (tests marked `docker`): the watcher
+as a process, and a 2-GPU virtual GPU where a container running a CUDA job on GPU 1 finds GPU 1's filler drained
+before its context exists while GPU 0 keeps filling.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_fleet import fleet, run_fleet
+
+from forge_load import dockerwatch, holds
+from forge_load.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
+
+UUIDS = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111",
+         "GPU-22222222-2222-2222-2222-222222222222"]
+ID_A, ID_B, ID_C = ("a" * 64), ("b" * 64), ("c" * 64)
+
+
+def attrs(requests: list[dict[str, Any]] | None = None, runtime: str = "runc", env: list[str] | None = None,
+          created: str | None = None) -> dict[str, Any]:
+    return {"HostConfig": {"DeviceRequests": requests, "Runtime": runtime}, "Config": {"Env": env or []},
+            "Created": created}
+
+
+def gpus(*ids: str) -> dict[str, Any]:
+    return {"Driver": "", "Count": 0, "DeviceIDs": list(ids), "Capabilities": [["gpu"]], "Options": {}}
+
+
+def count(n: int) -> dict[str, Any]:
+    return {"Driver": "", "Count": n, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}
+
+
+# --- what a container asks for ------------------------------------------------------------------------------
+
+def test_device_requests_by_index_uuid_and_count() -> None:
+    assert gpu_request(attrs([gpus("1")])) == Request(ids=("1",))  # --gpus device=1, as the engine stores it
+    assert gpu_request(attrs([gpus("0", "GPU-x")])) == Request(ids=("0", "GPU-x"))
+    assert gpu_request(attrs([count(-1)])) == Request(all=True)  # --gpus all
+    counted = gpu_request(attrs([count(2)]))  # --gpus 2: which two is the engine's choice, not in the request
+    assert counted.all and "engine's choosing" in counted.notes[0]
+    assert not gpu_request(attrs(None)).any and not gpu_request(attrs([])).any and not gpu_request({}).any
+    other = {"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["tpu"]]}
+    assert not gpu_request(attrs([other])).any  # a request for something else is not a GPU
+
+
+def test_cdi_ids() -> None:
+    cdi = {"Driver": "cdi", "Count": 0, "DeviceIDs": ["nvidia.com/gpu=1", "vendor.example/fpga=0"]}
+    assert gpu_request(attrs([cdi])) == Request(ids=("1",))
+    assert gpu_request(attrs([{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=all"]}])).all
+    assert gpu_request(attrs([{"Driver": "cdi", "DeviceIDs": [f"nvidia.com/gpu={UUIDS[2]}"]}])).ids == (UUIDS[2],)
+
+
+def test_visible_devices_only_under_the_nvidia_runtime() -> None:
+    # CUDA images set NVIDIA_VISIBLE_DEVICES=all in their environment: under runc that is no GPU at all.
+    assert not gpu_request(attrs(env=["NVIDIA_VISIBLE_DEVICES=all"])).any
+    assert gpu_request(attrs(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"])).all
+    assert gpu_request(attrs(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=0,2"])).ids == ("0", "2")
+    for nothing in ("none", "void", ""):
+        assert not gpu_request(attrs(runtime="nvidia", env=[f"NVIDIA_VISIBLE_DEVICES={nothing}"])).any
+
+
+def test_resolve_indices_uuids_mig_and_unknown_ids() -> None:
+    assert resolve(Request(ids=("1", UUIDS[2].lower())), UUIDS) == ((UUIDS[1], UUIDS[2]), ())
+    assert resolve(Request(ids=("2:0",)), UUIDS)[0] == (UUIDS[2],)  # a MIG device i:j holds its GPU i
+    assert resolve(Request(all=True), UUIDS)[0] == tuple(UUIDS)
+    for unknown in ("7", "GPU-99999999-9999-9999-9999-999999999999", "MIG-0a1b"):
+        held, notes = resolve(Request(ids=("0", unknown)), UUIDS)
+        assert held == tuple(UUIDS) and "names no GPU of this host" in notes[0]  # never fill over a job
+
+
+def test_labels_never_held_for() -> None:
+    assert dockerwatch.not_held_because({"io.forge_load.role": "gpu-filler"}) is not None  # the image's label
+    assert dockerwatch.not_held_because({"io.forge_load.role": "gpu-monitor"}) is not None  # dcgm-exporter ...
+    assert dockerwatch.not_held_because({"io.forge_load.fleet": "forge_load_gpu_"}) is not None  # forge_fleet up
+    assert dockerwatch.not_held_because({"io.forge_load.role": "training"}) is None
+    assert dockerwatch.not_held_because({}) is None
+    # The labels forge_fleet.py up sets are the ones the watcher reads.
+    spec = fleet.desired(fleet.Gpu(0, UUIDS[0], "A"), _opts(), "sha256:1")
+    assert dockerwatch.not_held_because(spec["labels"]) is not None
+    assert fleet.LABEL_ROLE == dockerwatch.LABEL_ROLE and fleet.LABEL_FLEET == dockerwatch.LABEL_FLEET
+
+
+def test_created_time_of_the_engine() -> None:
+    assert dockerwatch.parse_created("2026-11-25T17:26:26.750047559Z") == pytest.approx(1795627586.750047)
+    assert dockerwatch.parse_created("2026-11-25T17:26:26Z") == 1795627586.0
+    assert dockerwatch.parse_created("") is None and dockerwatch.parse_created("soon") is None
+
+
+# --- the holds that follow a container's life -------------------------------------------------------------
+
+class Book:
+    def __init__(self, hold_dir: Path, created_hold_s: float = 60.0) -> None:
+        self.lines: list[str] = []
+        self.dir = hold_dir
+        self.holds = DockerHolds(str(hold_dir), UUIDS, self.lines.append, created_hold_s)
+
+    def on_disk(self) -> dict[tuple[str, str], holds.Hold]:
+        found, problems = holds.all_holds(str(self.dir))
+        assert problems == []
+        return {(h.gpu_uuid, h.holder): h for h in found}
+
+    def events(self, kind: str) -> list[str]:
+        return [line for line in self.lines if line.startswith(f"event={kind} ")]
+
+    def feed(self, action: str, container_id: str, now_s: float, labels: dict[str, str] | None = None,
+             asks: dict[str, Any] | None = None) -> None:
+        if action in ("create", "start") and not self.holds.known(container_id):
+            self.holds.learn(container_id, f"name_{container_id[:2]}", labels or {}, asks)
+        self.holds.event(action, container_id, f"name_{container_id[:2]}", now_s)
+
+
+def test_create_start_die_destroy(tmp_path: Path) -> None:
+    book = Book(tmp_path / "holds")
+    holder = "docker-" + ID_A[:12]
+    book.feed("create", ID_A, 1000.0, asks=attrs([gpus("1")]))
+    (hold,) = book.on_disk().values()  # held at create, before the process runs, for a bounded time
+    assert (hold.gpu_uuid, hold.holder, hold.until_unix_s) == (UUIDS[1], holder, 1060.0)
+    assert "Docker container name_aa" in hold.reason
+    book.feed("start", ID_A, 1000.2)
+    (hold,) = book.on_disk().values()
+    assert hold.until_unix_s is None and hold.since_unix_s == 1000.0  # the same hold, now without an end
+    book.holds.expire(5000.0)  # a started container's hold never runs out
+    assert len(book.on_disk()) == 1
+    book.feed("die", ID_A, 1010.0)
+    assert book.on_disk() == {}
+    book.feed("start", ID_A, 1020.0)  # restarted (a restart policy, `docker start`): held again, no lookup
+    assert book.on_disk()[(UUIDS[1], holder)].until_unix_s is None
+    book.feed("die", ID_A, 1030.0)
+    book.feed("destroy", ID_A, 1030.1)
+    assert book.on_disk() == {} and not book.holds.known(ID_A)
+    # One line per hold and per release.
+    assert len(book.events("hold")) == 2 and len(book.events("release")) == 2, book.lines
+    assert f"holder={holder}" in book.events("hold")[0] and f"gpus={UUIDS[1]}" in book.events("hold")[0]
+    assert "why=died" in book.events("release")[0]
+
+
+def test_created_and_never_started_holds_for_a_bounded_time(tmp_path: Path) -> None:
+    book = Book(tmp_path / "holds", created_hold_s=30.0)
+    book.feed("create", ID_A, 1000.0, asks=attrs([count(-1)]))
+    assert {gpu for gpu, _ in book.on_disk()} == set(UUIDS)
+    # The fillers drop it at its end by themselves, whether the watcher is there or not.
+    assert not holds.read_holds(str(book.dir), UUIDS[0], 1030.0).held
+    assert holds.read_holds(str(book.dir), UUIDS[0], 1029.9).held
+    book.holds.expire(1029.9)
+    assert len(book.on_disk()) == 3
+    book.holds.expire(1030.0)
+    assert book.on_disk() == {} and "why=never started" in book.events("release")[0]
+    book.feed("start", ID_A, 1100.0)  # started late after all: held from its start
+    assert len(book.on_disk()) == 3
+
+
+def test_ours_monitors_and_containers_without_gpus_are_never_held_for(tmp_path: Path) -> None:
+    book = Book(tmp_path / "holds")
+    book.feed("create", ID_A, 1.0, labels={"io.forge_load.role": "gpu-filler"}, asks=attrs([count(-1)]))
+    book.feed("create", ID_B, 1.0, labels={"io.forge_load.role": "gpu-monitor"}, asks=attrs([count(-1)]))
+    book.feed("create", ID_C, 1.0, asks=attrs())
+    for container_id in (ID_A, ID_B, ID_C):
+        book.feed("start", container_id, 2.0)
+    assert book.on_disk() == {} and book.lines == []
+    assert all(book.holds.known(c) for c in (ID_A, ID_B, ID_C))  # nothing to look up at their next start
+
+
+def test_reconcile_holds_what_runs_and_releases_only_our_stale_holds(tmp_path: Path) -> None:
+    book = Book(tmp_path / "holds")
+    hold_dir = str(book.dir)
+    holds.ensure_dir(hold_dir)
+    now_s = 1_800_000_000.0
+    gone = "docker-" + "d" * 12
+    holds.place(hold_dir, holds.Hold(UUIDS[0], gone, "Docker container that went", 1.0))  # the watcher was down
+    holds.place(hold_dir, holds.Hold(UUIDS[2], "slurm-42", "Slurm job 42", 1.0))  # not ours to touch
+    holds.place(hold_dir, holds.Hold(UUIDS[2], "docker-" + ID_A[:12], "its GPU changed", 1.0))
+    created = time.strftime("%Y-%m-%dT%H:%M:%S.123456789Z", time.gmtime(now_s - 10))
+    old = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s - 600))
+    book.holds.reconcile([
+        Seen(ID_A, "running", "running", {}, attrs([gpus("1")])),
+        Seen(ID_B, "fresh", "created", {}, attrs([gpus("0")], created=created)),
+        Seen(ID_C, "stale", "created", {}, attrs([gpus("0")], created=old)),
+        Seen("e" * 64, "exited", "exited", {}, {}),
+        Seen("f" * 64, "filler", "running", {"io.forge_load.role": "gpu-filler"}, {}),
+    ], now_s)
+    disk = book.on_disk()
+    assert set(disk) == {(UUIDS[1], "docker-" + ID_A[:12]), (UUIDS[0], "docker-" + ID_B[:12]),
+                         (UUIDS[2], "slurm-42")}
+    assert disk[(UUIDS[1], "docker-" + ID_A[:12])].until_unix_s is None
+    assert disk[(UUIDS[0], "docker-" + ID_B[:12])].until_unix_s == pytest.approx(now_s - 10 + 0.123456 + 60, abs=1e-3)
+    assert any(f"holder={gone}" in line and "why=reconciled" in line for line in book.events("release"))
+    # Again, after the engine came back: nothing changed, so nothing said; a container gone is released.
+    book.lines.clear()
+    book.holds.reconcile([Seen(ID_A, "running", "running", {}, attrs([gpus("1")]))], now_s + 1)
+    assert set(book.on_disk()) == {(UUIDS[1], "docker-" + ID_A[:12]), (UUIDS[2], "slurm-42")}
+    assert book.events("hold") == [] and len(book.events("release")) == 1, book.lines
+
+
+# --- the event loop: lookups without waiting on the engine ---------------------------------------------------
+
+class SlowEngine:
+    """An engine whose inspect waits until the test says (as one made on `create` can wait for the start)."""
+
+    def __init__(self, answers: dict[str, dict[str, Any]]) -> None:
+        self.answers = answers
+        self.go = threading.Event()
+        self.asked: list[str] = []
+        self.api = self
+
+    def inspect_container(self, container_id: str) -> dict[str, Any]:
+        self.asked.append(container_id)
+        self.go.wait(10)
+        return self.answers[container_id]
+
+
+def event(action: str, container_id: str, **labels: str) -> dict[str, Any]:
+    return {"Type": "container", "Action": action, "id": container_id, "timeNano": 0,
+            "Actor": {"ID": container_id, "Attributes": {"image": "busybox", "name": f"n_{container_id[:2]}",
+                                                          **labels}}}
+
+
+def engine_dir(root: Path, container_id: str, asks: dict[str, Any]) -> None:
+    where = root / container_id
+    where.mkdir(parents=True)
+    (where / "hostconfig.json").write_text(json.dumps(asks["HostConfig"]))
+    (where / "config.v2.json").write_text(json.dumps({"Config": asks["Config"], "Name": "/n",
+                                                      "Created": "2026-11-25T17:26:26.750047559Z"}))
+
+
+def test_create_reads_the_engines_files_without_asking_the_engine(tmp_path: Path) -> None:
+    book = Book(tmp_path / "holds")
+    engine = SlowEngine({})
+    engine_dir(tmp_path / "containers", ID_A, attrs([gpus("2")]))
+    watch = fleet.Watch(engine, book.holds, str(tmp_path / "containers"), book.lines.append)
+    watch.handle(event("create", ID_A))
+    assert engine.asked == [] and set(book.on_disk()) == {(UUIDS[2], "docker-" + ID_A[:12])}
+    watch.handle(event("create", ID_B, **{"io.forge_load.role": "gpu-monitor"}))  # the labels suffice
+    watch.handle(event("exec_create: sh", ID_A))
+    assert engine.asked == []
+    assert fleet.engine_files(str(tmp_path / "containers"), "../" + ID_A[3:]) is None  # ids only
+
+
+def test_an_inspect_on_its_way_holds_up_only_its_own_containers_events(tmp_path: Path) -> None:
+    book = Book(tmp_path / "holds")
+    engine = SlowEngine({ID_A: attrs([gpus("0")]), ID_B: attrs([gpus("1")])})
+    watch = fleet.Watch(engine, book.holds, None, book.lines.append)  # the engine's files out of reach
+    started = time.monotonic()
+    watch.handle(event("create", ID_A))
+    for action in ("start", "die", "destroy"):
+        watch.handle(event(action, ID_A))  # queued behind the inspect, in order
+    assert time.monotonic() - started < 1.0 and book.on_disk() == {}  # handle() never waits for it
+    engine.go.set()
+    deadline = time.monotonic() + 10
+    while ID_A in watch.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert book.on_disk() == {} and not book.holds.known(ID_A)  # held, released, forgotten: in that order
+    assert [line.split()[0] for line in book.lines] == ["event=hold", "event=release"], book.lines
+    watch.handle(event("create", ID_B))
+    while ID_B in watch.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert set(book.on_disk()) == {(UUIDS[1], "docker-" + ID_B[:12])}
+
+
+# --- the command line and `up` ----------------------------------------------------------------------------
+
+def _opts(**changes: Any) -> Any:
+    base = dict(image="forge-load:latest", prefix="forge_load_gpu_", simulate=False, target=None, env=(),
+                restart="unless-stopped", log_max_size="3m", log_max_file=3, pid_host=True)
+    base.update(changes)
+    return fleet.Options(**base)
+
+
+def test_up_mounts_the_hold_directory_read_write() -> None:
+    assert fleet.DEFAULT_HOLD_DIR == holds.DEFAULT_HOLD_DIR
+    spec = fleet.desired(fleet.Gpu(0, UUIDS[0], "A"), _opts(hold_dir="/run/forge-load/holds",
+                                                            pause_dir="/run/forge-load"), "sha256:1")
+    assert spec["volumes"] == {"/run/forge-load/holds": {"bind": "/run/forge-load/holds", "mode": "rw"},
+                               "/run/forge-load": {"bind": "/run/forge-load", "mode": "ro"}}
+    assert spec["environment"]["FORGE_HOLD_DIR"] == "/run/forge-load/holds"
+    parsed = fleet.build_parser().parse_args(["up"])
+    assert parsed.hold_dir == holds.DEFAULT_HOLD_DIR  # mounted unless told otherwise
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["--hold-dir", "relative"], "--hold-dir"),
+                                            (["--created-hold", "0"], "--created-hold")])
+def test_watch_bad_input_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
+    proc = run_fleet("watch", *args, env={"DOCKER_HOST": "unix:///nonexistent.sock"}, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"forge_fleet: {flag}=") and len(proc.stderr.strip().splitlines()) == 1
+
