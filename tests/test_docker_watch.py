@@ -10,16 +10,24 @@ before its context exists while GPU 0 keeps filling.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_support import ROOT, docker_cli, docker_client, image, remove_containers, unique_name
 from test_fleet import fleet, run_fleet
 
 from forge_load import dockerwatch, holds
 from forge_load.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
+from vgpu.pytest_plugin import VgpuFactory
+
+__all__ = ["docker_client"]  # a fixture, imported for pytest
 
 UUIDS = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111",
          "GPU-22222222-2222-2222-2222-222222222222"]
@@ -293,3 +301,140 @@ def test_watch_bad_input_is_one_line_and_exit_2(args: list[str], flag: str) -> N
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"forge_fleet: {flag}=") and len(proc.stderr.strip().splitlines()) == 1
 
+
+
+# --- with the real engine -----------------------------------------------------------------------------------
+
+BASE_IMAGE = os.environ.get("FORGE_BASE_IMAGE", "forge-base:bookworm")  # python3, nothing else (docker_engine.sh)
+DRIVER_DIR = "/usr/lib/x86_64-linux-gnu"  # where the NVIDIA toolkit mounts the driver's libraries
+DRIVER_JOB = ROOT / "tests" / "driver_job.py"
+
+
+class WatchProcess:
+    """`forge_fleet.py watch` as a process on this host (its NVML: the virtual GPU's), its lines as they come."""
+
+    def __init__(self, env: dict[str, str], hold_dir: Path, created_hold_s: float = 60.0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(fleet.__file__), "watch", "--hold-dir", str(hold_dir), "--created-hold",
+             str(created_hold_s)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait(self, *parts: str, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if all(part in line for part in parts):
+                    return line
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"no line with {parts} within {timeout_s} s:\n" + "\n".join(self.lines[-30:]))
+
+    def with_(self, *parts: str) -> list[str]:
+        return [line for line in self.lines if all(part in line for part in parts)]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+        self.reader.join(10)
+
+
+def line_time(line: str) -> float:
+    return float(line.split()[0].removeprefix("t="))
+
+
+def container_id(name: str) -> str:
+    proc = docker_cli("inspect", "--format", "{{.Id}}", name)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def names(docker_client: Any) -> Iterator[list[str]]:
+    made: list[str] = []
+    yield made
+    remove_containers(docker_client, names=made)
+
+
+@pytest.fixture
+def base_image(docker_client: Any) -> str:
+    image(docker_client, BASE_IMAGE)
+    return BASE_IMAGE
+
+
+@pytest.mark.docker
+def test_watch_on_the_engine(docker_client: Any, base_image: str, vgpu: VgpuFactory, tmp_path: Path,
+                             names: list[str]) -> None:
+    uuids = vgpu(gpus=2).uuids()
+    env = vgpu.made[0].env()
+    hold_dir = tmp_path / "holds"
+    watcher = WatchProcess(env, hold_dir, created_hold_s=3.0)
+    try:
+        watcher.wait("event=engine state=connected")
+        # A container asking for GPU 1 finds its hold there at its first instruction; released when it dies.
+        job = unique_name("job")
+        names.append(job)
+        proc = docker_cli("run", "--name", job, "--gpus", "device=1", "-v", f"{hold_dir}:/holds:ro", base_image,
+                          "ls", "/holds")
+        assert proc.returncode == 0, proc.stderr
+        holder = "docker-" + container_id(job)[:12]
+        assert proc.stdout.split() == [f"hold.{uuids[1]}.{holder}.json"], proc.stdout
+        watcher.wait(f"holder={holder}", "event=release", "why=died")
+        assert watcher.with_(f"container={job}") == watcher.with_(f"holder={holder}")
+        assert len(watcher.with_(f"holder={holder}")) == 2  # one line for the hold, one for the release
+        assert list(hold_dir.iterdir()) == []
+
+        # Ours and GPU monitors: never held for, whatever they ask.
+        for role in ("gpu-filler", "gpu-monitor"):
+            name = unique_name(role.replace("-", "_"))
+            names.append(name)
+            proc = docker_cli("run", "--name", name, "--gpus", "all", "--label", f"io.forge_load.role={role}",
+                              base_image, "true")
+            assert proc.returncode == 0, proc.stderr
+        # Created and never started: held for --created-hold, then released; started later: held again.
+        waiting = unique_name("created")
+        names.append(waiting)
+        assert docker_cli("create", "--name", waiting, "--gpus", "all", base_image, "sleep", "1").returncode == 0
+        holder = "docker-" + container_id(waiting)[:12]
+        hold = watcher.wait(f"holder={holder}", "event=hold", "why=create")
+        assert f"gpus={uuids[0]},{uuids[1]}" in hold
+        release = watcher.wait(f"holder={holder}", "event=release", "why=never started", timeout_s=15)
+        assert 2.5 < line_time(release) - line_time(hold) < 6.0
+        assert docker_cli("start", waiting).returncode == 0
+        watcher.wait(f"holder={holder}", "event=hold", "why=start")
+        watcher.wait(f"holder={holder}", "event=release", "why=died")
+        assert not [line for line in watcher.lines if "gpu_filler" in line or "gpu_monitor" in line]
+
+        # Reconciliation: the watcher killed; meanwhile one container goes, another comes.
+        gone, came = unique_name("gone"), unique_name("came")
+        names.extend([gone, came])
+        assert docker_cli("run", "-d", "--name", gone, "--gpus", "device=0", base_image, "sleep", "120").returncode == 0
+        gone_holder = "docker-" + container_id(gone)[:12]
+        watcher.wait(f"holder={gone_holder}", "event=hold")
+    finally:
+        watcher.kill()
+    assert (hold_dir / f"hold.{uuids[0]}.{gone_holder}.json").exists()
+    assert docker_cli("rm", "-f", gone).returncode == 0
+    assert docker_cli("run", "-d", "--name", came, "--gpus", "device=1", base_image, "sleep", "120").returncode == 0
+    came_holder = "docker-" + container_id(came)[:12]
+    holds.place(str(hold_dir), holds.Hold(uuids[0], "slurm-7", "Slurm job 7", time.time()))
+    watcher = WatchProcess(env, hold_dir)
+    try:
+        watcher.wait("event=engine state=connected")
+        assert watcher.with_(f"holder={gone_holder}", "event=release", "why=reconciled")
+        assert watcher.with_(f"holder={came_holder}", "event=hold", "why=reconciled")
+        assert sorted(p.name for p in hold_dir.iterdir()) == sorted(
+            [f"hold.{uuids[1]}.{came_holder}.json", f"hold.{uuids[0]}.slurm-7.json"])
+        assert docker_cli("rm", "-f", came).returncode == 0
+        watcher.wait(f"holder={came_holder}", "event=release")
+    finally:
+        watcher.kill()
+    assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[0]}.slurm-7.json"]
