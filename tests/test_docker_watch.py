@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_support import ROOT, docker_cli, docker_client, image, remove_containers, unique_name
+from docker_support import IMAGE, ROOT, docker_cli, docker_client, forge_image, image, remove_containers, unique_name
 from test_fleet import fleet, run_fleet
 
 from forge_load import dockerwatch, holds
 from forge_load.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
+from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
-__all__ = ["docker_client"]  # a fixture, imported for pytest
+__all__ = ["docker_client", "forge_image"]  # fixtures, imported for pytest
 
 UUIDS = ["GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111",
          "GPU-22222222-2222-2222-2222-222222222222"]
@@ -308,6 +311,7 @@ def test_watch_bad_input_is_one_line_and_exit_2(args: list[str], flag: str) -> N
 BASE_IMAGE = os.environ.get("FORGE_BASE_IMAGE", "forge-base:bookworm")  # python3, nothing else (docker_engine.sh)
 DRIVER_DIR = "/usr/lib/x86_64-linux-gnu"  # where the NVIDIA toolkit mounts the driver's libraries
 DRIVER_JOB = ROOT / "tests" / "driver_job.py"
+FOREIGN_JOB = ROOT / "scripts" / "foreign_job.py"
 
 
 class WatchProcess:
@@ -438,3 +442,105 @@ def test_watch_on_the_engine(docker_client: Any, base_image: str, vgpu: VgpuFact
     finally:
         watcher.kill()
     assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[0]}.slurm-7.json"]
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory the containers' users reach (pytest's tmp dirs are private): the virtual GPU, the holds."""
+    parent = Path(tempfile.mkdtemp(prefix="forge-dockerw-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    parent.chmod(0o755)
+    try:
+        yield parent
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def vgpu_args(gpu: VirtualGpu) -> list[str]:
+    lib = gpu.library_dir
+    return ["-v", f"{lib / 'libcuda.so.1'}:{DRIVER_DIR}/libcuda.so.1:ro",
+            "-v", f"{lib / 'libnvidia-ml.so.1'}:{DRIVER_DIR}/libnvidia-ml.so.1:ro",
+            "-v", f"{gpu.state_dir}:{gpu.state_dir}", "-e", f"VGPU_STATE={gpu.state_dir}",
+            "-v", f"{DRIVER_JOB}:/opt/driver_job.py:ro", "-v", f"{FOREIGN_JOB}:/opt/foreign_job.py:ro"]
+
+
+def job_lines(stdout: str) -> dict[str, dict[str, Any]]:
+    return {e["event"]: e for e in (json.loads(line) for line in stdout.splitlines() if line.startswith("{"))}
+
+
+@pytest.mark.docker
+def test_a_gpu_container_finds_its_gpus_filler_drained_before_its_context(
+        docker_client: Any, base_image: str, forge_image: Any, vgpu_lib_dir: Path, shared_dir: Path,
+        names: list[str]) -> None:
+    """One filler process on a 2-GPU virtual GPU, the watcher, and containers asking for GPU 1 (`--gpus
+    device=1`) that run CUDA jobs: the driver-API job opens its context 0.5 s after the container's first
+    instruction; scripts/foreign_job.py (numba) after its imports. For each, by the virtual GPU's record: our
+    last kernel on GPU 1 ended before the job's context creation began (the lead time, printed), none of ours
+    ran there while the container lived, and GPU 0 kept filling."""
+    gpu = VirtualGpu(shared_dir / "gpu", gpus=2, lib_dir=vgpu_lib_dir)
+    uuids = gpu.uuids()
+    hold_dir = shared_dir / "holds"
+    hold_dir.mkdir(mode=0o755)
+    env = gpu.env({k: v for k, v in os.environ.items() if not k.startswith("FORGE_")} |
+                  {"DOCKER_HOST": os.environ.get("DOCKER_HOST", ""), "FORGE_RESUME_AFTER": "2"})
+    filler_log = shared_dir / "filler.log"
+    with open(filler_log, "w") as out:
+        filler = subprocess.Popen([sys.executable, "-m", "forge_load", "--log-format", "json", "--gpus", "all",
+                                   "--target", "0.5", "--log-interval", "1", "--duration", "900", "--hold-dir",
+                                   str(hold_dir)], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    host_pidns = os.stat("/proc/self/ns/pid").st_ino
+    watcher = WatchProcess(env, hold_dir)
+
+    def ours(device: int) -> list[Kernel]:
+        return [k for k in gpu.kernels() if k.pid == filler.pid and k.pidns == host_pidns and k.device == device]
+
+    def filling(device: int, after_s: float, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(k.start > after_s for k in ours(device)):
+            assert time.monotonic() < deadline and filler.poll() is None, "\n".join(
+                [line for line in filler_log.read_text().splitlines() if '"status"' not in line][-20:])
+            time.sleep(0.2)
+
+    jobs = [("driver", 0.5)] * 4 + [("numba", None)] * 2
+    results = []
+    try:
+        filling(0, 0, 180)
+        filling(1, time.time() + 1.0, 60)
+        watcher.wait("event=engine state=connected")
+        for kind, after_s in jobs:
+            filling(1, time.time() + 0.5, 30)  # GPU 1 is filling when the container comes
+            name = unique_name(f"lead_{kind}")
+            names.append(name)
+            t0 = 'export JOB_T0=$(date +%s.%N); echo "{\\"event\\": \\"t0\\", \\"t\\": $JOB_T0}"; '
+            if kind == "driver":
+                command = [base_image, "sh", "-c",
+                           t0 + f"exec python3 /opt/driver_job.py run {uuids[1]} --after {after_s} --seconds 1"]
+            else:  # a container of our image that is not a filler says so with its role label
+                command = ["--label", "io.forge_load.role=test-job", "--entrypoint", "sh", IMAGE, "-c",
+                           t0 + f"n=$(python /opt/driver_job.py index {uuids[1]}) && exec python "
+                           "/opt/foreign_job.py --backend numba --gpu $n --seconds 2"]
+            proc = docker_cli("run", "--name", name, "--gpus", "device=1", *vgpu_args(gpu), *command, timeout=300)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+            holder = "docker-" + container_id(name)[:12]
+            hold = watcher.wait(f"holder={holder}", "event=hold")
+            release = watcher.wait(f"holder={holder}", "event=release", "why=died")
+            assert f"gpus={uuids[1]} " in hold, hold
+            lines = job_lines(proc.stdout)
+            begin_s = lines["context"]["wall_time_begin"]
+            before = [k for k in ours(1) if k.start < begin_s]
+            lead_s = begin_s - max(k.end for k in before)
+            during = [k.start - begin_s for k in ours(1) if begin_s <= k.start <= line_time(release)]
+            gpu0 = [k for k in ours(0) if begin_s <= k.start <= line_time(release)]
+            results.append((kind, begin_s - lines["t0"]["t"], line_time(hold) - lines["t0"]["t"], lead_s,
+                            len(gpu0)))
+            assert lead_s > 0, (kind, lead_s)
+            assert not during, f"our kernels started {during[:5]} s after the job's context began, on its GPU"
+            assert gpu0, "GPU 0 stopped filling"
+        assert not [line for line in watcher.lines if "event=error" in line], watcher.lines
+    finally:
+        watcher.kill()
+        filler.terminate()
+        filler.wait(60)
+    print("\ncontainer  context_after_first_instruction_s  hold_after_first_instruction_s  lead_time_s  "
+          "gpu0_kernels_meanwhile   (virtual GPU, this machine)")
+    for kind, context_s, hold_s, lead_s, gpu0_count in results:
+        print(f"{kind:<9}  {context_s:>33.3f}  {hold_s:>30.3f}  {lead_s:>11.3f}  {gpu0_count:>22}")
