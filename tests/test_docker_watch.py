@@ -368,7 +368,7 @@ def names(docker_client: Any) -> Iterator[list[str]]:
     remove_containers(docker_client, names=made)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def base_image(docker_client: Any) -> str:
     image(docker_client, BASE_IMAGE)
     return BASE_IMAGE
@@ -442,6 +442,62 @@ def test_watch_on_the_engine(docker_client: Any, base_image: str, vgpu: VgpuFact
     finally:
         watcher.kill()
     assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[0]}.slurm-7.json"]
+
+
+WATCH_IMAGE = "forge-load-watch:test"
+
+
+@pytest.fixture(scope="session")
+def watch_image(docker_client: Any, base_image: str) -> str:
+    """deploy/docker-watch/Dockerfile, built on the test engine's base image (as docker_engine.sh builds ours)."""
+    args = ["build", "-q", "--network", "host", "--build-arg", f"BASE_IMAGE={base_image}", "-f",
+            str(ROOT / "deploy" / "docker-watch" / "Dockerfile"), "-t", WATCH_IMAGE, str(ROOT)]
+    if os.path.exists("/etc/ssl/certs/ca-certificates.crt"):
+        args[1:1] = ["--build-arg", "PIP_CERT=/etc/ssl/certs/ca-certificates.crt"]
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return WATCH_IMAGE
+
+
+@pytest.mark.docker
+def test_watch_in_a_container(docker_client: Any, base_image: str, watch_image: str, vgpu_lib_dir: Path,
+                              shared_dir: Path, names: list[str]) -> None:
+    """The image of deploy/docker-watch with the socket, the hold directory and the engine's container files
+    mounted (NVML: the virtual GPU's library and state): a container asking for GPU 1 finds its hold at its
+    first instruction, read from the engine's files (no inspect)."""
+    gpu = VirtualGpu(shared_dir / "gpu", gpus=2, lib_dir=vgpu_lib_dir)
+    uuids = gpu.uuids()
+    hold_dir = shared_dir / "holds"
+    socket = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+    containers_dir = os.path.join(docker_client.info()["DockerRootDir"], "containers")
+    watch = unique_name("watch")
+    names.append(watch)
+    proc = docker_cli("run", "-d", "--name", watch, "-v", f"{socket}:/var/run/docker.sock",
+                      "-v", f"{hold_dir}:{hold_dir}", "-v", f"{containers_dir}:{containers_dir}:ro",
+                      "-v", f"{gpu.library_dir / 'libnvidia-ml.so.1'}:{DRIVER_DIR}/libnvidia-ml.so.1:ro",
+                      "-v", f"{gpu.state_dir}:{gpu.state_dir}", "-e", f"VGPU_STATE={gpu.state_dir}",
+                      watch_image, "--hold-dir", str(hold_dir))
+    assert proc.returncode == 0, proc.stderr
+
+    def logs() -> str:
+        return docker_cli("logs", watch).stdout
+
+    deadline = time.monotonic() + 60
+    while "state=connected" not in logs():
+        assert time.monotonic() < deadline, logs() + docker_cli("logs", watch).stderr
+        time.sleep(0.2)
+    assert f"gpus={uuids[0]},{uuids[1]}" in logs() and "cannot be read here" not in logs(), logs()
+    job = unique_name("job")
+    names.append(job)
+    proc = docker_cli("run", "--name", job, "--gpus", "device=1", "-v", f"{hold_dir}:/holds:ro", base_image,
+                      "ls", "/holds")
+    holder = "docker-" + container_id(job)[:12]
+    assert proc.stdout.split() == [f"hold.{uuids[1]}.{holder}.json"], proc.stdout + logs()
+    while f"event=release holder={holder}" not in logs():
+        assert time.monotonic() < deadline, logs()
+        time.sleep(0.2)
+    assert list(hold_dir.iterdir()) == []
 
 
 @pytest.fixture
