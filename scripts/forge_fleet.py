@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -472,8 +473,10 @@ class Watch:
         self.pending: dict[str, list[tuple[str, str, float, dict[str, str]]]] = {}
 
     def handle(self, event: dict[str, Any]) -> None:
+        from forge_load.dockerwatch import EVENTS
+
         action = str(event.get("Action") or event.get("status") or "")
-        if event.get("Type", "container") != "container" or action not in ("create", "start", "die", "destroy"):
+        if event.get("Type", "container") != "container" or action not in EVENTS:
             return
         actor = event.get("Actor") or {}
         container_id = str(actor.get("ID") or event.get("id") or "")
@@ -546,9 +549,13 @@ def containers_dir_of(client: Any, log: Any) -> str | None:
     return where
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_watch(args: argparse.Namespace, out: Any) -> int:
     from forge_load import holdcmd
-    from forge_load.dockerwatch import DockerHolds
+    from forge_load.dockerwatch import EVENTS, DockerHolds
 
     try:
         hold_dir = holdcmd.hold_dir_of(args.hold_dir, os.environ)
@@ -572,6 +579,9 @@ def cmd_watch(args: argparse.Namespace, out: Any) -> int:
     stop = threading.Event()
     watch: Watch | None = None
     failures = 0
+    lost = False
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             try:
@@ -582,10 +592,12 @@ def cmd_watch(args: argparse.Namespace, out: Any) -> int:
                 watch.client = client
                 since = time.time()
                 # The stream first, then the list: what happens while we list comes in the stream.
-                stream = client.events(decode=True, filters={"type": "container"}, since=f"{since:.9f}")
+                stream = client.events(decode=True, since=f"{since:.9f}",
+                                       filters={"type": "container", "event": list(EVENTS)})
                 watch.reconcile()
                 failures = 0
                 log("event=engine state=connected")
+                lost = False
                 for event in stream:
                     watch.handle(event)
                 raise FleetError("the engine closed the event stream")
@@ -594,9 +606,14 @@ def cmd_watch(args: argparse.Namespace, out: Any) -> int:
             except Exception as error:  # noqa: BLE001 - the engine gone, restarted, refusing: say so, retry
                 wait_s = ENGINE_RETRY_S[min(failures, len(ENGINE_RETRY_S) - 1)]
                 failures += 1
-                log(f"event=engine state=lost error={_short(error)!r} retry_in_s={wait_s:g} "
-                    "(holds stay until the engine says what runs)")
+                if not lost:  # one line per outage; the next `connected` line ends it
+                    log(f"event=engine state=lost error={_short(error)!r} (holds stay until the engine says what "
+                        "runs; trying again every few seconds)")
+                lost = True
                 time.sleep(wait_s)
+    except KeyboardInterrupt:  # SIGINT, or SIGTERM (docker stop)
+        log("event=stop holds stay as they are: the next `watch` reconciles them with what runs")
+        return 0
     finally:
         stop.set()
 

@@ -9,6 +9,7 @@ before its context exists while GPU 0 keeps filling.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -277,6 +278,60 @@ def test_an_inspect_on_its_way_holds_up_only_its_own_containers_events(tmp_path:
     assert set(book.on_disk()) == {(UUIDS[1], "docker-" + ID_B[:12])}
 
 
+class FakeEngine:
+    """An engine for `watch` itself: the containers it lists, the events it sends, then the end it comes to."""
+
+    def __init__(self, root: Path, running: list[str], events: list[dict[str, Any]], end: BaseException) -> None:
+        self.root, self.running, self.sent, self.end = root, running, events, end
+        self.api = self
+        self.since: str | None = None
+
+    def info(self) -> dict[str, str]:
+        return {"DockerRootDir": str(self.root)}
+
+    def containers(self, all: bool) -> list[dict[str, Any]]:  # noqa: A002 - the SDK's name
+        return [{"Id": c, "Names": [f"/n_{c[:2]}"], "State": "running", "Labels": {}} for c in self.running]
+
+    def inspect_container(self, container_id: str) -> dict[str, Any]:
+        raise AssertionError("the engine's files are there: no inspect")
+
+    def events(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        self.since = kwargs["since"]
+        assert kwargs["filters"] == {"type": "container", "event": list(dockerwatch.EVENTS)}
+        yield from self.sent
+        raise self.end
+
+
+def test_the_engine_lost_and_back_reconciles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container created and started; the engine goes (one line) and comes back without it: its hold goes."""
+    engine_dir(tmp_path / "containers", ID_A, attrs([gpus("0")]))
+    engines = [FakeEngine(tmp_path, [], [event("create", ID_A), event("start", ID_A)], ConnectionError("gone")),
+               FakeEngine(tmp_path, [], [], ConnectionError("still gone")),
+               FakeEngine(tmp_path, [], [], KeyboardInterrupt())]
+    refusals = [RuntimeError("refused")] * 2
+
+    def connect() -> FakeEngine:
+        if len(engines) == 2 and refusals:
+            raise refusals.pop()
+        return engines.pop(0)
+
+    monkeypatch.setattr(fleet, "connect", connect)
+    monkeypatch.setattr(fleet, "ENGINE_RETRY_S", (0.0,))
+    monkeypatch.setattr("forge_load.holdcmd.host_uuids", lambda: UUIDS)
+    out = io.StringIO()
+    args = fleet.build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
+    assert fleet.cmd_watch(args, out) == 0
+    lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
+    events = [line.split()[0] for line in lines]
+    # One line per outage (the two refused connections say nothing more), the reconciliation's release before
+    # the `connected` line.
+    assert events == ["event=watch", "event=engine", "event=hold", "event=engine", "event=release",
+                      "event=engine", "event=engine", "event=engine", "event=stop"], lines
+    assert lines[3].startswith("event=engine state=lost error='gone'") and "why=gone" in lines[4]
+    assert lines[5] == "event=engine state=connected" and "still gone" in lines[6]
+    assert list((tmp_path / "holds").iterdir()) == []
+
+
 # --- the command line and `up` ----------------------------------------------------------------------------
 
 def _opts(**changes: Any) -> Any:
@@ -439,6 +494,9 @@ def test_watch_on_the_engine(docker_client: Any, base_image: str, vgpu: VgpuFact
             [f"hold.{uuids[1]}.{came_holder}.json", f"hold.{uuids[0]}.slurm-7.json"])
         assert docker_cli("rm", "-f", came).returncode == 0
         watcher.wait(f"holder={came_holder}", "event=release")
+        watcher.proc.terminate()  # as `docker stop` does: a line, exit 0
+        assert watcher.proc.wait(30) == 0
+        watcher.wait("event=stop holds stay as they are")
     finally:
         watcher.kill()
     assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[0]}.slurm-7.json"]
