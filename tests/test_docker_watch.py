@@ -23,7 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_support import IMAGE, ROOT, docker_cli, docker_client, forge_image, image, remove_containers, unique_name
+from docker_support import (
+    IMAGE,
+    ROOT,
+    _unavailable,
+    docker_cli,
+    docker_client,
+    forge_image,
+    image,
+    remove_containers,
+    unique_name,
+)
 from test_fleet import fleet, run_fleet
 
 from forge_load import dockerwatch, holds
@@ -425,7 +435,13 @@ def names(docker_client: Any) -> Iterator[list[str]]:
 
 @pytest.fixture(scope="session")
 def base_image(docker_client: Any) -> str:
+    """The base image, on an engine where `docker run --gpus` runs (its `nvidia` driver registered)."""
     image(docker_client, BASE_IMAGE)
+    proc = docker_cli("run", "--rm", "--gpus", "device=0", BASE_IMAGE, "true")
+    if proc.returncode != 0:
+        _unavailable(f"`docker run --gpus device=0` fails on this engine ({proc.stderr.strip()[-200:]}): an engine "
+                     "started before scripts/docker_engine.sh put its stand-in nvidia-container-runtime-hook on "
+                     "dockerd's PATH? Restart it: scripts/docker_engine.sh stop, then start")
     return BASE_IMAGE
 
 
