@@ -191,7 +191,7 @@ class DockerHolds:
     """The holds of the containers on one engine, kept in `hold_dir` through forge_load.holds.
 
     `log(line)` gets one line per hold (all GPUs of one container) and per release, and one per problem.
-    Lookups (`attrs_of`) are the caller's: from the engine's own files, or an inspect."""
+    What a container asks for is the caller's to look up (`learn`): from the engine's own files, or an inspect."""
 
     def __init__(self, hold_dir: str, host_uuids: Sequence[str], log: Callable[[str], None],
                  created_hold_s: float = DEFAULT_CREATED_HOLD_S) -> None:
@@ -219,14 +219,14 @@ class DockerHolds:
             self.no_gpu.add(container_id)
             return None
         gpus, notes = resolve(request, self.host_uuids)
-        for note in notes:
-            self.log(f"event=note holder={holder_of(container_id)} container={name} {note}")
-        if not gpus:
+        if not gpus:  # a host without GPUs
             self.no_gpu.add(container_id)
             return None
         known = self.tracked.get(container_id)
         if known is not None and known.gpus == gpus:
             return known
+        for note in notes:  # once per container
+            self.log(f"event=note holder={holder_of(container_id)} container={name} {note}")
         tracked = Tracked(container_id, name, gpus)
         self.tracked[container_id] = tracked
         return tracked
@@ -282,11 +282,8 @@ class DockerHolds:
 
     # --- the engine's events -------------------------------------------------------------------------
 
-    def event(self, action: str, container_id: str, name: str, now_unix_s: float,
-              labels: Mapping[str, str] | None = None, attrs: Mapping[str, Any] | None = None) -> None:
-        """One container event, after the caller learned what the container asks for (see `learn`)."""
-        if action in ("create", "start") and labels is not None and not self.known(container_id):
-            self.learn(container_id, name, labels, attrs)
+    def event(self, action: str, container_id: str, name: str, now_unix_s: float) -> None:
+        """One container event, after the caller learned what the container asks for (`learn`)."""
         if action == "create":
             self.hold(container_id, now_unix_s, "create", now_unix_s + self.created_hold_s)
         elif action == "start":

@@ -223,6 +223,14 @@ def test_reconcile_holds_what_runs_and_releases_only_our_stale_holds(tmp_path: P
     assert book.events("hold") == [] and len(book.events("release")) == 1, book.lines
 
 
+def test_a_note_once_per_container(tmp_path: Path) -> None:
+    book = Book(tmp_path / "holds")
+    for now_s in (1.0, 2.0):  # reconciled again after the engine came back
+        book.holds.reconcile([Seen(ID_A, "counted", "running", {}, attrs([count(2)]))], now_s)
+    assert len(book.events("note")) == 1 and len(book.events("hold")) == 1, book.lines
+    assert {gpu for gpu, _ in book.on_disk()} == set(UUIDS)
+
+
 # --- the event loop: lookups without waiting on the engine ---------------------------------------------------
 
 class SlowEngine:
