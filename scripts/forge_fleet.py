@@ -522,13 +522,21 @@ class Watch:
             labels = {str(k): str(v) for k, v in (row.get("Labels") or {}).items()}
             status = str(row.get("State", ""))
             name = str((row.get("Names") or [f"/{container_id[:12]}"])[0]).lstrip("/")
-            attrs: dict[str, Any] = {}
+            attrs: dict[str, Any] | None = {}
             if not_held_because(labels) is None and status in ("running", "paused", "restarting", "created"):
-                attrs = engine_files(self.containers_dir, container_id) or self.client.api.inspect_container(
-                    container_id)
-            seen.append(Seen(container_id, name, status, labels, attrs))
+                attrs = engine_files(self.containers_dir, container_id) or self._inspect_or_none(container_id)
+            if attrs is not None:  # None: removed since it was listed
+                seen.append(Seen(container_id, name, status, labels, attrs))
         with self.lock:
             self.holds.reconcile(seen, time.time())
+
+    def _inspect_or_none(self, container_id: str) -> dict[str, Any] | None:
+        from docker.errors import NotFound
+
+        try:
+            return dict(self.client.api.inspect_container(container_id))
+        except NotFound:
+            return None
 
     def expire_forever(self, stop: threading.Event) -> None:
         while not stop.wait(EXPIRE_EVERY_S):

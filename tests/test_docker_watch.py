@@ -350,6 +350,19 @@ def test_the_engine_lost_and_back_reconciles(tmp_path: Path, monkeypatch: pytest
     assert list((tmp_path / "holds").iterdir()) == []
 
 
+def test_a_container_removed_while_listed_is_not_an_engine_failure(tmp_path: Path) -> None:
+    from docker.errors import NotFound
+
+    class Removed(FakeEngine):
+        def inspect_container(self, container_id: str) -> dict[str, Any]:
+            raise NotFound(f"No such container: {container_id}")
+
+    book = Book(tmp_path / "holds")
+    watch = fleet.Watch(Removed(tmp_path, [ID_B], [], KeyboardInterrupt()), book.holds, None, book.lines.append)
+    watch.reconcile()  # listed, then gone before its inspect: nothing to hold, and no exception
+    assert book.on_disk() == {} and book.lines == []
+
+
 # --- the command line and `up` ----------------------------------------------------------------------------
 
 def _opts(**changes: Any) -> Any:
