@@ -47,12 +47,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = os.environ.get("FORGE_IMAGE", "forge-load:latest")
 DEFAULT_PREFIX = "forge_load_gpu_"
+DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.holds.DEFAULT_HOLD_DIR (tests/test_fleet.py checks)
 LABEL_FLEET = "io.forge_load.fleet"  # value: the name prefix; marks a container as ours
 LABEL_GPU_INDEX = "io.forge_load.gpu.index"
 LABEL_GPU_UUID = "io.forge_load.gpu.uuid"
 LABEL_SPEC = "io.forge_load.spec"  # hash of everything `up` asked for; equal hash = nothing to change
 LABEL_ROLE = "io.forge_load.role"  # what the container is, as the image says too: a GPU filler
-DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.holds.DEFAULT_HOLD_DIR (checked by the tests)
 ROLE = "gpu-filler"
 STOP_TIMEOUT_S = 10
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -166,7 +166,7 @@ class Options:
     log_max_file: int
     pid_host: bool
     pause_dir: str | None = None  # a host directory, mounted read-only at the same path: DIR/pause pauses
-    hold_dir: str | None = None  # the host's hold directory, mounted read-write at the same path (FORGE_HOLD_DIR)
+    hold_dir: str | None = None  # the host's hold directory, mounted read-write at the same path (docs/holds.md)
 
 
 def container_name(prefix: str, index: int) -> str:
@@ -290,15 +290,13 @@ def cmd_up(args: argparse.Namespace, out: Any) -> int:
     opts = Options(image=args.image, prefix=args.prefix, simulate=args.simulate, target=args.target,
                    env=parse_env(args.env), restart=args.restart, log_max_size=args.log_max_size,
                    log_max_file=args.log_max_file, pid_host=args.pid_host, pause_dir=args.pause_dir,
-                   hold_dir=args.hold_dir or None)
+                   hold_dir=None if args.hold_dir == "none" else args.hold_dir)
     if opts.pause_dir is not None and not opts.pause_dir.startswith("/"):
         raise FleetError(f"--pause-dir {opts.pause_dir!r}: expected an absolute path on the host, such as "
                          "/run/forge-load")
-    if opts.hold_dir is not None:
-        if not opts.hold_dir.startswith("/"):
-            raise SettingsError(f"--hold-dir={opts.hold_dir!r}: expected an absolute path on the host, such as "
-                                f"{DEFAULT_HOLD_DIR}, or '' for none")
-        make_hold_dir(opts.hold_dir)
+    if opts.hold_dir is not None and not opts.hold_dir.startswith("/"):
+        raise FleetError(f"--hold-dir {opts.hold_dir!r}: expected an absolute path on the host, such as "
+                         f"{DEFAULT_HOLD_DIR}, or none")
     for warning in check_settings(opts):
         say(f"forge_fleet: {warning}")
     client = connect()
@@ -417,16 +415,6 @@ def cmd_logs(args: argparse.Namespace, out: Any) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def make_hold_dir(hold_dir: str) -> None:
-    """The hold directory on the host, made (0755) where missing, so that Docker does not make it as root 0700."""
-    from forge_load.holds import HoldError, ensure_dir
-
-    try:
-        ensure_dir(hold_dir)
-    except HoldError as error:
-        raise FleetError(f"--hold-dir: {error}") from None
 
 
 # --- watch: holds for the containers that ask for GPUs (docs/docker-watch.md) ---------------------------------
@@ -654,10 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pause-dir", metavar="DIR",
                     help="a host directory mounted read-only into every container: the fillers pause while "
                          "DIR/pause exists (FORGE_PAUSE_FILE), e.g. written by a scheduler's prolog")
-    up.add_argument("--hold-dir", default=DEFAULT_HOLD_DIR, metavar="DIR",
-                    help=f"the host's hold directory, mounted read-write into every container as FORGE_HOLD_DIR "
-                         f"(default {DEFAULT_HOLD_DIR}; created if missing; '' for none): `forge-load hold` and "
-                         "`forge_fleet.py watch` on the host then reach the fillers")
+    up.add_argument("--hold-dir", metavar="DIR", default=DEFAULT_HOLD_DIR,
+                    help="the host's hold directory (`forge-load hold`, docs/holds.md), mounted read-write into "
+                         f"every container; none: not mounted (default {DEFAULT_HOLD_DIR})")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", parents=[common], help="stop and remove the containers")

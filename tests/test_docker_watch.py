@@ -372,17 +372,6 @@ def _opts(**changes: Any) -> Any:
     return fleet.Options(**base)
 
 
-def test_up_mounts_the_hold_directory_read_write() -> None:
-    assert fleet.DEFAULT_HOLD_DIR == holds.DEFAULT_HOLD_DIR
-    spec = fleet.desired(fleet.Gpu(0, UUIDS[0], "A"), _opts(hold_dir="/run/forge-load/holds",
-                                                            pause_dir="/run/forge-load"), "sha256:1")
-    assert spec["volumes"] == {"/run/forge-load/holds": {"bind": "/run/forge-load/holds", "mode": "rw"},
-                               "/run/forge-load": {"bind": "/run/forge-load", "mode": "ro"}}
-    assert spec["environment"]["FORGE_HOLD_DIR"] == "/run/forge-load/holds"
-    parsed = fleet.build_parser().parse_args(["up"])
-    assert parsed.hold_dir == holds.DEFAULT_HOLD_DIR  # mounted unless told otherwise
-
-
 @pytest.mark.parametrize(("args", "flag"), [(["--hold-dir", "relative"], "--hold-dir"),
                                             (["--created-hold", "0"], "--created-hold")])
 def test_watch_bad_input_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
