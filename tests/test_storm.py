@@ -3,7 +3,7 @@ our busy share over any second stays within the plan's duty (under the power cap
 at once.
 
 The storms: SIGUSR1/SIGUSR2 by turns every 10 ms; a hold placed and released by turns at every 10-ms poll; the
-signal storm again under FORGE_MAX_POWER_W."""
+signal storm again under FORGE_MAX_POWER_W; short jobs resumed from 50 ms after each."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from forge_load import holds
-from forge_load.app import Controls, Runtime, log_start, open_simulated
+from forge_load.app import Controls, log_start, open_simulated
 from forge_load.config import load_config
 from forge_load.pause import PauseSwitch
 from forge_load.sim import IDLE_POWER_W, MAX_POWER_W, SimGpu
 from forge_load.worker import QUEUE_S
+from tests.simrun import simulate
 
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0
 STEP_S = 0.01
@@ -47,14 +48,13 @@ class Storm:
         return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * self.peak_share()
 
 
-def storm(flags: str, env: dict[str, str], toggle: Callable[[Runtime, int], None]) -> Storm:
-    """Step the loop every 10 ms for STORM_S; `toggle(rt, i)` stops filling at odd steps, starts at even ones.
+def storm(flags: str, env: dict[str, str], toggle: Callable[[PauseSwitch, int], None]) -> Storm:
+    """Step the loop every 10 ms for STORM_S; `toggle(switch, i)` stops filling at odd steps, starts at even ones.
     At each step that stopped filling: no launch, and what was queued ends within QUEUE_S."""
     config = load_config(f"--simulate --log-format json --log-interval 5 {flags}".split(), env)
     switch = PauseSwitch()
     run = open_simulated(config, io.StringIO(), keep_history=True, controls=Controls(switch), wall_start_s=0.0)
     rt, clock = run.runtime, run.clock
-    rt.switch = switch  # type: ignore[attr-defined]
     log_start(rt, {})
     monitor_due_s = rt.monitor.step(0.0)
     most_duty, stops = 0.0, 0
@@ -63,7 +63,7 @@ def storm(flags: str, env: dict[str, str], toggle: Callable[[Runtime, int], None
         clock.advance_to(now_s)
         if monitor_due_s <= now_s:
             monitor_due_s = rt.monitor.step(now_s)
-        toggle(rt, i)
+        toggle(switch, i)
         launched = len(run.gpu._ends)
         rt.filler.step(now_s)
         most_duty = max(most_duty, rt.worker.plan.duty_ratio)
@@ -74,8 +74,7 @@ def storm(flags: str, env: dict[str, str], toggle: Callable[[Runtime, int], None
     return Storm(run.gpu, most_duty, stops)
 
 
-def signals(rt: Runtime, i: int) -> None:
-    switch: PauseSwitch = rt.switch  # type: ignore[attr-defined]
+def signals(switch: PauseSwitch, i: int) -> None:
     switch.set(i % 2 == 1, "SIGUSR1" if i % 2 == 1 else "SIGUSR2")
 
 
@@ -90,7 +89,7 @@ def test_a_signal_storm_never_runs_more_than_the_duty(target: float) -> None:
 
 
 def test_a_hold_release_storm_never_runs_more_than_the_duty(tmp_path: Path) -> None:
-    def hold(rt: Runtime, i: int) -> None:
+    def hold(_switch: PauseSwitch, i: int) -> None:
         if i % 2 == 1:
             holds.place(str(tmp_path), holds.Hold(UUID, "slurm-42", "job 42", i * STEP_S))
         else:
@@ -105,4 +104,15 @@ def test_a_hold_release_storm_never_runs_more_than_the_duty(tmp_path: Path) -> N
 def test_a_power_capped_signal_storm_stays_under_the_cap() -> None:
     s = storm("--target 0.8", {"FORGE_MAX_POWER_W": "400"}, signals)
     assert 0 < s.most_duty < 0.8  # the cap's limit, not the target, sets the duty
+    assert s.peak_share() <= s.most_duty + 0.01, (s.peak_share(), s.most_duty)
     assert s.peak_power_w() <= 400.0, s.peak_power_w()
+
+
+def test_a_storm_of_short_yields_never_runs_more_than_the_target() -> None:
+    """Thirty 50-ms jobs 0.3 s apart, seen at 10-ms polls and resumed from 50 ms after each: every resume is a
+    start."""
+    jobs = ",".join(f"{2 + 0.3 * k:.2f}-{2.05 + 0.3 * k:.2f}" for k in range(30))
+    s = simulate(f"--duration 14 --target 0.5 --poll-interval 0.01 --resume-after 0.05 --sim-foreign {jobs}")
+    assert len(s.of("yield")) == 30
+    peak = max(s.run.gpu.own_busy_s(i * STEP_S, i * STEP_S + 1.0) for i in range(150, 1200))
+    assert peak <= 0.5 + 0.01, peak
