@@ -140,7 +140,9 @@ class Worker:
     sleeps until the next period. A period that divides NVML's sample window gives every window the same
     busy share. At most `queue_s` of work is queued at once (a longer burst is queued in parts), so a stop
     or a yield takes effect within `queue_s`. A new target applies at once; the integral's small steps
-    wait for the next period.
+    wait for the next period. Filling again after a stop waits for the grid's next burst (at once if the stop
+    outlasted it): a burst at every start would pile up under a storm of pauses, since what is queued outlasts
+    a short one.
 
     `launch_s` is the measured length of one kernel at `plan.multiplier` (what the controller sizes it by):
     the Worker learns the seconds per block per SM, which holds whatever the multiplier.
@@ -159,9 +161,7 @@ class Worker:
         self._ema_weight = ema_weight
         self._owed_s = 0.0
         self._next_burst_s = float("-inf")
-        # Stopped since the last burst: filling again waits for the grid's next burst (not a fresh burst at each
-        # start, which a storm of pauses would pile up), and bursts then, starting the grid afresh.
-        self._stopped = False
+        self._stopped = False  # a stop since the last burst: the next one starts the grid afresh
         self._in_burst = False  # the period's burst is still being queued (it was longer than queue_s)
         self._retarget_from: float | None = None  # the duty before a new target, until the next step
         self._gap_until_s = float("-inf")
