@@ -1,0 +1,65 @@
+"""The child process of exclusive compute mode (exclusive.py): the ordinary filler of one GPU, whose CUDA context
+lives and dies with this process. Started by the supervisor as `python -m forge_load.exclusive_child`, with the
+config pickled on stdin."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+from typing import IO, TextIO
+
+from forge_load import app
+from forge_load.backend import NvidiaBackend
+from forge_load.config import Config
+from forge_load.policy import FILLING_STATES
+from forge_load.status import GpuSlot
+
+
+def child_main(stdin: IO[bytes], out: TextIO) -> int:
+    """The child: the ordinary filler of one GPU, which ends when asked (SIGTERM), when its filler stops filling,
+    or when the supervisor is gone (EOF on stdin)."""
+    config = pickle.load(stdin)
+    if not isinstance(config, Config):
+        raise TypeError(f"the supervisor sent {type(config).__name__}, not a Config")
+    stop, wake = threading.Event(), threading.Event()
+
+    def asked(signum: int, _frame: object) -> None:
+        app.request_stop(stop, wake, f"asked to end by the supervisor ({signal.Signals(signum).name})")
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, asked)
+
+    def orphaned() -> None:
+        with contextlib.suppress(OSError):
+            stdin.read()
+        app.request_stop(stop, wake, "the supervisor is gone")
+
+    threading.Thread(target=orphaned, name="supervisor", daemon=True).start()
+    started: list[app.Runtime] = []
+
+    def not_filling() -> None:
+        if started and started[0].filler.state not in FILLING_STATES:
+            state = started[0].filler.state.value
+            app.request_stop(stop, wake, f"{state} in exclusive compute mode: ends, so that its context goes too")
+
+    slot = GpuSlot(config.gpu)
+    app.run_gpu(config, NvidiaBackend(), slot, out, stop, wake, heartbeat=lambda: None,
+                on_start=lambda _slot, rt: started.append(rt), controls=app.Controls(on_transition=not_filling),
+                supervise=False)
+    return slot.exit_code if slot.status == "failed" else 0
+
+
+if __name__ == "__main__":
+    code = 1
+    try:
+        code = child_main(sys.stdin.buffer, sys.stdout)
+    except Exception as error:  # noqa: BLE001 - one line in docker logs, not a traceback
+        print(f"forge-load: exclusive-mode child: internal error, please report: {type(error).__name__}: {error}",
+              file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os._exit(code)  # as forge_load.cli: everything is logged and the context closed; skip numba's teardown
