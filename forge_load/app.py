@@ -107,7 +107,8 @@ def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], floa
 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     """The first poll happens before any launch, so a foreign job already there is seen first."""
-    wall_start_s = time.time() - (rt.now() - rt.start_s)  # the unix time of t=0, for lining logs up
+    # the unix time of t=0, for lining logs up (t=0 is a parent's start where the log is offset to its timeline)
+    wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):

@@ -77,11 +77,13 @@ class Child(Protocol):
 
 
 class ChildProcess:
-    """`python -m forge_load.exclusive_child` with the config pickled on its stdin; stdin stays open, so the child sees
+    """`python -m forge_load.exclusive_child` with the config and the supervisor's start (time.monotonic(), which is
+    the system's: the child logs on the same timeline) pickled on its stdin; stdin stays open, so the child sees
     EOF (and ends) when this process dies, whatever killed it."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, start_s: float) -> None:
         self.config = config
+        self.start_s = start_s
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> int:
@@ -89,7 +91,7 @@ class ChildProcess:
         stdin = proc.stdin
         assert stdin is not None
         try:
-            pickle.dump(self.config, stdin)
+            pickle.dump((self.config, self.start_s), stdin)
             stdin.flush()
         except OSError:
             pass  # it died at once: poll() says so
@@ -295,8 +297,9 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
                     "it fills, and ends on a hold, a pause or a foreign job")
-    sup = Supervisor(info, probe, child or ChildProcess(child_config(config, info)), HoldWatch(hold_dir, info.uuid),
-                     log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s)
+    child = child or ChildProcess(child_config(config, info), start_s)
+    sup = Supervisor(info, probe, child, HoldWatch(hold_dir, info.uuid), log, pauses, config.resume_after_s,
+                     config.foreign_mem_mib, start_s)
     attach(sup.status)
     try:
         while not stop.is_set() and time.monotonic() < end_s:

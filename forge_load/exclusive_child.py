@@ -22,9 +22,9 @@ from forge_load.status import GpuSlot
 def child_main(stdin: IO[bytes], out: TextIO) -> int:
     """The child: the ordinary filler of one GPU, which ends when asked (SIGTERM), when its filler stops filling,
     or when the supervisor is gone (EOF on stdin)."""
-    config = pickle.load(stdin)
-    if not isinstance(config, Config):
-        raise TypeError(f"the supervisor sent {type(config).__name__}, not a Config")
+    config, parent_start_s = pickle.load(stdin)
+    if not isinstance(config, Config) or not isinstance(parent_start_s, float):
+        raise TypeError("the supervisor sent something other than (Config, its start time)")
     stop, wake = threading.Event(), threading.Event()
 
     def asked(signum: int, _frame: object) -> None:
@@ -46,10 +46,13 @@ def child_main(stdin: IO[bytes], out: TextIO) -> int:
             state = started[0].filler.state.value
             app.request_stop(stop, wake, f"{state} in exclusive compute mode: ends, so that its context goes too")
 
+    def on_start(_slot: GpuSlot, rt: app.Runtime) -> None:
+        rt.log.t_offset_s = rt.start_s - parent_start_s  # one timeline with the supervisor's lines (monotonic)
+        started.append(rt)
+
     slot = GpuSlot(config.gpu)
-    app.run_gpu(config, NvidiaBackend(), slot, out, stop, wake, heartbeat=lambda: None,
-                on_start=lambda _slot, rt: started.append(rt), controls=app.Controls(on_transition=not_filling),
-                supervise=False)
+    app.run_gpu(config, NvidiaBackend(), slot, out, stop, wake, heartbeat=lambda: None, on_start=on_start,
+                controls=app.Controls(on_transition=not_filling), supervise=False)
     return slot.exit_code if slot.status == "failed" else 0
 
 
