@@ -362,7 +362,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
             if controls.on_transition is not None:
                 controls.on_transition()
 
-        run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls))
+        run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls),
+                      on_change=controls.on_transition)
 
     try:
         if backend.virtual_time:

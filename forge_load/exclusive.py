@@ -133,8 +133,10 @@ class Supervisor:
     acknowledges the holds. Stepped by the caller with both clocks, so tests run it in virtual time."""
 
     def __init__(self, info: DeviceInfo, probe: Probe, child: Child, watch: HoldWatch, log: EventLog,
-                 pauses: Pauses | None, resume_after_s: float, foreign_mem_mib: float, start_s: float) -> None:
+                 pauses: Pauses | None, resume_after_s: float, foreign_mem_mib: float, start_s: float,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.info = info
+        self.on_change = on_change  # told after every change of state (the process title follows it)
         self.probe = probe
         self.child = child
         self.watch = watch
@@ -179,6 +181,7 @@ class Supervisor:
 
     def step(self, now_s: float, now_unix_s: float) -> float:
         """Act on the holds, the pauses and NVML now; returns when to step again."""
+        state_before = self.state
         changes, problems = self.watch.check(now_s, now_unix_s)
         for problem in problems:
             self.log.emit("holds", t=self._t(now_s), problem=problem)
@@ -215,6 +218,8 @@ class Supervisor:
             self.log.emit("child_start", t=self._t(now_s), child_pid=self.child_pid,
                           reason="nothing holds the GPU: the child creates our context and fills")
         self._ack(now_s, now_unix_s)
+        if self.on_change is not None and self.state != state_before:
+            self.on_change()
         return now_s + (ENDING_POLL_S if self.ending_since_s is not None else 0.1)
 
     def _end(self, now_s: float, why: str) -> None:
@@ -273,7 +278,8 @@ def supervisor_status(state: str, yields: int) -> GpuStatus:
 
 def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Event, wake: threading.Event,
               attach: Callable[[Callable[[], GpuStatus]], None], beat: Callable[[], None],
-              pauses: Pauses | None, child: Child | None = None, hold_dir: str | None = None) -> None:
+              pauses: Pauses | None, child: Child | None = None, hold_dir: str | None = None,
+              on_change: Callable[[], None] | None = None) -> None:
     """One exclusive-mode GPU until `stop` or the duration: in the GPU's thread of the main process, which never
     creates a context here. `attach` hands the slot its status; `child` and `hold_dir` are for tests."""
     info = probe.info
@@ -299,7 +305,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
                     "it fills, and ends on a hold, a pause or a foreign job")
     child = child or ChildProcess(child_config(config, info), start_s)
     sup = Supervisor(info, probe, child, HoldWatch(hold_dir, info.uuid), log, pauses, config.resume_after_s,
-                     config.foreign_mem_mib, start_s)
+                     config.foreign_mem_mib, start_s, on_change)
     attach(sup.status)
     try:
         while not stop.is_set() and time.monotonic() < end_s:
