@@ -27,6 +27,7 @@ from forge_load.config import Config, ConfigError, describe, load_config, unknow
 from forge_load.controller import make_controller
 from forge_load.exclusive import prohibited_error
 from forge_load.filler import Filler, line_fields
+from forge_load.holds import FillerHolds
 from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
 from forge_load.pause import Pauses, PauseSwitch
@@ -80,7 +81,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
           on_reading: Callable[[], None] | None = None,
           heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
           wall_clock: Callable[[], float] = time.time) -> Runtime:
-    """`wall_clock` is the Unix time the active hours and the pause file's times are read against."""
+    """`wall_clock` is the Unix time the active hours, the pause file's and the holds' times are read against."""
     busy_log = BusyLog()
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
                       own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
@@ -92,9 +93,13 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid})
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
     pauses = pauses_for(config, controls, wall_clock)
+    holds = None  # FORGE_HOLD_DIR "" is refused; set only for the exclusive mode's child, whose supervisor holds
+    if config.hold_dir:
+        holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
-                    heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition)
+                    heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition,
+                    holds=holds)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
 
 
@@ -134,6 +139,8 @@ def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
     rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
                 yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),
                 energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy_source)
+    if rt.filler.holds is not None:
+        rt.filler.holds.close()
 
 
 def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[], float], stream: TextIO,

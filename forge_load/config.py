@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any, Literal, NoReturn
 
 from forge_load import __version__
+from forge_load.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
 from forge_load.log import escape_controls
 from forge_load.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
 from forge_load.schedule import ActiveHours, ScheduleError, local_zone, parse_active_hours
@@ -73,6 +74,8 @@ class Config:
     max_power_w: float | None = None  # the power cap; None: none
     active_hours: ActiveHours | None = None  # None: always
     pause_file: str | None = None
+    hold_dir: str = DEFAULT_HOLD_DIR
+    hold_idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S  # 0: never
     time_zone: str | None = None  # TZ as given, checked when the hours or the pause file need local time
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -343,8 +346,8 @@ def _addr_value(raw: str) -> str:
         raise _Rejected(accepted) from None
 
 
-def _path_value(raw: str) -> str:
-    accepted = "an absolute path, such as /run/forge_load/heartbeat"
+def _path_value(raw: str, example: str = "/run/forge_load/heartbeat") -> str:
+    accepted = f"an absolute path, such as {example}"
     text = _stripped(raw, accepted)
     if not text.startswith("/"):
         raise _Rejected(accepted, "not an absolute path")
@@ -566,6 +569,12 @@ SETTINGS: tuple[Setting, ...] = (
             "default always"),
     Setting("pause_file", "FORGE_PAUSE_FILE", "--pause-file", _path_value,
             "paused while this file exists, until the time it holds if any (ISO 8601 or Unix); default none"),
+    Setting("hold_dir", "FORGE_HOLD_DIR", "--hold-dir", partial(_path_value, example=DEFAULT_HOLD_DIR),
+            "directory of holds (`forge-load hold`): nothing runs on a GPU while a hold names it; the filler writes "
+            f"its acknowledgement there; default {DEFAULT_HOLD_DIR}"),
+    Setting("hold_idle_age_out_s", "FORGE_HOLD_IDLE_AGE_OUT", "--hold-idle-age-out", _seconds_value,
+            "a hold over a GPU without foreign work for this long is taken for its dead holder's and no longer "
+            f"honoured, 0 = never; default {DEFAULT_IDLE_AGE_OUT_S / 3600:g}h"),
     Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed", _speed_value,
             "simulator: virtual seconds per real second, 0 = as fast as possible, else >= 0.1; default 1"),
     Setting("sim.window_s", "FORGE_SIM_WINDOW", "--sim-window", _window_value,
@@ -828,6 +837,8 @@ def describe(config: Config) -> dict[str, object]:
         out["active_hours"] = config.active_hours.text
     if config.pause_file is not None:
         out["pause_file"] = config.pause_file
+    out["hold_dir"] = config.hold_dir
+    out["hold_idle_age_out_s"] = config.hold_idle_age_out_s
     if config.time_zone is not None:
         out["tz"] = config.time_zone
     if config.metrics_port is not None:

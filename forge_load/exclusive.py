@@ -28,16 +28,15 @@ from collections.abc import Callable
 from typing import Protocol, TextIO
 
 from forge_load.config import Config
-from forge_load.holds import DEFAULT_HOLD_DIR, Ack, HoldWatch, write_ack
+from forge_load.holds import FillerHolds
 from forge_load.log import EventLog
-from forge_load.pause import Pauses
+from forge_load.pause import Pauses, shown_time
 from forge_load.probe import ComputeMode, DeviceInfo, NoGpuError, Probe
 from forge_load.status import GpuStatus
 
 CHILD_MODULE = "forge_load.exclusive_child"  # its main
 END_WAIT_S = 5.0  # a child not gone this long after SIGTERM is killed (its context goes either way)
 ENDING_POLL_S = 0.01  # while a child ends: the acknowledgement follows its exit within this
-ACK_REFRESH_S = 1.0  # the acknowledgement is rewritten at least this often (HOLDS_SPEC: once a second)
 
 # The states the supervisor reports (/metrics, the process title, the acknowledgement).
 FILLING, HELD, PAUSED, YIELDING = "filling", "held", "paused", "yielding"
@@ -47,12 +46,6 @@ def prohibited_error(info: DeviceInfo) -> NoGpuError:
     return NoGpuError(f"GPU {info.index} ({info.uuid}) is in PROHIBITED compute mode: no process may create a "
                       "CUDA context on it, so there is nothing to fill (nvidia-smi -c DEFAULT or EXCLUSIVE_PROCESS "
                       "allows it)")
-
-
-def hold_dir_of(config: Config) -> str:
-    """The hold directory the filler reads: FORGE_HOLD_DIR, else the shared default."""
-    configured = getattr(config, "hold_dir", None)  # the holds setting, once merged
-    return str(configured or os.environ.get("FORGE_HOLD_DIR") or DEFAULT_HOLD_DIR)
 
 
 def holds_configured(hold_dir: str) -> bool:
@@ -121,25 +114,25 @@ class ChildProcess:
 def child_config(config: Config, info: DeviceInfo) -> Config:
     """The child fills one GPU, by UUID, and nothing else: the supervisor owns the metrics, the heartbeat, the
     pauses, the holds and the duration."""
-    fields: dict[str, object] = {"gpu": info.uuid, "gpus": None, "metrics_port": None, "duration_s": 0.0,
-                                 "pause_file": None, "active_hours": None}
-    if hasattr(config, "hold_dir"):
-        fields["hold_dir"] = None  # the supervisor reads the holds and acknowledges them, never the child
-    return dataclasses.replace(config, **fields)  # type: ignore[arg-type]
+    # hold_dir "": no holds at all (app.build): the supervisor reads and acknowledges them, never the child
+    return dataclasses.replace(config, gpu=info.uuid, gpus=None, metrics_port=None, duration_s=0.0, pause_file=None,
+                               active_hours=None, hold_dir="")
 
 
 class Supervisor:
     """One exclusive-mode GPU: starts the child while nothing stands in the way, ends it when something does, and
     acknowledges the holds. Stepped by the caller with both clocks, so tests run it in virtual time."""
 
-    def __init__(self, info: DeviceInfo, probe: Probe, child: Child, watch: HoldWatch, log: EventLog,
+    def __init__(self, info: DeviceInfo, probe: Probe, child: Child, holds: FillerHolds, log: EventLog,
                  pauses: Pauses | None, resume_after_s: float, foreign_mem_mib: float, start_s: float,
                  on_change: Callable[[], None] | None = None) -> None:
         self.info = info
         self.on_change = on_change  # told after every change of state (the process title follows it)
         self.probe = probe
         self.child = child
-        self.watch = watch
+        self.holds = holds
+        self.watch = holds.watch
+        self.holds_begun = 0
         self.log = log
         self.pauses = pauses
         self.resume_after_s = resume_after_s
@@ -153,8 +146,6 @@ class Supervisor:
         self.why_not: str | None = None  # why no child may run now (None: it may)
         self.blocked_state = FILLING  # the state that reason stands for: held, paused or yielding
         self.yields = 0
-        self._acked: tuple[str, tuple[str, ...], bool] | None = None
-        self._acked_s = -math.inf
 
     @property
     def running(self) -> bool:
@@ -179,16 +170,17 @@ class Supervisor:
                 return f"{used_mib - self.baseline_mib:.0f} MiB of GPU memory in use by another process"
         return None
 
-    def step(self, now_s: float, now_unix_s: float) -> float:
+    def step(self, now_s: float) -> float:
         """Act on the holds, the pauses and NVML now; returns when to step again."""
         state_before = self.state
-        changes, problems = self.watch.check(now_s, now_unix_s)
+        changes, problems = self.holds.check(now_s)
         for problem in problems:
-            self.log.emit("holds", t=self._t(now_s), problem=problem)
+            self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
         for change in changes:
             fields: dict[str, object] = {"holder": change.holder, "reason": change.reason}
             if change.until_unix_s is not None:
-                fields["until_unix_s"] = change.until_unix_s
+                fields["until"] = shown_time(change.until_unix_s)
+            self.holds_begun += change.event == "hold"
             self.log.emit(change.event, t=self._t(now_s), **fields)
         self._reap(now_s)  # first: a child that ended by itself counts in what follows
         pause = self.pauses.check().reason if self.pauses is not None else None
@@ -217,7 +209,7 @@ class Supervisor:
             self.our_pids.add(self.child_pid)
             self.log.emit("child_start", t=self._t(now_s), child_pid=self.child_pid,
                           reason="nothing holds the GPU: the child creates our context and fills")
-        self._ack(now_s, now_unix_s)
+        self.acknowledge(now_s)
         if self.on_change is not None and self.state != state_before:
             self.on_change()
         return now_s + (ENDING_POLL_S if self.ending_since_s is not None else 0.1)
@@ -242,16 +234,11 @@ class Supervisor:
         self.child_pid = None
         self.ending_since_s = None
 
-    def _ack(self, now_s: float, now_unix_s: float) -> None:
-        key = (self.state, self.watch.holders, not self.running)
-        if key == self._acked and now_s - self._acked_s < ACK_REFRESH_S:
-            return
-        try:
-            write_ack(self.watch.hold_dir, Ack(self.info.uuid, os.getpid(), key[0], key[1], key[2], now_unix_s))
-        except OSError as error:
-            if self._acked is None or key != self._acked:
-                self.log.emit("holds", t=self._t(now_s), problem=f"acknowledgement not written: {error}")
-        self._acked, self._acked_s = key, now_s
+    def acknowledge(self, now_s: float) -> None:
+        """Drained means no child of ours: no context of ours on the GPU, let alone a kernel."""
+        problem = self.holds.acknowledge(now_s, self.state, drained=not self.running)
+        if problem is not None:
+            self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
 
     def close(self, now_s: float, wait: Callable[[float], None], clock: Callable[[], float]) -> None:
         """End the child (if any) and wait for it; killed after END_WAIT_S."""
@@ -266,14 +253,15 @@ class Supervisor:
                 wait(ENDING_POLL_S)
 
     def status(self) -> GpuStatus:
-        return supervisor_status(self.state, self.yields)
+        return supervisor_status(self.state, self.yields, len(self.watch.honoured), self.holds_begun)
 
 
-def supervisor_status(state: str, yields: int) -> GpuStatus:
-    """What /metrics and the title show of an exclusive-mode GPU: its state; the shares are the child's to log."""
+def supervisor_status(state: str, yields: int = 0, holds: int = 0, holds_begun: int = 0) -> GpuStatus:
+    """What /metrics and the title show of an exclusive-mode GPU: its state and holds; the shares and the memory are
+    the child's, in its log lines."""
     return GpuStatus(state=state, target=0.0, holding=0.0, util_ratio=None, own_ratio=None, foreign_ratio=None,
                      multiplier=0, own_mem_mib=None, power_w=None, temperature_c=None, yields=yields,
-                     yielding_s=0.0, own_busy_s=0.0)
+                     yielding_s=0.0, own_busy_s=0.0, holds=holds, holds_begun=holds_begun)
 
 
 def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Event, wake: threading.Event,
@@ -286,14 +274,14 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     start_s = time.monotonic()
     log = EventLog(config.log_format, stream, clock=time.monotonic, start_s=start_s,
                    static={"gpu": info.index, "uuid": info.uuid})
-    hold_dir = hold_dir or hold_dir_of(config)
+    hold_dir = hold_dir or config.hold_dir
     mode = info.compute_mode.value
     end_s = start_s + config.duration_s if config.duration_s > 0 else math.inf
     if not holds_configured(hold_dir):
         log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=False, filling=False,
                  reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
                         f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled")
-        idle = supervisor_status(PAUSED, 0)
+        idle = supervisor_status(PAUSED)
         attach(lambda: idle)
         while not stop.is_set() and time.monotonic() < end_s:
             beat()
@@ -304,18 +292,19 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
                     "it fills, and ends on a hold, a pause or a foreign job")
     child = child or ChildProcess(child_config(config, info), start_s)
-    sup = Supervisor(info, probe, child, HoldWatch(hold_dir, info.uuid), log, pauses, config.resume_after_s,
-                     config.foreign_mem_mib, start_s, on_change)
+    holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s)
+    sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
+                     on_change)
     attach(sup.status)
     try:
         while not stop.is_set() and time.monotonic() < end_s:
-            due_s = sup.step(time.monotonic(), time.time())
+            due_s = sup.step(time.monotonic())
             beat()
             wake.wait(max(min(due_s, end_s) - time.monotonic(), 0.0))
             wake.clear()
     finally:
         sup.close(time.monotonic(), time.sleep, time.monotonic)
-        sup._ack(time.monotonic(), time.time())
+        sup.holds.close()  # as any filler that stops: `hold --wait` need not wait for the acknowledgement to age
         log.emit("stop", state=sup.state, reason=_stop_reason(stop, end_s), yields=sup.yields)
 
 

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from forge_load.controller import Controller
+from forge_load.holds import FillerHolds
 from forge_load.log import EventLog
 from forge_load.monitor import Monitor, Reading
-from forge_load.pause import Pauses
+from forge_load.pause import Pauses, shown_time
 from forge_load.policy import FILLING_STATES, Policy, State, Transition
 from forge_load.powercap import CapChange, PowerCap
 from forge_load.quantity import UTILIZATION, Quantity
@@ -32,14 +33,15 @@ class IntervalStats:
 
 
 class Filler:
-    """`power_cap` limits the duty (FORGE_MAX_POWER_W); `pauses` says when not to run at all; `on_transition` is
-    told after every change of state (the process title follows it)."""
+    """`power_cap` limits the duty (FORGE_MAX_POWER_W); `pauses` says when not to run at all; `holds` when a hold
+    names this GPU (and takes the acknowledgement); `on_transition` is told after every change of state (the
+    process title follows it)."""
 
     def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy,
                  log: EventLog, start_s: float, log_interval_s: float, stale_after_s: float = 2.0,
                  heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION,
                  power_cap: PowerCap | None = None, pauses: Pauses | None = None,
-                 on_transition: Callable[[], None] | None = None) -> None:
+                 on_transition: Callable[[], None] | None = None, holds: FillerHolds | None = None) -> None:
         self.monitor = monitor
         self.quantity = quantity  # what the target is a target of
         self.worker = worker
@@ -66,6 +68,9 @@ class Filler:
         self.on_transition = on_transition
         self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
         self._pause_reason: str | None = None
+        self.holds = holds
+        self.holds_begun = 0
+        self._holds_checked = False  # asked at the first step, before anything is launched; then every reading
         # Energy: the device's, over the time between two readings that began while we were filling.
         self.energy_j = 0.0
         self.energy_source = "none"  # counter (NVML's energy counter), power (integrated readings) or none
@@ -83,6 +88,10 @@ class Filler:
             raise self.monitor.failure
         reading = self.monitor.latest()
         fresh = reading is not None and reading.seq != self._seq
+        if self.holds is not None and (fresh or not self._holds_checked):
+            if fresh and reading is not None and reading.reason is not None:
+                self.holds.foreign_seen(now_s)  # a held GPU at work is not idle: no age-out
+            self._check_holds(now_s)
         if self.pauses is not None and (fresh or self.pauses.generation != self._pause_generation):
             self._check_pauses(now_s)
         if reading is not None and fresh:
@@ -95,6 +104,10 @@ class Filler:
             self._draining = False
             self.log.emit("drained", t=now_s - self.start_s, **self.fields(now_s),
                           last_kernel_end_t=round(self.worker.busy_log.last_end_s - self.start_s, 6))
+        if self.holds is not None:  # at once when drained, so that `hold --wait` returns at once
+            problem = self.holds.acknowledge(now_s, self.policy.state.value, self.drained)
+            if problem is not None:
+                self.log.emit("hold_warning", t=now_s - self.start_s, **self.fields(now_s), reason=problem)
         if now_s >= self._next_status_s:
             self._status(now_s)
         if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:
@@ -147,7 +160,43 @@ class Filler:
             if self.policy.state in FILLING_STATES:
                 self._plan(now_s, None)  # at once, not at the next poll
 
-    def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None) -> None:
+    @property
+    def drained(self) -> bool:
+        """No kernel of ours in flight, and none to come."""
+        return self.policy.state not in FILLING_STATES and not self.worker.in_flight
+
+    def _check_holds(self, now_s: float) -> None:
+        """Holds begin or end: a `hold` line per holder (the first one holds the GPU, as fast as a yield) and a
+        `release` line per holder gone (the last one lets it fill again); each problem once."""
+        assert self.holds is not None
+        self._holds_checked = True
+        changes, problems = self.holds.check(now_s)
+        for problem in problems:
+            self.log.emit("hold_warning", t=now_s - self.start_s, **self.fields(now_s), reason=problem)
+        releases = [c for c in changes if c.event == "release"]
+        for change in changes:
+            extra: dict[str, object] = {"holder": change.holder}
+            if change.event == "hold":
+                self.holds_begun += 1
+                if change.until_unix_s is not None:
+                    extra["until"] = shown_time(change.until_unix_s)
+                reason = change.reason or f"held by {change.holder}"
+                if not self.policy.held:
+                    self._apply(now_s, self.policy.hold(now_s, reason), extra=extra)
+                    continue
+            else:
+                reason = change.reason
+                if self.policy.held and not self.holds.held and change is releases[-1]:
+                    self._apply(now_s, self.policy.release(now_s, reason), extra=extra)
+                    if self.policy.state in FILLING_STATES:
+                        self._plan(now_s, None)  # at once, not at the next poll
+                    continue
+            fields = self.fields(now_s)
+            fields.update(reason=reason, **extra)
+            self.log.emit(change.event, t=now_s - self.start_s, **fields)
+
+    def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None,
+               extra: dict[str, object] | None = None) -> None:
         if transition is None:
             return
         filling_before = self.worker.plan.duty_ratio > 0 or self.worker.in_flight > 0
@@ -161,9 +210,9 @@ class Filler:
         elif transition.state is not State.YIELDING and self._yield_since_s is not None:
             self.yielding_s += now_s - self._yield_since_s
             self._yield_since_s = None
-        if transition.event in ("resume", "unpause") and transition.state in FILLING_STATES:
+        if transition.event in ("resume", "unpause", "release") and transition.state in FILLING_STATES:
             self.controller.start(now_s)
-        extra: dict[str, object] = {}
+        extra = dict(extra or {})
         if reading is not None and reading.signals:
             extra["signals"] = ",".join(reading.signals)
         fields = self.fields(now_s)
@@ -265,6 +314,8 @@ class Filler:
             energy_j=self.energy_j,
             power_cap_w=self.power_cap.cap_w if self.power_cap is not None else None,
             power_capped=self.power_cap is not None and self.power_cap.binding and filling,
+            holds=len(self.holds.watch.honoured) if self.holds is not None else 0,
+            holds_begun=self.holds_begun,
         )
 
     def fields(self, now_s: float) -> dict[str, object]:

@@ -12,13 +12,14 @@ to log, once each. Beyond MAX_HOLDS holds on one GPU, the GPU is held (fail safe
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 FORMAT: int = 1
@@ -26,6 +27,7 @@ DEFAULT_HOLD_DIR: str = "/run/forge-load/holds"
 HOLD_MAX_BYTES: int = 4096
 MAX_HOLDS: int = 256  # per GPU; more and the GPU is held whatever they say
 MAX_ENTRIES: int = 4096  # names looked at in the directory per read; more and every GPU is held
+ACK_MAX_BYTES: int = 1 << 20  # our own file: every holder of a GPU held fail safe fits
 ACK_STALE_S: float = 3.0  # an acknowledgement older than this has no live filler behind it
 ACK_REFRESH_S: float = 1.0
 # A hold over a GPU without foreign work for this long has lost its holder (docs/holds.md: why a day).
@@ -73,6 +75,7 @@ class HoldsView:
     fail_safe: str | None = None
     expired: tuple[Hold, ...] = ()
     mtimes_ns: dict[str, int] = field(default_factory=dict, compare=False)  # holder -> its file's mtime
+    named: tuple[str, ...] = ()  # every holder a file names for this GPU, readable or not
 
     @property
     def held(self) -> bool:
@@ -298,15 +301,19 @@ def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing
     except HoldError as error:
         return HoldsView(problems=(f"hold directory: {error}: GPU held until it can be read",),
                          fail_safe=str(error))
-    problems = [f"hold directory {hold_dir}: {name!r} is not a hold's name (hold.<GPU-UUID>.<HOLDER>.json), "
-                "ignored" for name in listing.ignored]
+    problems: list[str] = []
+    if listing.ignored:  # one line for them all: a directory shared with other files must not flood the log
+        shown = ", ".join(repr(name) for name in listing.ignored[:5])
+        more = f" and {len(listing.ignored) - 5} more" if len(listing.ignored) > 5 else ""
+        problems.append(f"hold directory {hold_dir}: {shown}{more} not named as a hold "
+                        "(hold.<GPU-UUID>.<HOLDER>.json): ignored")
     if listing.truncated:
         why = f"hold directory {hold_dir} has more than {MAX_ENTRIES} entries: GPU held until it has fewer"
         return HoldsView(problems=(*problems, why), fail_safe=why)
     holders = sorted(listing.holds.get(gpu_uuid, []))
     if len(holders) > MAX_HOLDS:
         why = f"more than {MAX_HOLDS} holds on this GPU in {hold_dir}: GPU held until there are fewer"
-        return HoldsView(problems=(*problems, why), fail_safe=why)
+        return HoldsView(problems=(*problems, why), fail_safe=why, named=tuple(holders))
     honoured: list[Hold] = []
     expired: list[Hold] = []
     mtimes_ns: dict[str, int] = {}
@@ -324,7 +331,8 @@ def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing
             expired.append(hold)
         else:
             honoured.append(hold)
-    return HoldsView(tuple(honoured), tuple(problems), expired=tuple(expired), mtimes_ns=mtimes_ns)
+    return HoldsView(tuple(honoured), tuple(problems), expired=tuple(expired), mtimes_ns=mtimes_ns,
+                     named=tuple(holders))
 
 
 def all_holds(hold_dir: str) -> tuple[list[Hold], list[str]]:
@@ -348,7 +356,7 @@ def write_ack(hold_dir: str, ack: Ack) -> None:
 def read_ack(hold_dir: str, gpu_uuid: str) -> Ack | None:
     """The filler's acknowledgement of one GPU; None when there is none or it cannot be read as one."""
     try:
-        return ack_from_json(read_small(os.path.join(hold_dir, ack_name(gpu_uuid))), gpu_uuid)
+        return ack_from_json(read_small(os.path.join(hold_dir, ack_name(gpu_uuid)), ACK_MAX_BYTES), gpu_uuid)
     except (FileNotFoundError, NotADirectoryError, HoldError):
         return None
 
@@ -363,9 +371,12 @@ def acknowledged(ack: Ack | None, holder: str, placed_unix_s: float, now_unix_s:
 
 # --- the filler's side ------------------------------------------------------------------------------------
 
+FAIL_SAFE_HOLDER = "-"  # no holder's name (HOLDER_RE): the GPU held because its holds cannot be counted or read
+
+
 @dataclass(frozen=True)
 class HoldChange:
-    event: str  # "hold" or "release"
+    event: str  # "hold" or "release"; holder FAIL_SAFE_HOLDER for the fail safe
     holder: str
     reason: str  # the hold's reason ("hold"), or why it ended: released, expired, aged out ("release")
     until_unix_s: float | None = None
@@ -402,6 +413,9 @@ class HoldWatch:
 
     @property
     def holders(self) -> tuple[str, ...]:
+        """The holders honoured now; under the fail safe, every holder a file names."""
+        if self.fail_safe is not None:
+            return tuple(sorted(set(self.honoured) | set(self._view.named)))
         return tuple(sorted(self.honoured))
 
     def foreign_seen(self, now_s: float) -> None:
@@ -426,7 +440,7 @@ class HoldWatch:
         view = self._view
         problems = [p for p in view.problems if p not in self._said]
         self._said.update(problems)
-        self.fail_safe = view.fail_safe
+        fail_safe_before, self.fail_safe = self.fail_safe, view.fail_safe
         live: dict[str, Hold] = {}
         why_gone: dict[str, str] = {h.holder: "expired" for h in view.expired}
         for hold in view.holds:
@@ -456,4 +470,61 @@ class HoldWatch:
         for holder in set(self._aged) - {h.holder for h in view.holds}:
             self._aged.pop(holder)  # its file is gone: a new one is a new hold
         self.honoured = live
+        if self.fail_safe is not None and fail_safe_before is None:
+            changes.append(HoldChange("hold", FAIL_SAFE_HOLDER, self.fail_safe))
+        elif self.fail_safe is None and fail_safe_before is not None:
+            changes.insert(0, HoldChange("release", FAIL_SAFE_HOLDER, "the hold directory can be read again"))
         return changes, problems
+
+
+class FillerHolds:
+    """A filler's side of one GPU's holds: the watch, and the acknowledgement it keeps in the directory (written
+    at once on every change of what it honours, its state or its drain, and at least every ACK_REFRESH_S).
+
+    The acknowledgement is written only where the directory exists (the filler never creates it); a write that
+    fails is said once (`ack_problem`) and tried again at the next change or refresh."""
+
+    def __init__(self, hold_dir: str, gpu_uuid: str, pid: int, wall_clock: Callable[[], float],
+                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S) -> None:
+        self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s)
+        self.hold_dir = hold_dir
+        self.gpu_uuid = gpu_uuid
+        self.pid = pid
+        self.wall_clock = wall_clock
+        self._last: tuple[str, tuple[str, ...], bool] | None = None
+        self._written_s = -math.inf
+        self._failed: str | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.watch.held
+
+    def check(self, now_s: float) -> tuple[list[HoldChange], list[str]]:
+        return self.watch.check(now_s, self.wall_clock())
+
+    def foreign_seen(self, now_s: float) -> None:
+        self.watch.foreign_seen(now_s)
+
+    def acknowledge(self, now_s: float, state: str, drained: bool) -> str | None:
+        """Write the acknowledgement if it changed or is due; a problem line the first time a write fails."""
+        said = (state, self.watch.holders, drained)
+        if said == self._last and now_s - self._written_s < ACK_REFRESH_S:
+            return None
+        self._last, self._written_s = said, now_s
+        try:
+            write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock()))
+        except FileNotFoundError:
+            return None  # no hold directory (not mounted): nothing to acknowledge to
+        except OSError as error:
+            problem = (f"cannot write the acknowledgement {os.path.join(self.hold_dir, ack_name(self.gpu_uuid))} "
+                       f"({error.strerror or error}): `forge-load hold --wait` cannot see this filler drain; "
+                       "is the hold directory mounted read-write?")
+            first, self._failed = self._failed is None, problem
+            return problem if first else None
+        self._failed = None
+        return None
+
+    def close(self) -> None:
+        """The filler stops: no acknowledgement left behind (`hold --wait` need not wait for it to go stale)."""
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.hold_dir, ack_name(self.gpu_uuid)))

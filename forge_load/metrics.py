@@ -59,6 +59,8 @@ METRICS: dict[str, tuple[str, str]] = {
                                          "else 0"),
     "forge_load_energy_joules_total": ("counter", "The whole device's energy (NVML) while this filler was filling: "
                                                   "idle power and anything else on the GPU included, not ours alone"),
+    "forge_load_holds": ("gauge", "Holds (forge-load hold) this GPU's filler honours now; state is held while > 0"),
+    "forge_load_holds_begun_total": ("counter", "Holds this GPU's filler began to honour since it started"),
 }
 
 
@@ -91,6 +93,7 @@ class FillerCollector:
         busy = family("forge_load_own_busy_seconds_total")
         power, cap = family("forge_load_power_watts"), family("forge_load_power_cap_watts")
         capped, energy = family("forge_load_power_capped"), family("forge_load_energy_joules_total")
+        held, begun = family("forge_load_holds"), family("forge_load_holds_begun_total")
 
         for slot in self.fleet.slots:
             labels = slot.labels
@@ -106,6 +109,7 @@ class FillerCollector:
             yielding.add_metric(labels, snapshot.yielding_s)
             busy.add_metric(labels, snapshot.own_busy_s)
             energy.add_metric(labels, snapshot.energy_j)
+            begun.add_metric(labels, float(snapshot.holds_begun))
             if slot.status != "running":
                 continue  # a stopped or failed GPU's last readings would read as current
             target.add_metric(labels, snapshot.holding)
@@ -121,8 +125,9 @@ class FillerCollector:
             if snapshot.power_cap_w is not None:
                 cap.add_metric(labels, snapshot.power_cap_w)
             capped.add_metric(labels, 1.0 if snapshot.power_capped else 0.0)
+            held.add_metric(labels, float(snapshot.holds))
         yield from (build, info, up, state, target, util, own, foreign, multiplier, memory, yields, yielding, busy,
-                    power, cap, capped, energy)
+                    power, cap, capped, energy, held, begun)
 
 
 # --- the HTTP server ----------------------------------------------------------------------------------------

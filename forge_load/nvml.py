@@ -279,6 +279,18 @@ def list_devices(nvml: ModuleType | None = None) -> list[DeviceInfo]:
         _nvml_shutdown(lib)
 
 
+def device_uuids(nvml: ModuleType | None = None) -> list[str]:
+    """The UUID of every GPU NVML shows this process, in index order; NoGpuError without NVML. Only UUIDs: the
+    hold command resolves an index with it in a Slurm prolog, where every call counts."""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        return [_device_uuid(lib, _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False))
+                for index in range(_device_count(lib))]
+    finally:
+        _nvml_shutdown(lib)
+
+
 class NvmlProbe:
     """The Probe protocol for one GPU through NVML.
 

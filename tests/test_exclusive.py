@@ -14,8 +14,8 @@ import pytest
 
 from forge_load import app, holds
 from forge_load.config import Config
-from forge_load.exclusive import ACK_REFRESH_S, END_WAIT_S, Supervisor, child_config
-from forge_load.holds import Hold, HoldWatch
+from forge_load.exclusive import END_WAIT_S, Supervisor, child_config
+from forge_load.holds import ACK_REFRESH_S, FillerHolds, Hold
 from forge_load.log import EventLog
 from forge_load.pause import Pauses, PauseSwitch
 from forge_load.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
@@ -53,6 +53,7 @@ class FakeChild:
     kills: int = 0
     alive: bool = False
     code: int | None = None
+    exits_when_asked: bool = False
 
     def start(self) -> int:
         assert not self.alive, "a second child while one runs"
@@ -62,6 +63,8 @@ class FakeChild:
 
     def end(self) -> None:
         self.ends += 1
+        if self.exits_when_asked:
+            self.exit(0)
 
     def kill(self) -> None:
         self.kills += 1
@@ -85,12 +88,13 @@ class Rig:
         self.out = io.StringIO()
         self.now_s = 0.0
         log = EventLog("json", self.out, static={"gpu": 1, "uuid": UUID})
-        self.sup = Supervisor(self.probe.info, self.probe, self.child, HoldWatch(self.hold_dir, UUID), log, pauses,
+        filler_holds = FillerHolds(self.hold_dir, UUID, 77, lambda: UNIX0_S + self.now_s)
+        self.sup = Supervisor(self.probe.info, self.probe, self.child, filler_holds, log, pauses,
                               resume_after_s=RESUME_S, foreign_mem_mib=64.0, start_s=0.0)
 
     def step(self, dt_s: float = 0.1) -> None:
         self.now_s += dt_s
-        self.sup.step(self.now_s, UNIX0_S + self.now_s)
+        self.sup.step(self.now_s)
 
     def run(self, seconds: float) -> None:
         for _ in range(round(seconds / 0.1)):
@@ -207,8 +211,8 @@ def test_the_child_config_fills_one_gpu_by_uuid_and_nothing_else() -> None:
     config = Config(gpus=("0", "1"), metrics_port=9400, duration_s=60.0, pause_file="/run/pause")
     info = FakeProbe().info
     child = child_config(config, info)
-    assert (child.gpu, child.gpus, child.metrics_port, child.duration_s, child.pause_file) == (
-        UUID, None, None, 0.0, None)
+    assert (child.gpu, child.gpus, child.metrics_port, child.duration_s, child.pause_file, child.hold_dir) == (
+        UUID, None, None, 0.0, None, "")  # "": the child reads no holds and writes no acknowledgement
 
 
 # --- through the run loop: which compute mode creates a context ------------------------------------------------
@@ -243,9 +247,9 @@ def run_gpu_once(backend: NoContextBackend, config: Config) -> tuple[GpuSlot, li
 
 @pytest.mark.parametrize("mode", [ComputeMode.EXCLUSIVE_PROCESS, ComputeMode.EXCLUSIVE_THREAD])
 def test_exclusive_mode_without_a_hold_dir_creates_no_context_and_says_so(
-        mode: ComputeMode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FORGE_HOLD_DIR", str(tmp_path / "none"))
-    slot, lines = run_gpu_once(NoContextBackend(mode), Config(log_format="json", duration_s=0.3))
+        mode: ComputeMode, tmp_path: Path) -> None:
+    config = Config(log_format="json", duration_s=0.3, hold_dir=str(tmp_path / "none"))
+    slot, lines = run_gpu_once(NoContextBackend(mode), config)
     assert slot.status == "stopped"
     assert [line["event"] for line in lines] == ["exclusive", "stop"]
     start = lines[0]
@@ -265,11 +269,14 @@ def test_exclusive_mode_with_a_hold_dir_starts_a_child_and_never_a_context_here(
 
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()
-    child = FakeChild()
+    child = FakeChild(exits_when_asked=True)
     backend = NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS)
     out = io.StringIO()
-    exclusive.supervise(Config(log_format="json", duration_s=0.5), backend.probe, out, threading.Event(),  # type: ignore[arg-type]
-                        threading.Event(), lambda _s: None, lambda: None, None, child=child, hold_dir=str(hold_dir))
+    config = Config(log_format="json", duration_s=0.5, hold_dir=str(hold_dir))
+    exclusive.supervise(config, backend.probe, out, threading.Event(), threading.Event(),  # type: ignore[arg-type]
+                        lambda _s: None, lambda: None, None, child=child)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [line["event"] for line in lines][:2] == ["exclusive", "child_start"]
     assert lines[0]["holds"] is True and child.starts == 1 and child.ends == 1  # ended at the stop
+    assert [line["event"] for line in lines][-2:] == ["drained", "stop"] and child.kills == 0
+    assert holds.read_ack(str(hold_dir), UUID) is None  # no acknowledgement left behind by a stopped filler

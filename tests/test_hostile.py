@@ -264,6 +264,8 @@ EXTREMES: dict[str, tuple[str, ...]] = {
     "FORGE_MAX_POWER_W": ("10", "10000"),  # below idle power: launches nothing; above the board: never binds
     "FORGE_ACTIVE_HOURS": ("Mon-Sun", "Mon 00:00-00:01"),  # always, and (nearly) never: paused the whole run
     "FORGE_PAUSE_FILE": ("/",),  # a directory: there, and unreadable as a time: paused the whole run
+    "FORGE_HOLD_DIR": (),  # a directory the filler writes its acknowledgement into: tests/test_filler_holds.py
+    "FORGE_HOLD_IDLE_AGE_OUT": ("0", "1e-9", "1e300"),
 }
 
 
