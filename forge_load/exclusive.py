@@ -31,7 +31,7 @@ from forge_load.config import Config
 from forge_load.holds import FillerHolds
 from forge_load.log import EventLog
 from forge_load.pause import Pauses, shown_time
-from forge_load.probe import ComputeMode, DeviceInfo, NoGpuError, Probe
+from forge_load.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.status import GpuStatus
 
 CHILD_MODULE = "forge_load.exclusive_child"  # its main
@@ -280,15 +280,17 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     if not holds_configured(hold_dir):
         log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=False, filling=False,
                  reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
-                        f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled")
+                        f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled "
+                        "until the directory appears")
         idle = supervisor_status(PAUSED)
         attach(lambda: idle)
-        while not stop.is_set() and time.monotonic() < end_s:
+        while not stop.is_set() and time.monotonic() < end_s and not holds_configured(hold_dir):
             beat()
             stop.wait(min(1.0, max(end_s - time.monotonic(), 0.0)))
-        log.emit("stop", state=PAUSED, reason=_stop_reason(stop, end_s))
-        return
-    log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
+        if stop.is_set() or time.monotonic() >= end_s:
+            log.emit("stop", state=PAUSED, reason=_stop_reason(stop, end_s))
+            return
+    log.emit("exclusive", compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
                     "it fills, and ends on a hold, a pause or a foreign job")
     child = child or ChildProcess(child_config(config, info), start_s)
@@ -311,9 +313,3 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
 def _stop_reason(stop: threading.Event, end_s: float) -> str:
     return str(getattr(stop, "reason", "signal")) if stop.is_set() else "duration reached"
 
-
-def compute_mode_check(info: DeviceInfo) -> ComputeMode:
-    """The mode the filler acts on; PROHIBITED is a NoGpuError (exit 3)."""
-    if info.compute_mode is ComputeMode.PROHIBITED:
-        raise prohibited_error(info)
-    return info.compute_mode

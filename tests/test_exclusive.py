@@ -280,3 +280,21 @@ def test_exclusive_mode_with_a_hold_dir_starts_a_child_and_never_a_context_here(
     assert lines[0]["holds"] is True and child.starts == 1 and child.ends == 1  # ended at the stop
     assert [line["event"] for line in lines][-2:] == ["drained", "stop"] and child.kills == 0
     assert holds.read_ack(str(hold_dir), UUID) is None  # no acknowledgement left behind by a stopped filler
+
+
+def test_a_hold_dir_that_appears_later_starts_the_supervision(tmp_path: Path) -> None:
+    from forge_load import exclusive
+
+    hold_dir = tmp_path / "holds"
+    child = FakeChild(exits_when_asked=True)
+    out = io.StringIO()
+    config = Config(log_format="json", duration_s=3.0, hold_dir=str(hold_dir))
+    timer = threading.Timer(0.5, hold_dir.mkdir)  # a first `forge-load hold` (or the deploy files) makes it
+    timer.start()
+    exclusive.supervise(config, NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS).probe, out,  # type: ignore[arg-type]
+                        threading.Event(), threading.Event(), lambda _s: None, lambda: None, None, child=child)
+    timer.join()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["event"], line.get("holds")) for line in lines][:3] == [
+        ("exclusive", False), ("exclusive", True), ("child_start", None)]
+    assert child.starts == 1
