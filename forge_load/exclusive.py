@@ -177,7 +177,8 @@ class Supervisor:
         for problem in problems:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
         for change in changes:
-            fields: dict[str, object] = {"holder": change.holder, "reason": change.reason}
+            reason = change.reason or (f"held by {change.holder}" if change.event == "hold" else "")
+            fields: dict[str, object] = {"holder": change.holder, "reason": reason}
             if change.until_unix_s is not None:
                 fields["until"] = shown_time(change.until_unix_s)
             self.holds_begun += change.event == "hold"
