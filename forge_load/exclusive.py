@@ -121,7 +121,8 @@ def child_config(config: Config, info: DeviceInfo) -> Config:
 
 class Supervisor:
     """One exclusive-mode GPU: starts the child while nothing stands in the way, ends it when something does, and
-    acknowledges the holds. Stepped by the caller with both clocks, so tests run it in virtual time."""
+    acknowledges the holds. Stepped by the caller with its clock (the holds read the wall clock they were given), so
+    tests run it in virtual time."""
 
     def __init__(self, info: DeviceInfo, probe: Probe, child: Child, holds: FillerHolds, log: EventLog,
                  pauses: Pauses | None, resume_after_s: float, foreign_mem_mib: float, start_s: float,
@@ -243,8 +244,9 @@ class Supervisor:
 
     def close(self, now_s: float, wait: Callable[[float], None], clock: Callable[[], float]) -> None:
         """End the child (if any) and wait for it; killed after END_WAIT_S."""
+        self.why_not, self.blocked_state = "the filler stops", "stopped"
         if self.running and self.ending_since_s is None:
-            self._end(now_s, "the filler stops")
+            self._end(now_s, self.why_not)
         while self.running:
             now = clock()
             if self.ending_since_s is not None and now - self.ending_since_s > END_WAIT_S:

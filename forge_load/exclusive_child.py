@@ -17,6 +17,7 @@ from forge_load.backend import NvidiaBackend
 from forge_load.config import Config
 from forge_load.policy import FILLING_STATES
 from forge_load.status import GpuSlot
+from forge_load.title import ProcessTitle
 
 
 def child_main(stdin: IO[bytes], out: TextIO) -> int:
@@ -25,6 +26,8 @@ def child_main(stdin: IO[bytes], out: TextIO) -> int:
     config, parent_start_s = pickle.load(stdin)
     if not isinstance(config, Config) or not isinstance(parent_start_s, float):
         raise TypeError("the supervisor sent something other than (Config, its start time)")
+    # Named in ps and in the GPU's process list like its parent (docs/DESIGN.md §10); it lives only while filling.
+    ProcessTitle().set(f"forge-load: exclusive-mode child of {os.getppid()}, filling {config.gpu}")
     stop, wake = threading.Event(), threading.Event()
 
     def asked(signum: int, _frame: object) -> None:
