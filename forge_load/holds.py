@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import secrets
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -142,8 +143,9 @@ def _read_regular(path: str, max_bytes: int) -> tuple[bytes, int]:
 
 def write_atomic(directory: str, name: str, data: bytes) -> None:
     """`directory/name` holds `data`, whole or not at all: a dot file beside it, then a rename."""
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    # A fresh name, made exclusively: in a directory others may write, no link or file of theirs is written through.
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
             os.write(fd, data)
@@ -406,6 +408,7 @@ class HoldWatch:
         self._stamp: dict[str, int] = {}  # holder -> its file's mtime: a rewrite (a refresh) moves it
         self._aged: dict[str, int] = {}  # holders aged out, and their file's mtime then
         self._last_foreign_s = -math.inf
+        self.generation = 0  # moves whenever a hold file of this GPU changed
 
     @property
     def held(self) -> bool:
@@ -436,7 +439,10 @@ class HoldWatch:
     def check(self, now_s: float, now_unix_s: float) -> tuple[list[HoldChange], list[str]]:
         """(what began and ended, problems not said before); `now_s` on the filler's clock."""
         if self._changed(now_s):
+            before = self._view.mtimes_ns
             self._view = read_holds(self.hold_dir, self.gpu_uuid, now_unix_s)
+            if self._view.mtimes_ns != before:
+                self.generation += 1  # a hold of this GPU placed, refreshed or removed: acknowledge it at once
         view = self._view
         problems = [p for p in view.problems if p not in self._said]
         self._said.update(problems)
@@ -491,7 +497,7 @@ class FillerHolds:
         self.gpu_uuid = gpu_uuid
         self.pid = pid
         self.wall_clock = wall_clock
-        self._last: tuple[str, tuple[str, ...], bool] | None = None
+        self._last: tuple[str, tuple[str, ...], bool, int] | None = None
         self._written_s = -math.inf
         self._failed: str | None = None
 
@@ -507,7 +513,7 @@ class FillerHolds:
 
     def acknowledge(self, now_s: float, state: str, drained: bool) -> str | None:
         """Write the acknowledgement if it changed or is due; a problem line the first time a write fails."""
-        said = (state, self.watch.holders, drained)
+        said = (state, self.watch.holders, drained, self.watch.generation)  # a refreshed hold is acknowledged too
         if said == self._last and now_s - self._written_s < ACK_REFRESH_S:
             return None
         self._last, self._written_s = said, now_s

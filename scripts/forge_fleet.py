@@ -40,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = os.environ.get("FORGE_IMAGE", "forge-load:latest")
 DEFAULT_PREFIX = "forge_load_gpu_"
+DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.holds.DEFAULT_HOLD_DIR (tests/test_fleet.py checks)
 LABEL_FLEET = "io.forge_load.fleet"  # value: the name prefix; marks a container as ours
 LABEL_GPU_INDEX = "io.forge_load.gpu.index"
 LABEL_GPU_UUID = "io.forge_load.gpu.uuid"
@@ -158,6 +159,7 @@ class Options:
     log_max_file: int
     pid_host: bool
     pause_dir: str | None = None  # a host directory, mounted read-only at the same path: DIR/pause pauses
+    hold_dir: str | None = None  # the host's hold directory, mounted read-write at the same path (docs/holds.md)
 
 
 def container_name(prefix: str, index: int) -> str:
@@ -184,6 +186,8 @@ def container_env(gpu: Gpu, opts: Options) -> dict[str, str]:
         env.setdefault("FORGE_SIM_SEED", str(gpu.index))
     if opts.pause_dir is not None:
         env.setdefault("FORGE_PAUSE_FILE", f"{opts.pause_dir.rstrip('/')}/pause")
+    if opts.hold_dir is not None:
+        env.setdefault("FORGE_HOLD_DIR", opts.hold_dir)
     # Inside a container with one GPU, that GPU is index 0: FORGE_GPU stays at its default.
     return env
 
@@ -217,8 +221,13 @@ def desired(gpu: Gpu, opts: Options, image_id: str) -> dict[str, Any]:
         "stop_signal": "SIGTERM",
         "device_uuid": None if opts.simulate else gpu.uuid,
     }
+    volumes: dict[str, dict[str, str]] = {}
     if opts.pause_dir is not None:  # only when asked: the spec of a fleet without one is unchanged
-        spec["volumes"] = {opts.pause_dir: {"bind": opts.pause_dir, "mode": "ro"}}
+        volumes[opts.pause_dir] = {"bind": opts.pause_dir, "mode": "ro"}
+    if opts.hold_dir is not None:  # read-write: the filler writes its acknowledgement there
+        volumes[opts.hold_dir] = {"bind": opts.hold_dir, "mode": "rw"}
+    if volumes:
+        spec["volumes"] = volumes
     fingerprint = json.dumps({**spec, "image_id": image_id}, sort_keys=True)
     spec["labels"] = {
         LABEL_ROLE: ROLE,
@@ -273,10 +282,14 @@ def ours(client: Any, prefix: str) -> list[Any]:
 def cmd_up(args: argparse.Namespace, out: Any) -> int:
     opts = Options(image=args.image, prefix=args.prefix, simulate=args.simulate, target=args.target,
                    env=parse_env(args.env), restart=args.restart, log_max_size=args.log_max_size,
-                   log_max_file=args.log_max_file, pid_host=args.pid_host, pause_dir=args.pause_dir)
+                   log_max_file=args.log_max_file, pid_host=args.pid_host, pause_dir=args.pause_dir,
+                   hold_dir=None if args.hold_dir == "none" else args.hold_dir)
     if opts.pause_dir is not None and not opts.pause_dir.startswith("/"):
         raise FleetError(f"--pause-dir {opts.pause_dir!r}: expected an absolute path on the host, such as "
                          "/run/forge-load")
+    if opts.hold_dir is not None and not opts.hold_dir.startswith("/"):
+        raise FleetError(f"--hold-dir {opts.hold_dir!r}: expected an absolute path on the host, such as "
+                         f"{DEFAULT_HOLD_DIR}, or none")
     for warning in check_settings(opts):
         say(f"forge_fleet: {warning}")
     client = connect()
@@ -425,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pause-dir", metavar="DIR",
                     help="a host directory mounted read-only into every container: the fillers pause while "
                          "DIR/pause exists (FORGE_PAUSE_FILE), e.g. written by a scheduler's prolog")
+    up.add_argument("--hold-dir", metavar="DIR", default=DEFAULT_HOLD_DIR,
+                    help="the host's hold directory (`forge-load hold`, docs/holds.md), mounted read-write into "
+                         f"every container; none: not mounted (default {DEFAULT_HOLD_DIR})")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", parents=[common], help="stop and remove the containers")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from forge_load import health, metrics
+from forge_load import health, holds, metrics
 from forge_load.app import run_simulated
 from forge_load.config import ConfigError, load_config
 from forge_load.status import Fleet
@@ -203,6 +203,29 @@ def test_the_nodes_pause_directory_is_mounted_read_only(docs: dict[str, dict[str
     assert env["FORGE_PAUSE_FILE"] == "/run/forge-load/pause"
     assert load_config([], {k: v for k, v in env.items() if k.startswith("FORGE_") and v}).pause_file == (
         "/run/forge-load/pause")
+
+
+def test_the_nodes_hold_directory_is_mounted_read_write_under_the_pause_directory(
+        docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    mount = next(m for m in container(docs)["volumeMounts"] if m["mountPath"] == holds.DEFAULT_HOLD_DIR)
+    assert mount.get("readOnly") is not True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"] == {"path": holds.DEFAULT_HOLD_DIR, "type": "DirectoryOrCreate"}
+    env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+    config = load_config([], {k: v for k, v in env.items() if k.startswith("FORGE_") and v})
+    assert config.hold_dir == holds.DEFAULT_HOLD_DIR
+
+
+def test_compose_mounts_the_hold_directory_read_write() -> None:
+    yaml = pytest.importorskip("yaml", reason="needs PyYAML (it comes with yamllint)")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        volumes = service["volumes"]
+        assert f"{holds.DEFAULT_HOLD_DIR}:{holds.DEFAULT_HOLD_DIR}:rw" in volumes, name
+        assert "/run/forge-load:/run/forge-load:ro" in volumes, name
+        env = {**compose["x-forge-load"]["environment"], **(service.get("environment") or {})}
+        assert load_config([], {k: str(v) for k, v in env.items()}).hold_dir == holds.DEFAULT_HOLD_DIR
 
 
 def test_every_pod_says_it_is_the_filler(docs: dict[str, dict[str, Any]]) -> None:
@@ -449,3 +472,16 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(rules)} rules found" in result.stdout
+
+
+def test_the_state_panel_shows_every_state() -> None:
+    from forge_load.status import STATES
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    (panel,) = [p for p in dashboard["panels"] if p["type"] == "state-timeline"]
+    (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+    shown = {int(value): option["text"] for value, option in mapping["options"].items()}
+    assert sorted(shown.values()) == sorted(STATES)
+    expr = panel["targets"][0]["expr"]
+    for value, state in shown.items():  # each state's number is the one its term multiplies by (starting: none)
+        assert (f'{value} * forge_load_state{{state="{state}"' in expr) == (value != 0), state

@@ -164,3 +164,10 @@ def test_a_hold_and_a_pause_together(tmp_path: Path) -> None:
     states = [(e["event"], e["state"]) for e in s.events if e["event"] in ("hold", "pause", "release", "unpause")]
     assert states == [("hold", "held"), ("pause", "held"), ("release", "paused"), ("unpause", "filling")]
     assert [t for t in s.starts() if 1.2 < t < 5.0] == []
+
+
+def test_a_refreshed_hold_is_acknowledged_at_once_not_at_the_next_refresh(tmp_path: Path) -> None:
+    s = Scenario(tmp_path, "--duration 6", [(1.0, place(tmp_path, "h", 1.0)), (3.55, place(tmp_path, "h", 3.55))])
+    assert len(s.of("hold")) == 1  # a refresh is no new hold
+    after = [a.written_unix_s for a in s.acks if a.written_unix_s >= 3.55 and "h" in a.held_by and a.drained]
+    assert after and after[0] < 3.55 + POLL_S + 1e-6

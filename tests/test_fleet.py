@@ -88,6 +88,23 @@ def test_a_pause_dir_is_mounted_read_only_and_names_the_pause_file() -> None:
     assert spec["labels"][fleet.LABEL_SPEC] != plain["labels"][fleet.LABEL_SPEC]  # a change `up` recreates for
 
 
+def test_the_hold_dir_is_mounted_read_write_beside_the_pause_dir() -> None:
+    from forge_load import holds
+
+    assert fleet.DEFAULT_HOLD_DIR == holds.DEFAULT_HOLD_DIR
+    spec = fleet.desired(GPUS[0], _opts(pause_dir="/run/forge-load", hold_dir=holds.DEFAULT_HOLD_DIR), "sha256:1")
+    assert spec["volumes"] == {"/run/forge-load": {"bind": "/run/forge-load", "mode": "ro"},
+                               holds.DEFAULT_HOLD_DIR: {"bind": holds.DEFAULT_HOLD_DIR, "mode": "rw"}}
+    assert spec["environment"]["FORGE_HOLD_DIR"] == holds.DEFAULT_HOLD_DIR
+    assert fleet.run_kwargs(spec)["volumes"] == spec["volumes"]
+
+
+def test_up_mounts_the_default_hold_dir_unless_told_none() -> None:
+    parser = fleet.build_parser()
+    assert parser.parse_args(["up"]).hold_dir == fleet.DEFAULT_HOLD_DIR
+    assert parser.parse_args(["up", "--hold-dir", "none"]).hold_dir == "none"
+
+
 def test_simulated_spec_has_no_device_request() -> None:
     gpu = fleet.discover_gpus(True, 3)[2]
     kwargs = fleet.run_kwargs(fleet.desired(gpu, _opts(simulate=True), "sha256:1"))

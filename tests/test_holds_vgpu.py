@@ -38,6 +38,7 @@ def test_a_hold_drains_one_gpu_while_the_other_fills(vgpu: VgpuFactory, tmp_path
         assert code == 0, err
         placed_s = json.loads((hold_dir / f"hold.{uuids[0]}.test-1.json").read_text())["since_unix_s"]
         ack = json.loads((hold_dir / f"filler.{uuids[0]}.json").read_text())
+        title = Path(f"/proc/{run.proc.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
         time.sleep(2.0)
         code, released_s, err = command(env, "release", "--holder", "test-1", "--hold-dir", str(hold_dir))
         assert code == 0, err
@@ -46,6 +47,7 @@ def test_a_hold_drains_one_gpu_while_the_other_fills(vgpu: VgpuFactory, tmp_path
         if run.proc.poll() is None:
             run.proc.kill()
             run.proc.communicate(timeout=30)
+    assert title == "forge-load: gpu 0 held, gpu 1 filling"
     assert ack["held_by"] == ["test-1"] and ack["drained"] is True and ack["written_unix_s"] >= placed_s
     # GPU 0: every kernel launched before the release had ended by the time `hold --wait` returned.
     gpu0 = run.kernels(device=0)

@@ -497,3 +497,19 @@ def test_the_metric_reference_names_every_metric() -> None:
     for name in metrics.METRICS:
         assert any(f"`{name}{{" in text or f"`{name}`" in text for text in texts), name
     assert any("| counter |" in text for text in texts)
+
+
+def test_a_held_gpu_counts_its_holds_and_never_names_a_holder(tmp_path: Path) -> None:
+    from forge_load import holds
+
+    uuid = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0
+    for holder in ("slurm-41", "slurm-42"):
+        holds.place(str(tmp_path), holds.Hold(uuid, holder, "a job", 0.0, None))
+    fleet, _, _ = simulated_fleet(f"--duration 3 --hold-dir {tmp_path}")
+    text = scrape(fleet)
+    values = sample_values(text)
+    states = {labels["state"]: value for labels, value in values["forge_load_state"]}
+    assert states == {s: float(s == "held") for s in metrics.STATES}
+    assert values["forge_load_holds"][0][1] == 2.0 and values["forge_load_holds_begun_total"][0][1] == 2.0
+    assert values["forge_load_own_busy_seconds_total"][0][1] == 0.0
+    assert "slurm-4" not in text
