@@ -27,6 +27,17 @@ def wait_until(run: Run, event: str, gpu: int, timeout_s: float = 60.0) -> dict[
             return line
 
 
+def wait_each(run: Run, event: str, gpus: tuple[int, ...], timeout_s: float = 60.0) -> dict[int, dict[str, Any]]:
+    """The next line of this event for each of these GPUs, in whatever order they come."""
+    deadline_s = time.monotonic() + timeout_s
+    seen: dict[int, dict[str, Any]] = {}
+    while set(seen) != set(gpus):
+        line = wait_for(run, event, max(deadline_s - time.monotonic(), 0.1))
+        if line["gpu"] in gpus:
+            seen.setdefault(int(line["gpu"]), line)
+    return seen
+
+
 def ours(gpu: VirtualGpu, pids: set[int], device: int) -> list[Kernel]:
     return [k for k in gpu.kernels() if k.pid in pids and k.device == device]
 
@@ -52,9 +63,8 @@ def test_a_held_gpus_job_creates_its_context_while_the_other_gpu_fills(vgpu: Vgp
     run = forge(gpu, "--gpus", "all", "--duration", "120", "--resume-after", "2", "--log-interval", "1",
                 env={"FORGE_HOLD_DIR": str(hold_dir)})
     try:
-        children = {wait_until(run, "child_start", g)["child_pid"] for g in (0, 1)}
-        for g in (0, 1):
-            wait_until(run, "status", g)  # each child filled for a second
+        children = {int(line["child_pid"]) for line in wait_each(run, "child_start", (0, 1)).values()}
+        wait_each(run, "status", (0, 1))  # each child filled for a second
         assert {c.device for c in gpu.contexts()} == {0, 1}
         assert run.proc.pid not in {c.pid for c in gpu.contexts()}  # the supervisor itself holds none
 
