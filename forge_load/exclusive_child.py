@@ -10,24 +10,28 @@ import pickle
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, TextIO
 
 from forge_load import app
-from forge_load.backend import NvidiaBackend
+from forge_load.backend import Backend, NvidiaBackend
 from forge_load.config import Config
 from forge_load.policy import FILLING_STATES
 from forge_load.status import GpuSlot
 from forge_load.title import ProcessTitle
 
 
-def child_main(stdin: IO[bytes], out: TextIO) -> int:
+def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
+               title: Callable[[str], None] | None = None) -> int:
     """The child: the ordinary filler of one GPU, which ends when asked (SIGTERM), when its filler stops filling,
-    or when the supervisor is gone (EOF on stdin)."""
+    or when the supervisor is gone (EOF on stdin). `backend`: the machine's GPUs (tests: the simulated one);
+    `title` names the process (ProcessTitle.set)."""
     config, parent_start_s = pickle.load(stdin)
     if not isinstance(config, Config) or not isinstance(parent_start_s, float):
         raise TypeError("the supervisor sent something other than (Config, its start time)")
     # Named in ps and in the GPU's process list like its parent (docs/DESIGN.md §10); it lives only while filling.
-    ProcessTitle().set(f"forge-load: exclusive-mode child of {os.getppid()}, filling {config.gpu}")
+    if title is not None:
+        title(f"forge-load: exclusive-mode child of {os.getppid()}, filling {config.gpu}")
     stop, wake = threading.Event(), threading.Event()
 
     def asked(signum: int, _frame: object) -> None:
@@ -54,7 +58,7 @@ def child_main(stdin: IO[bytes], out: TextIO) -> int:
         started.append(rt)
 
     slot = GpuSlot(config.gpu)
-    app.run_gpu(config, NvidiaBackend(), slot, out, stop, wake, heartbeat=lambda: None, on_start=on_start,
+    app.run_gpu(config, backend or NvidiaBackend(), slot, out, stop, wake, heartbeat=lambda: None, on_start=on_start,
                 controls=app.Controls(on_transition=not_filling), supervise=False)
     return slot.exit_code if slot.status == "failed" else 0
 
@@ -62,7 +66,7 @@ def child_main(stdin: IO[bytes], out: TextIO) -> int:
 if __name__ == "__main__":
     code = 1
     try:
-        code = child_main(sys.stdin.buffer, sys.stdout)
+        code = child_main(sys.stdin.buffer, sys.stdout, title=ProcessTitle().set)
     except Exception as error:  # noqa: BLE001 - one line in docker logs, not a traceback
         print(f"forge-load: exclusive-mode child: internal error, please report: {type(error).__name__}: {error}",
               file=sys.stderr, flush=True)

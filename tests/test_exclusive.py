@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -298,3 +299,34 @@ def test_a_hold_dir_that_appears_later_starts_the_supervision(tmp_path: Path) ->
     assert [(line["event"], line.get("holds")) for line in lines][:3] == [
         ("exclusive", False), ("exclusive", True), ("child_start", None)]
     assert child.starts == 1
+
+
+def test_the_child_ends_itself_when_its_filler_stops_filling(tmp_path: Path) -> None:
+    """A yield (here: a simulated foreign job at 2 s) ends the child, so that no idle context of ours stays."""
+    import os
+    import signal
+
+    from forge_load.backend import SimBackend
+    from forge_load.config import SimConfig
+    from forge_load.exclusive_child import child_main
+
+    sim = SimConfig(speed=0.0, foreign_s=((2.0, 30.0),))
+    config = Config(log_format="json", simulate=True, sim=sim, duration_s=20.0)
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, __import__("pickle").dumps((config, 0.0)))  # the supervisor keeps its end open
+    out = io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    stdin = os.fdopen(read_fd, "rb")
+    try:
+        code = child_main(stdin, out, SimBackend(sim))
+    finally:
+        os.close(write_fd)  # EOF first: the child's reader thread lets go of stdin, which can then be closed
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    time.sleep(0.1)
+    stdin.close()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    stop = lines[-1]
+    assert code == 0 and stop["event"] == "stop"
+    assert stop["reason"] == "yielding in exclusive compute mode: ends, so that its context goes too"
+    assert stop["t"] < 3.0  # at the yield, not at the 20-s duration
