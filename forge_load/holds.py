@@ -222,7 +222,9 @@ def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
 def ensure_dir(hold_dir: str) -> None:
     """The directory, made (mode 0755) with its parents where missing; HoldError when it cannot be."""
     try:
-        os.makedirs(hold_dir, mode=DIR_MODE, exist_ok=True)
+        if not os.path.lexists(hold_dir):
+            os.makedirs(hold_dir, mode=DIR_MODE, exist_ok=True)
+            os.chmod(hold_dir, DIR_MODE)  # whatever the umask: every filler must be able to read it
     except OSError as error:
         raise HoldError(f"cannot create {hold_dir} ({error.strerror or error})") from None
     if not os.path.isdir(hold_dir):
@@ -445,7 +447,7 @@ class HoldWatch:
                 self.generation += 1  # a hold of this GPU placed, refreshed or removed: acknowledge it at once
         view = self._view
         problems = [p for p in view.problems if p not in self._said]
-        self._said.update(problems)
+        self._said = set(view.problems)  # only what is there now: bounded, and said again if it comes back
         fail_safe_before, self.fail_safe = self.fail_safe, view.fail_safe
         live: dict[str, Hold] = {}
         why_gone: dict[str, str] = {h.holder: "expired" for h in view.expired}

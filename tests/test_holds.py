@@ -220,3 +220,33 @@ def test_age_out_zero_never_ages_out(tmp_path: Path) -> None:
     watch = HoldWatch(str(tmp_path), GPU0, idle_age_out_s=0.0)
     watch.check(0.0, 0.0)
     assert watch.check(1e9, 0.0) == ([], []) and watch.held
+
+
+def test_ensure_dir_makes_it_0755_whatever_the_umask_and_leaves_an_existing_one_alone(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        holds.ensure_dir(str(tmp_path / "a" / "holds"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "holds").stat().st_mode & 0o777 == 0o755
+    (tmp_path / "mine").mkdir(mode=0o700)
+    holds.ensure_dir(str(tmp_path / "mine"))
+    assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o700  # its owner's decision
+    (tmp_path / "file").write_text("")
+    with pytest.raises(holds.HoldError, match="not a directory"):
+        holds.ensure_dir(str(tmp_path / "file"))
+
+
+def test_the_watch_holds_fail_safe_with_holder_dash_and_lets_go_when_readable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(holds, "MAX_HOLDS", 2)
+    for name in ("a", "b", "c"):
+        holds.place(str(tmp_path), _hold(name))
+    watch = HoldWatch(str(tmp_path), GPU0)
+    changes, problems = watch.check(0.0, 0.0)
+    assert [(c.event, c.holder) for c in changes] == [("hold", holds.FAIL_SAFE_HOLDER)] and len(problems) == 1
+    assert watch.held and watch.holders == ("a", "b", "c")  # hold --wait of any of them is acknowledged
+    holds.release(str(tmp_path), GPU0, "c")
+    changes, _ = watch.check(1.5, 0.0)
+    assert [(c.event, c.holder) for c in changes] == [("release", "-"), ("hold", "a"), ("hold", "b")]
+    assert watch.holders == ("a", "b")

@@ -129,6 +129,7 @@ def test_wait_exits_1_when_the_filler_has_not_acknowledged_and_the_hold_stays(
             holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))
             stop.wait(0.05)
 
+    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))  # there before the hold
     thread = threading.Thread(target=live_filler_that_ignores_holds)
     thread.start()
     try:
