@@ -26,6 +26,7 @@ from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
 from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
 from forge_load.exclusive import prohibited_error
+from forge_load.exclusive import supervise as run_exclusive
 from forge_load.filler import Filler, line_fields
 from forge_load.holds import FillerHolds
 from forge_load.log import EventLog, LogStream, escape_controls
@@ -93,7 +94,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid})
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
     pauses = pauses_for(config, controls, wall_clock)
-    holds = None  # FORGE_HOLD_DIR "" is refused; set only for the exclusive mode's child, whose supervisor holds
+    holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): its supervisor reads them
     if config.hold_dir:
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
@@ -362,8 +363,6 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
             on_start(slot, rt)
 
     def exclusive(probe: Probe) -> None:
-        from forge_load.exclusive import supervise as run_exclusive
-
         def attach_status(snapshot: Callable[[], GpuStatus]) -> None:
             slot.attach(probe.info, snapshot)
             if controls.on_transition is not None:
