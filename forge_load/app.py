@@ -94,7 +94,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid})
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
     pauses = pauses_for(config, controls, wall_clock)
-    holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): the supervisor reads
+    holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
     if config.hold_dir:
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
