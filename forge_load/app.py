@@ -27,6 +27,8 @@ from forge_load import __version__, health, metrics
 from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
 from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
+from forge_load.exclusive import prohibited_error
+from forge_load.exclusive import supervise as run_exclusive
 from forge_load.filler import Filler, line_fields
 from forge_load.holds import FillerHolds, HoldBoard
 from forge_load.log import EventLog, LogStream, escape_controls
@@ -34,11 +36,11 @@ from forge_load.monitor import Monitor
 from forge_load.pause import Pauses, PauseSwitch
 from forge_load.policy import Policy
 from forge_load.powercap import PowerCap
-from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
+from forge_load.probe import ComputeMode, DeviceInfo, GpuFailedError, NoGpuError, Probe
 from forge_load.schedule import local_zone
 from forge_load.signals import Thresholds
 from forge_load.sim import SimGpu, VirtualClock
-from forge_load.status import Fleet, GpuSlot
+from forge_load.status import Fleet, GpuSlot, GpuStatus
 from forge_load.stopsignals import StopSignals
 from forge_load.title import ProcessTitle
 from forge_load.title import describe as describe_title
@@ -101,12 +103,11 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid})
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
-    pauses = None
-    if controls.switch is not None or config.pause_file is not None or config.active_hours is not None:
-        pauses = Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock,
-                        tz=local_zone(config.time_zone), on_host_error=lambda why: say(f"forge-load: warning: {why}"))
-    holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
-                        controls.board)
+    pauses = pauses_for(config, controls, wall_clock)
+    holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
+    if config.hold_dir:
+        holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
+                            controls.board)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
                     heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition,
@@ -114,9 +115,18 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
 
 
+def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], float] = time.time) -> Pauses | None:
+    """Every reason to pause that is configured; None when none is."""
+    if controls.switch is None and config.pause_file is None and config.active_hours is None:
+        return None
+    return Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock, tz=local_zone(config.time_zone),
+                  on_host_error=lambda why: say(f"forge-load: warning: {why}"))
+
+
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     """The first poll happens before any launch, so a foreign job already there is seen first."""
-    wall_start_s = time.time() - (rt.now() - rt.start_s)  # the unix time of t=0, for lining logs up
+    # the unix time of t=0, for lining logs up (t=0 is a parent's start where the log is offset to its timeline)
+    wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
@@ -131,6 +141,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
                   driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
                   nvml_clock=rt.probe.sample_clock, energy_source=rt.filler.energy_source_of(reading),
+                  compute_mode=rt.info.compute_mode.value,
                   **rt.launcher.describe(), **extra)
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
@@ -240,14 +251,29 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
 
 def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
              heartbeat: Callable[[], None] | None = None, backend: Backend | None = None,
-             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS) -> None:
-    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker."""
+             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS,
+             exclusive: Callable[[Probe], None] | None = None) -> None:
+    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker.
+
+    A GPU in an exclusive compute mode is handed to `exclusive` (docs/exclusive.md) with its probe, before any
+    context exists; without it (the exclusive mode's own child) it is filled here as any other."""
     backend = backend or NvidiaBackend()
     if controls.switch is not None:
         controls.switch.add_listener(wake.set)  # a pause signal is acted on at once, not at the next poll
     if controls.board is not None:
         controls.board.add_listener(wake.set)  # and so is a hold the kubelet gave
     probe = backend.open_probe(config.gpu)
+    mode = probe.info.compute_mode
+    if mode is ComputeMode.PROHIBITED or (exclusive is not None and mode.exclusive):
+        try:
+            if mode is ComputeMode.PROHIBITED:
+                raise prohibited_error(probe.info)
+            assert exclusive is not None
+            exclusive(probe)
+        finally:
+            with contextlib.suppress(Exception):
+                probe.close()
+        return
     rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
     claim_fd: int | None = None
@@ -353,8 +379,9 @@ OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools a
 
 def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
             wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None,
-            controls: Controls = NO_CONTROLS) -> None:
-    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised."""
+            controls: Controls = NO_CONTROLS, supervise: bool = True) -> None:
+    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised. `supervise`:
+    a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child)."""
     started: list[Runtime] = []
 
     def beat() -> None:
@@ -369,11 +396,21 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
         if on_start is not None:
             on_start(slot, rt)
 
+    def exclusive(probe: Probe) -> None:
+        def attach_status(snapshot: Callable[[], GpuStatus]) -> None:
+            slot.attach(probe.info, snapshot)
+            if controls.on_transition is not None:
+                controls.on_transition()
+
+        run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls),
+                      on_change=controls.on_transition)
+
     try:
         if backend.virtual_time:
             run_simulated(config, stream, stop, heartbeat=beat, on_start=attach, controls=controls)
         else:
-            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls)
+            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls,
+                     exclusive=exclusive if supervise else None)
         slot.stopped()
         return
     except NoGpuError as error:
