@@ -27,7 +27,14 @@ from bench import (
     cpu,
     log,
 )
-from bench.render import render_cpu_section, render_section, write_cpu_outputs, write_outputs, write_section
+from bench.render import (
+    render_announced_section,
+    render_cpu_section,
+    render_section,
+    write_cpu_outputs,
+    write_outputs,
+    write_section,
+)
 from bench.results import ANNOUNCED_PATHS, CONTROLLERS, JUDGE_FROM_S, SCHEMA, TARGETS, YIELD_TARGET, Json, q, slug
 from bench.runner import CHILDREN
 from bench.scenarios import REAL_VARIANTS, SIM_VARIANTS, real_plan, run_real_bench, run_simulated_bench
@@ -308,7 +315,10 @@ def finish_outputs(results: Json | None, cpu_results: Json | None, out_dir: Path
         markdown = write_outputs(results, out_dir, final=True)
         print(markdown)
         log(f"wrote {out_dir}/results.json, results.md" + (", plots" if results.get("plots") else ""))
-        section.append(render_section(results, out_dir, args.section))
+        if set(results["settings"]["scenarios"]) != {"announced"}:  # else no tracking, yield or footprint to show
+            section.append(render_section(results, out_dir, args.section))
+        if results.get("announced"):
+            section.append(render_announced_section(results, out_dir, args.section))
         goals += results["goals"]
     if cpu_results is not None:
         markdown = write_cpu_outputs(cpu_results, out_dir)
