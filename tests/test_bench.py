@@ -622,7 +622,7 @@ def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
     (regenerate: python scripts/gpu_bench.py --render DIR --section docs/benchmarks.md)."""
     page = REPO / "docs" / "benchmarks.md"
     text = page.read_text()
-    for name in ("BENCH-TABLE", "BENCH-SECTION", "BENCH-CPU"):
+    for name in ("BENCH-TABLE", "BENCH-SECTION", "BENCH-CPU", "BENCH-ANNOUNCED"):
         pattern = rf"<!-- {name} -->.*?<!-- /{name} -->"
         block = re.search(pattern, text, re.S)
         assert block is not None, f"docs/benchmarks.md has no {name} block"
@@ -631,6 +631,7 @@ def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
         out_dir = REPO / source.group(1)
         saved = json.loads((out_dir / f"{source.group(2)}.json").read_text())
         drawn = (render.render_cpu_section(saved, out_dir, page) if name == "BENCH-CPU"
+                 else render.render_announced_section(saved, out_dir, page) if name == "BENCH-ANNOUNCED"
                  else render.render_section(saved, out_dir, page))
         expected = re.search(pattern, drawn, re.S)
         assert expected is not None and block.group(0) == expected.group(0), name
