@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.kubelet import TestKubelet
 from forge_load import kubelet
 from forge_load.app import Controls, Runtime, run_simulated
 from forge_load.config import load_config
 from forge_load.holds import HOLDER_RE, Hold, HoldBoard
 from forge_load.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
 from tests.fake_pynvml import FakeDevice, FakeNvml
-from tests.kubelet_server import TestKubelet
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory
 
