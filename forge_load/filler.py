@@ -62,6 +62,7 @@ class Filler:
         self._draining = False  # a yield's (or a pause's) last kernels are still running
         self.power_cap = power_cap
         self._power_pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover
+        self._power_seen_t_s: float | None = None  # when the power reading last learnt from was read
         self.pauses = pauses
         self.on_transition = on_transition
         self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
@@ -181,7 +182,9 @@ class Filler:
         read our share low and the watts it costs high (bursts last up to a twelfth of a second)."""
         if self.power_cap is None:
             return
-        if self._power_pending is None and reading.power_w is not None:
+        # Power is read about once a second (monitor.py): each reading of it is learnt from once.
+        if self._power_pending is None and reading.power_w is not None and reading.power_t_s != self._power_seen_t_s:
+            self._power_seen_t_s = reading.power_t_s
             self._power_pending = (now_s, reading)
         busy = self.worker.busy_log
         if self._power_pending is None or busy.complete_until_s < self._power_pending[0]:
