@@ -490,6 +490,36 @@ def test_cli_keeps_the_nvml_calls_file_current_while_the_command_runs(tmp_path: 
     assert final["cost_ms"] == {"nvmlDeviceGetComputeRunningProcesses_v3": 1.0}
 
 
+BURST = r'''
+import json, os, time
+import pynvml
+from forge_load.launcher import CudaLauncher
+pynvml.nvmlInit()
+uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+launcher = CudaLauncher(uuid if isinstance(uuid, str) else uuid.decode())
+done = []
+launcher.launch(16, time.monotonic(), count=7)  # two waves a kernel
+while not done:
+    time.sleep(0.005)
+    done += launcher.poll(time.monotonic())
+launcher.close()
+(k,) = done
+print(json.dumps({"pid": os.getpid(), "count": k.count, "kernel_s": k.kernel_s, "busy_s": k.end_s - k.start_s}))
+'''
+
+
+def test_a_burst_is_two_driver_launches_and_still_timed_exactly(vgpu: VgpuFactory) -> None:
+    """A burst of seven kernels' work is queued as the first kernel and one kernel of the other six's blocks:
+    two cuLaunchKernel calls, not seven; the events still time one kernel of the burst's size exactly."""
+    gpu = vgpu()
+    r = run_py(gpu, BURST)
+    mine = [k for k in gpu.kernels() if k.pid == r["pid"]][1:]  # after numba's compile-and-load launch
+    assert len(mine) == 2
+    first_s, rest_s = (k.end - k.start for k in mine)
+    assert rest_s == pytest.approx(6 * first_s, rel=0.05)  # one launch overhead instead of six
+    assert r["count"] == 7 and r["kernel_s"] == pytest.approx(first_s, rel=0.05)
+
+
 def test_not_supported_injection_and_forge_load_reads_it_as_unavailable(vgpu: VgpuFactory) -> None:
     gpu = vgpu(not_supported=["nvmlDeviceGetSamples", "nvmlDeviceGetPowerUsage"])
     r = run_py(gpu, r'''
