@@ -82,7 +82,7 @@ class Filler:
         """React to a new reading, drive the Worker, log; returns when to step again."""
         if self.monitor.failure is not None:
             raise self.monitor.failure
-        reading = self.monitor.latest()
+        reading = self.monitor.take()
         fresh = reading is not None and reading.seq != self._seq
         if self.pauses is not None and (fresh or self.pauses.generation != self._pause_generation):
             self._check_pauses(now_s)
@@ -101,6 +101,10 @@ class Filler:
         if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:
             self._last_beat_s = now_s
             self.heartbeat()
+        # While filling, the next burst takes the readings in between; otherwise each one may end a wait. A
+        # pause file is read at each reading, as fast as a yield: with one, every reading still wakes us.
+        self.monitor.wake_every_reading = (self.policy.state not in FILLING_STATES or self._draining
+                                           or (self.pauses is not None and self.pauses.pause_file is not None))
         return min(due_s, self._next_status_s)
 
     def _react(self, now_s: float, reading: Reading) -> None:

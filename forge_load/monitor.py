@@ -13,6 +13,7 @@ new sample can be there (sampling.py).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -85,6 +86,12 @@ class Monitor:
         self._processes_due_s = float("-inf")
         self._processes_gap_s = PROCESS_REFRESH_MIN_S
         self._slow_due_s = float("-inf")
+        # Waking the reader (the GPU's loop) costs more CPU than the poll: while it fills, it is woken only by a
+        # reading that changes what it does (the verdict); its next burst takes the rest (`take`).
+        self.wake_every_reading = True
+        self.woke = False  # whether the last step woke the reader
+        self._unread: list[ShareSample] = []  # samples of the readings published since the last take()
+        self._taken: Reading | None = None
         self._power_w: float | None = None
         self._power_t_s: float | None = None
         self._temperature_c: float | None = None
@@ -97,12 +104,26 @@ class Monitor:
         with self._lock:
             return self._latest
 
+    def take(self) -> Reading | None:
+        """The latest reading for its reader, with every sample published since the previous take(): a
+        reading that did not wake the reader loses none."""
+        with self._lock:
+            latest = self._latest
+            if latest is None or (self._taken is not None and self._taken.seq == latest.seq):
+                return self._taken if latest is not None else None
+            self._taken = dataclasses.replace(latest, samples=tuple(self._unread))
+            self._unread = []
+            return self._taken
+
     def step(self, now_s: float) -> float:
         """Poll once; returns when the next poll is due (a fixed grid, skipping missed slots)."""
         reading = self._poll(now_s)
         with self._lock:
-            self._latest = reading
-        if self.on_reading is not None:
+            previous, self._latest = self._latest, reading
+            self._unread.extend(reading.samples)
+        self.woke = (self.wake_every_reading or previous is None or reading.signals != previous.signals
+                     or reading.foreign != previous.foreign)
+        if self.on_reading is not None and self.woke:
             self.on_reading()
         due_s = now_s if self._next_due_s is None else self._next_due_s
         while due_s <= now_s:
