@@ -60,7 +60,7 @@ NVML_COSTS_MS = (0.0, 4.5)  # what each process-list query costs on the virtual 
 PROCESS_LIST_FUNCTIONS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
                           "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2",
                           "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
-TASKS_EVERY_S = 1.0  # how often the threads' context switches, the RSS and the NVML counts are read
+TASKS_EVERY_S = 0.5  # how often the threads' context switches, the RSS and the NVML counts are read
 
 # Issue 12's goals: CPU per GPU at 0.5 and 0.8 on one GPU, the whole process with 8 GPUs at 0.5, and the
 # tracking that must hold meanwhile (the worst run and GPU).
