@@ -45,7 +45,8 @@ ENV PATH=/opt/forge/bin:${PATH} \
 
 # Fails when the filler's loop has not written its heartbeat for FORGE_HEALTH_MAX_AGE seconds (default 30), or
 # (with FORGE_METRICS_PORT) when its /health says so; it reads the same settings as the filler. The heartbeat
-# is at its default place, /tmp/forge_load-10001/heartbeat: a directory of the filler's user, mode 0700.
+# is at its default place, /tmp/forge_load-10001/heartbeat-gpu0 (named after FORGE_GPU/FORGE_GPUS, which the
+# check reads too): a directory of the filler's user, mode 0700.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-m", "forge_load.health"]
 
@@ -60,7 +61,7 @@ RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --
 # The dependencies next, in a layer of their own: they change far less often than the code. Left out in the
 # same layer, so they never reach the image: the packages' own test suites (numpy, numba: ~35 MB), never
 # imported at run time, and the files of the CUDA wheels that the filler never loads (~190 MB: a second NVRTC,
-# ptxas, headers, static libraries; measured on the virtual GPU, see scripts/image_prune.py and the README).
+# ptxas, headers, static libraries; measured on the virtual GPU, see scripts/image_prune.py and docs/deploying.md).
 # image_prune.py fails the build if a wheel no longer matches what was measured.
 COPY requirements.txt scripts/image_prune.py /tmp/forge-build/
 RUN python3 -m venv /opt/forge \

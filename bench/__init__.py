@@ -9,7 +9,7 @@ shipped package or the image. What every number means: docs/benchmarks/README.md
   sampler.py    the NVML sampling thread of a real run, reading samples as the Monitor does
   scenarios.py  tracking, yield and footprint, on the simulated GPU and on a real one
   cpu.py        the cpu scenario: the filler's CPU per GPU, start-up and tracking (virtual or real GPU)
-  render.py     results.md, the README's generated blocks, the plots
+  render.py     results.md, the generated blocks of docs/benchmarks.md, the plots
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bench.results import JUDGE_FROM_S, Quantity, TrackingMetrics, YieldMetrics, mean
+from bench.results import JUDGE_FROM_S, AnnouncedJob, Quantity, TrackingMetrics, YieldMetrics, mean
 from forge_load.probe import UtilSample
 from forge_load.scoring import one_second_readings, percentile, tracking
 
@@ -107,3 +107,28 @@ def marks(events: list[Event], a: float, b: float) -> dict[str, Any]:
     return {"foreign": [a, b], "yield": yielded["t"] if yielded else None,
             "drained": drained["last_kernel_end_t"] if drained else None,
             "resume": resumed["t"] if resumed else None}
+
+
+def announced_job(events: Sequence[Event], hold_began_t: float, hold_answered_t: float, hold_code: int,
+                  context_begin_t: float, release_t: float,
+                  own_kernels_while_held: int | None) -> AnnouncedJob:
+    """One announced job from the filler's log, on its clock (t = seconds since its start).
+
+    Our last kernel is the one the `drained` line after the filler's `hold` line names (the filler's CUDA events,
+    as the yield scenario's); the lead time is the job's context creation beginning minus its end: > 0 when the
+    filler had drained before the job touched the GPU."""
+    held = first(events, "hold", after_t=hold_began_t - YIELD_SLACK_S)
+    drained = first(events, "drained", after_t=held["t"]) if held else None
+    resumed = first(events, "resume", after_t=release_t)
+    last_end_t = drained.get("last_kernel_end_t") if drained else None
+    why = "the filler logged no hold" if held is None else "the filler logged no drain after its hold"
+    return AnnouncedJob(
+        hold_s=Quantity.of(hold_answered_t - hold_began_t, "s"),
+        acknowledged=hold_code == 0 and drained is not None and drained["t"] <= hold_answered_t + YIELD_SLACK_S,
+        lead_s=Quantity.of(context_begin_t - last_end_t if last_end_t is not None else None, "s",
+                           None if last_end_t is not None else why),
+        own_kernels_while_held=Quantity.of(own_kernels_while_held, "count", None if own_kernels_while_held is not None
+                                           else "n/a: only the virtual GPU records every kernel"),
+        resume_s=Quantity.of(resumed["t"] - release_t if resumed else None, "s",
+                             None if resumed else "no resume line after the release"),
+    )

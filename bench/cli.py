@@ -33,7 +33,7 @@ from bench.runner import CHILDREN
 from bench.scenarios import REAL_VARIANTS, SIM_VARIANTS, real_plan, run_real_bench, run_simulated_bench
 from forge_load import __version__ as forge_version
 
-SCENARIOS = ("tracking", "yield", "footprint", "cpu")
+SCENARIOS = ("tracking", "yield", "footprint", "cpu", "announced")
 DEFAULT_SCENARIOS = "tracking,yield,footprint"
 SCRIPT = REPO / "scripts" / "gpu_bench.py"
 
@@ -59,8 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="tracking targets, comma separated; default 0.3,0.5,0.8")
     parser.add_argument("--controllers", default="pi,legacy", help="default pi,legacy (pi first)")
     parser.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
-                        help="which to run, comma separated, of tracking, yield, footprint, cpu; default "
-                             f"{DEFAULT_SCENARIOS} (cpu: real mode only, see --cpu-s)")
+                        help="which to run, comma separated, of tracking, yield, footprint, cpu, announced; "
+                             f"default {DEFAULT_SCENARIOS} (cpu and announced: real mode only, see --cpu-s and "
+                             "--announced-jobs)")
     parser.add_argument("--foreign-s", type=float, default=None,
                         help="seconds the foreign job trains; default 15 (simulated: 20)")
     parser.add_argument("--warmup-s", type=float, default=None,
@@ -80,6 +81,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="extra flags for every filler run, one string (e.g. '--poll-interval 0.05')")
     parser.add_argument("--foreign-args", default="",
                         help="extra flags for scripts/foreign_job.py, one string (e.g. '--backend cupy')")
+    parser.add_argument("--announced-jobs", type=int, default=3,
+                        help="announced scenario: foreign jobs, each announced by `forge-load hold --wait 2` as the "
+                             "Slurm prolog does and released after it; default 3")
     parser.add_argument("--cpu-s", type=float, default=cpu.RUN_S,
                         help=f"cpu scenario: seconds per run; default {cpu.RUN_S:g}")
     parser.add_argument("--cpu-gpus", default=",".join(map(str, cpu.GPU_COUNTS)),
@@ -95,8 +99,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="simulator seed; default 0")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     parser.add_argument("--section", type=Path, default=None,
-                        help="also write the README's benchmark section (Markdown) to this file, with "
-                             "links relative to the repository root")
+                        help="also write the generated benchmark blocks (Markdown) to this file, e.g. "
+                             "docs/benchmarks.md, with links relative to it")
     parser.add_argument("--render", type=Path, default=None, metavar="DIR",
                         help="measure nothing: redraw results.md, the plots (and --section) from DIR's "
                              "results.json and series.json")
@@ -115,6 +119,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--scenarios: expected some of {', '.join(SCENARIOS)}")
     if "cpu" in args.scenarios and args.simulate:
         parser.error("--scenarios cpu: needs real mode (a real GPU, or --vgpu): virtual time has no CPU cost")
+    if "announced" in args.scenarios and args.simulate:
+        parser.error("--scenarios announced: needs real mode (a real GPU, or --vgpu): the holds are files and the "
+                     "commands processes, in real time")
+    if not 1 <= args.announced_jobs <= 100:
+        parser.error(f"--announced-jobs {args.announced_jobs}: expected 1 to 100")
     try:
         args.cpu_gpus = sorted({int(n) for n in args.cpu_gpus.split(",") if n.strip()})
     except ValueError:
@@ -192,7 +201,7 @@ def new_results(args: argparse.Namespace, argv: list[str], today: str) -> Json:
             "budget_s": q(args.budget_s or None, "s", None if args.budget_s else "no limit"),
         },
         "gpu": {"name": "unknown", "driver": "unknown"},
-        "tracking": {}, "yield": {}, "footprint": {}, "notes": [], "failures": [], "skipped": [],
+        "tracking": {}, "yield": {}, "announced": {}, "footprint": {}, "notes": [], "failures": [], "skipped": [],
         "_series": {},
     }
     if args.simulate:
@@ -293,19 +302,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def finish_outputs(results: Json | None, cpu_results: Json | None, out_dir: Path, args: argparse.Namespace,
                    code: int) -> int:
-    section: list[str] = []  # the README's generated blocks
+    section: list[str] = []  # docs/benchmarks.md's generated blocks
     goals: list[Json] = []
     if results is not None:
         markdown = write_outputs(results, out_dir, final=True)
         print(markdown)
         log(f"wrote {out_dir}/results.json, results.md" + (", plots" if results.get("plots") else ""))
-        section.append(render_section(results, out_dir))
+        section.append(render_section(results, out_dir, args.section))
         goals += results["goals"]
     if cpu_results is not None:
         markdown = write_cpu_outputs(cpu_results, out_dir)
         print(markdown)
         log(f"wrote {out_dir}/cpu.json, cpu.md")
-        section.append(render_cpu_section(cpu_results, out_dir))
+        section.append(render_cpu_section(cpu_results, out_dir, args.section))
         goals += cpu_results["goals"]
     if args.section:
         args.section.parent.mkdir(parents=True, exist_ok=True)

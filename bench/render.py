@@ -1,9 +1,10 @@
-"""Rendering from the results tree (what results.json and cpu.json hold): results.md and cpu.md, the README's
-generated blocks (between <!-- BENCH-... --> markers), and the plots. Nothing here measures anything."""
+"""Rendering from the results tree (what results.json and cpu.json hold): results.md and cpu.md, the generated
+blocks of docs/benchmarks.md (between <!-- BENCH-... --> markers), and the plots. Nothing here measures anything."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from forge_load.scoring import one_second_readings
 
 VIRTUAL_NOTE = ("> **Virtual GPU: not a GPU measurement.** These numbers come from the real filler, numba-cuda and "
                 "pynvml running on driver-free stand-ins for libcuda and libnvidia-ml (`scripts/vgpu`, a model of "
-                "an H100-like GPU; README, Testing). They check our code against the real libraries; timing, "
-                "memory and power are the model's, and CPU is this machine's.")
+                "an H100-like GPU; docs/testing.md, \"The virtual GPU\"). They check our code against the real "
+                "libraries; timing, memory and power are the model's, and CPU is this machine's.")
 
 
 def fmt(quantity: dict[str, Any] | None, digits: int = 3, unit: bool = False) -> str:
@@ -93,6 +94,26 @@ def render_markdown(results: dict[str, Any]) -> str:
             out.append(f"Solo runs of the foreign job differ by {fmt(solo['solo_spread_ratio'], 4)} "
                        "(run-to-run noise of the throughput ratio).")
 
+    if results.get("announced"):
+        out += ["", f"### Announced: each job held by `forge-load hold --wait 2` first (the Slurm prolog's call), "
+                f"filler at {YIELD_TARGET:g}", "",
+                "| controller | job | hold answered (s) | acknowledged | lead time (s) | our kernels while held | "
+                "resumed after release (s) |", "|---|---|---|---|---|---|---|"]
+        for m in results["announced"].values():
+            for i, j in enumerate(m["jobs"], 1):
+                out.append(f"| {m['controller']} | {i} | {fmt(j['hold_s'], 3)} | {'yes' if j['acknowledged'] else 'no'}"
+                           f" | {fmt(j['lead_s'], 3)} | {fmt(j['own_kernels_while_held'])} | {fmt(j['resume_s'], 2)} |")
+        lines = ["", "Lead time: the job's CUDA context creation began, minus the end of our last kernel on the GPU "
+                 "(the filler's `drained` line): > 0 means the GPU was ours no more when the job touched it. "
+                 "Every announced job's lead time > 0: " + ", ".join(
+                     f"{'yes' if m['every_lead_positive'] else 'NO'} ({m['controller']})"
+                     for m in results["announced"].values()) + "."]
+        found = results["yield"].get("pi_visible", {}).get("yield_from_context_begin_s")
+        if found is not None and found.get("value") is not None:
+            lines.append(f"Found by NVML instead (yield, pi, visible): our last kernel ended {fmt(found, 3)} s "
+                         "after the job began creating its context (a lead time of minus that).")
+        out += lines
+
     fp = results.get("footprint")
     if fp:
         lab = " (simulated)" if fp.get("simulated") else ""
@@ -122,11 +143,17 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 def relative(out_dir: Path) -> str:
-    """The folder as the README links it: relative to the repository root where it is inside."""
+    """The folder as the generated comment names it: relative to the repository root where it is inside."""
     try:
         return out_dir.resolve().relative_to(REPO).as_posix()
     except ValueError:
         return out_dir.as_posix()
+
+
+def link(target: Path, page: Path | None) -> str:
+    """`target` as a link from `page` (the file the blocks go into; None: the repository root)."""
+    base = page.resolve().parent if page is not None else REPO
+    return Path(os.path.relpath(target.resolve(), base)).as_posix()
 
 
 def goal_rows(goals: list[dict[str, Any]]) -> list[str]:
@@ -143,10 +170,13 @@ def goal_rows(goals: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
-def render_section(results: dict[str, Any], out_dir: Path) -> str:
-    """The README's parts, from one run: the tracking table for "How it holds the target" (between the
-    BENCH-TABLE markers) and the Benchmarks section (between the BENCH-SECTION markers)."""
+def render_section(results: dict[str, Any], out_dir: Path, page: Path | None = None) -> str:
+    """docs/benchmarks.md's parts, from one run: the tracking table, pi against legacy (between the
+    BENCH-TABLE markers), and the goals with the plots (between the BENCH-SECTION markers). Links are
+    relative to `page`, the file they go into."""
     rel = relative(out_dir)
+    here = link(out_dir, page)
+    method = link(REPO / "docs" / "benchmarks" / "README.md", page)
     simulated = results["mode"] == "simulated"
     gpu = results["gpu"]
     where = (f"{gpu['name']} (virtual time), {results['date']}" if simulated else
@@ -169,11 +199,12 @@ def render_section(results: dict[str, Any], out_dir: Path) -> str:
     out = ["<!-- BENCH-TABLE -->", generated, "",
            f"From `scripts/gpu_bench.py` on {where}: 1-s NVML readings over {d:g} s per target"
            + (" (simulated: a model of the GPU, not a measurement)." if simulated else "."), "", *table, "",
-           "<!-- /BENCH-TABLE -->", "", "<!-- BENCH-SECTION -->", generated, "", "## Benchmarks", "",
+           "<!-- /BENCH-TABLE -->", "", "<!-- BENCH-SECTION -->", generated, "", "## The goals, from the latest run",
+           "",
            "`scripts/gpu_bench.py` measures the claims on one GPU: how closely the target is held "
            "(against the original law, `FORGE_CONTROLLER=legacy`), how fast the filler steps aside when a "
            "real CUDA job starts and how much that job loses, and what the filler costs in GPU memory, CPU and "
-           "power. [docs/benchmarks/README.md](docs/benchmarks/README.md) says how to run it and what each "
+           f"power. [docs/benchmarks/README.md]({method}) says how to run it and what each "
            "number means. Every number below comes from the run's `results.json`.", ""]
     if results.get("virtual_gpu"):
         out += [VIRTUAL_NOTE, ""]
@@ -181,17 +212,18 @@ def render_section(results: dict[str, Any], out_dir: Path) -> str:
         out += ["> **No real-GPU run yet: these are the simulated GPU's numbers.** They check the control loop "
                 "and the benchmark itself; footprint and the foreign job's slowdown cannot be simulated. "
                 "On a GPU machine: `python3 scripts/gpu_bench.py --out \"$OUT/bench\" --budget-s 560`.", ""]
-    out += [f"**{where}** ([all results]({rel}/results.md)).", ""] + goal_rows(results["goals"])
+    out += [f"**{where}** ([all results]({here}/results.md)).", ""] + goal_rows(results["goals"])
     if "tracking.png" in results.get("plots", []):
-        out += ["", f"![Tracking, pi vs legacy]({rel}/tracking.png)"]
+        out += ["", f"![Tracking, pi vs legacy]({here}/tracking.png)"]
     if "yield_pi_visible.png" in results.get("plots", []):
-        out += ["", f"![A foreign job arrives and leaves]({rel}/yield_pi_visible.png)"]
+        out += ["", f"![A foreign job arrives and leaves]({here}/yield_pi_visible.png)"]
     out += ["", "<!-- /BENCH-SECTION -->"]
     return "\n".join(out) + "\n"
 
 
 def write_section(path: Path, text: str) -> list[str]:
-    """Write the generated blocks in `text` to `path`. Where `path` already holds marked blocks (the README),
+    """Write the generated blocks in `text` to `path`. Where `path` already holds marked blocks
+    (docs/benchmarks.md),
     replace those in place and keep the rest; returns the names of the blocks it has no markers for (not
     written there). A file with none of the markers gets the text as it is."""
     current = path.read_text() if path.exists() else ""
@@ -415,9 +447,11 @@ def render_cpu_markdown(results: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_cpu_section(results: dict[str, Any], out_dir: Path) -> str:
-    """The README's CPU block (between the BENCH-CPU markers), from one run's cpu.json."""
+def render_cpu_section(results: dict[str, Any], out_dir: Path, page: Path | None = None) -> str:
+    """docs/benchmarks.md's CPU block (between the BENCH-CPU markers), from one run's cpu.json; links relative
+    to `page`."""
     rel = relative(out_dir)
+    here = link(out_dir, page)
     run_s = results["settings"]["run_s"]["value"]
     steady_from_s = results["settings"]["steady_from_s"]["value"]
     generated = (f"<!-- generated by scripts/gpu_bench.py --section from {rel}/cpu.json (the run: "
@@ -438,7 +472,7 @@ def render_cpu_section(results: dict[str, Any], out_dir: Path) -> str:
                    f"| {fmt(r.get('rss_mib'), 0)} MiB | {fmt(r['launches_per_s_per_gpu'], 0)} "
                    f"| {fmt(r['startup_s'], 2)} s | {fmt(r['startup_cpu_s'], 2)} s |")
     out += [""] + goal_rows(results["goals"])
-    out += ["", f"All numbers, tracking and start-up: [{rel}/cpu.md]({rel}/cpu.md).", "", "<!-- /BENCH-CPU -->"]
+    out += ["", f"All numbers, tracking and start-up: [{rel}/cpu.md]({here}/cpu.md).", "", "<!-- /BENCH-CPU -->"]
     return "\n".join(out) + "\n"
 
 

@@ -154,6 +154,29 @@ class YieldMetrics:
 
 
 @dataclass
+class AnnouncedJob:
+    """One job announced by a hold (`forge-load hold --wait`, as the Slurm prolog calls it), on wall time."""
+
+    hold_s: Quantity  # the hold command, from its start to its exit: what a prolog pays for it
+    acknowledged: bool  # it exited 0 with the filler's drain acknowledged, not by its wait running out
+    lead_s: Quantity  # the job's context creation began, minus the end of our last kernel before it
+    own_kernels_while_held: Quantity  # ours on the GPU from the hold's answer to the release (virtual GPU)
+    resume_s: Quantity  # from the release to the filler's resume line
+
+
+@dataclass
+class AnnouncedMetrics:
+    """Jobs announced by a hold against the filler at the yield target; each job's lead time should be > 0."""
+
+    jobs: list[AnnouncedJob]
+    min_lead_s: Quantity
+    every_lead_positive: bool
+    mean_hold_s: Quantity
+    controller: str | None = optional()
+    target: Quantity | None = optional()
+
+
+@dataclass
 class Scenario:
     """One run's numbers and the series to plot."""
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from bench import REPO, BenchError, NoGpu, log
 from bench.analysis import (
     YIELD_SLACK_S,
+    announced_job,
     count,
     first,
     marks,
@@ -35,6 +38,7 @@ from bench.results import (
     FOOTPRINT_TARGET,
     JUDGE_FROM_S,
     YIELD_TARGET,
+    AnnouncedMetrics,
     Quantity,
     Scenario,
     add_scenario,
@@ -411,6 +415,89 @@ class RealBench:
         return Scenario(f"yield_{controller}_{variant}", metrics, series)
 
 
+    def hold_command(self, action: str, hold_dir: Path, *extra: str) -> tuple[int, float, float]:
+        """`forge-load hold|release` as a Slurm prolog or epilog runs it: (exit code, began, answered) in wall time."""
+        argv = [sys.executable, "-m", "forge_load", action, "--holder", "bench", "--hold-dir", str(hold_dir), *extra]
+        began = time.time()
+        try:
+            proc = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=60, check=False)
+        except subprocess.TimeoutExpired as error:
+            raise BenchError(f"forge-load {action} did not answer in 60 s") from error
+        answered = time.time()
+        if proc.returncode not in (0, 1):
+            raise BenchError(f"forge-load {action} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        return proc.returncode, began, answered
+
+    def own_kernels(self, pid: int, a_wall: float, b_wall: float) -> int | None:
+        """Our kernels on the GPU in [a, b] by the virtual GPU's record; None on a real GPU (no such record)."""
+        state = os.environ.get("VGPU_STATE")
+        if not state:
+            return None
+        n = 0
+        for line in (Path(state) / "kernels.jsonl").read_text().splitlines():
+            if line.strip():
+                k = json.loads(line)
+                if k["pid"] == pid and str(k["device"]) == self.gpu and k["end"] > a_wall and k["start"] < b_wall:
+                    n += 1
+        return n
+
+    def announced(self, controller: str) -> Scenario:
+        """Foreign jobs announced by a hold: the filler fills; `forge-load hold --wait 2` (as the Slurm prolog);
+        the job creates its context and trains; `forge-load release` (the epilog); the filler resumes; again."""
+        args = self.args
+        self.wait_idle()
+        hold_dir = self.tmp / "holds"
+        hold_dir.mkdir(mode=0o755, exist_ok=True)  # before the filler: it acknowledges only into a directory
+        per_job = args.foreign_s + args.resume_after + args.start_timeout + 60.0
+        filler = self.start_filler(YIELD_TARGET, controller, args.warmup_s + args.announced_jobs * per_job,
+                                   {"FORGE_HOLD_DIR": str(hold_dir)})
+        jobs = []
+        try:
+            start_wall = float((first(filler.events, "start") or {})["wall_time"])
+            for i in range(args.announced_jobs):
+                job = self.foreign(f"foreign job (announced, {i + 1} of {args.announced_jobs})", wait=True)
+                try:
+                    job.wait_for(lambda e: e.get("event") == "ready", args.start_timeout, "its ready line")
+                    if i == 0:
+                        time.sleep(args.warmup_s)
+                    code, began, answered = self.hold_command("hold", hold_dir, "--gpu", self.gpu, "--reason",
+                                                              f"benchmark: announced job {i + 1}", "--wait", "2")
+                    job.send("go")
+                    context = job.wait_for(lambda e: e.get("event") == "context", 60.0, "its context line")
+                    job.wait_exit(args.foreign_s + 120.0)
+                    if job.proc.returncode != 0 or first(job.events, "done") is None:
+                        raise BenchError(f"foreign_job.py exited with code {job.proc.returncode}{job.tail()}")
+                finally:
+                    job.stop(grace_s=5.0)
+                _, release_wall, _ = self.hold_command("release", hold_dir, "--gpu", self.gpu)
+                filler.wait_for(resumed_after(start_wall, release_wall), args.resume_after + 30.0,
+                                "resume line after the release")
+                jobs.append((code, began, answered, float(context["wall_time_begin"]), release_wall,
+                             self.own_kernels(filler.pid, answered, release_wall)))
+        finally:
+            filler.stop()
+        run = self.finish(filler, 30.0)
+        done = [announced_job(run.events, run.t(b), run.t(a), code, run.t(ctx), run.t(rel), own)
+                for code, b, a, ctx, rel, own in jobs]
+        leads = [j.lead_s.value for j in done]
+        holds = [float(j.hold_s.value) for j in done if j.hold_s.value is not None]
+        present = [float(v) for v in leads if v is not None]
+        metrics = AnnouncedMetrics(
+            jobs=done,
+            min_lead_s=Quantity.of(min(present) if present and len(present) == len(leads) else None, "s",
+                                   None if present and len(present) == len(leads) else "a job without a lead time"),
+            every_lead_positive=bool(done) and all(v is not None and v > 0 for v in leads),
+            mean_hold_s=Quantity.of(mean(holds), "s"),
+            controller=controller, target=Quantity.of(YIELD_TARGET, "ratio"))
+        end_t = max(e.get("t") or 0.0 for e in run.events)
+        return Scenario(f"announced_{controller}", metrics, self.series(run, end_t, YIELD_TARGET))
+
+
+def resumed_after(start_wall: float, after_wall: float) -> Callable[[dict[str, Any]], bool]:
+    """A filler's `resume` line at or after a wall time (its `t` counts from its start)."""
+    return lambda e: e.get("event") == "resume" and start_wall + e["t"] >= after_wall
+
+
 PLAN_OVERHEAD_S = 10.0  # seconds a run is assumed to take beyond its own length (imports, CUDA, compiling)
 
 
@@ -447,6 +534,13 @@ def real_plan(args: argparse.Namespace, bench: RealBench, results: dict[str, Any
             plan.append((f"yield {c} {v}", yield_s, yield_run(c, v)))
         if len(yields) == 1:
             plan.append(("foreign job alone again (run-to-run noise)", solo, solo_run))
+    if "announced" in args.scenarios:
+        def announced_run(controller: str) -> Callable[[], None]:
+            return lambda: add_scenario(results, "announced", bench.announced(controller))
+
+        announced_s = args.warmup_s + args.announced_jobs * (args.foreign_s + args.resume_after + overhead + 5.0)
+        controller = args.controllers[0]
+        plan.append((f"announced {controller} ({args.announced_jobs} jobs)", announced_s, announced_run(controller)))
     return plan
 
 

@@ -1,12 +1,14 @@
 """main(): configuration, wiring, the run loop, signals, logging to stdout, exit codes.
 
 Exit codes: 0 stopped normally (a signal, or FORGE_DURATION); 1 internal error (a bug: the line says so);
-2 bad configuration; 3 no usable GPU or NVML (with a hint); 4 the GPU failed while running; 5 the log could
-not be written (stdout closed or full): the fillers stopped as for a signal, and stderr says so in one line.
+2 bad configuration (a setting, or the host's limit on open files below MIN_OPEN_FILES: `ulimit -n`); 3 no
+usable GPU or NVML (with a hint); 4 the GPU failed while running; 5 the log could not be written (stdout closed
+or full): the fillers stopped as for a signal, and stderr says so in one line.
 
 With FORGE_GPUS (several GPUs), each GPU runs its own filler in its own thread and a failing GPU stops only
 its own: the others keep filling and /health reports it. The process exits when every filler has ended:
-3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), else 0.
+3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), 2 if the only ones that did not run
+are GPUs another filler of this user on this host fills already (one filler per GPU: forge_load/health.py), else 0.
 """
 
 from __future__ import annotations
@@ -25,17 +27,20 @@ from forge_load import __version__, health, metrics
 from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
 from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
 from forge_load.controller import make_controller
+from forge_load.exclusive import prohibited_error
+from forge_load.exclusive import supervise as run_exclusive
 from forge_load.filler import Filler, line_fields
+from forge_load.holds import FillerHolds, HoldBoard
 from forge_load.log import EventLog, LogStream, escape_controls
 from forge_load.monitor import Monitor
 from forge_load.pause import Pauses, PauseSwitch
 from forge_load.policy import Policy
 from forge_load.powercap import PowerCap
-from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
+from forge_load.probe import ComputeMode, DeviceInfo, GpuFailedError, NoGpuError, Probe
 from forge_load.schedule import local_zone
 from forge_load.signals import Thresholds
 from forge_load.sim import SimGpu, VirtualClock
-from forge_load.status import Fleet, GpuSlot
+from forge_load.status import Fleet, GpuSlot, GpuStatus
 from forge_load.stopsignals import StopSignals
 from forge_load.title import ProcessTitle
 from forge_load.title import describe as describe_title
@@ -44,15 +49,23 @@ from forge_load.worker import BusyLog, Launcher, Worker
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
+# The open files the filler needs at least: a GPU's CUDA start took 16 on the virtual GPU (numba's sources, the
+# libraries); the rest is room for the driver's device files, the pause file, the heartbeat and the metrics server.
+MIN_OPEN_FILES = 64
+
+
+class GpuTakenError(Exception):
+    """Another filler of this user on this host fills the GPU already: this one leaves it (exit 2)."""
 
 
 @dataclass(frozen=True)
 class Controls:
-    """What steers every GPU's filler from outside at run time: the signals' pause switch (SIGUSR1, SIGUSR2), and
-    who is told when a filler changes state (the process title)."""
+    """What steers every GPU's filler from outside at run time: the signals' pause switch (SIGUSR1, SIGUSR2), who is
+    told when a filler changes state (the process title), and the holds kept in this process (the kubelet's)."""
 
     switch: PauseSwitch | None = None
     on_transition: Callable[[], None] | None = None
+    board: HoldBoard | None = None
 
 
 NO_CONTROLS = Controls()
@@ -79,7 +92,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
           on_reading: Callable[[], None] | None = None,
           heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
           wall_clock: Callable[[], float] = time.time) -> Runtime:
-    """`wall_clock` is the Unix time the active hours and the pause file's times are read against."""
+    """`wall_clock` is the Unix time the active hours, the pause file's and the holds' times are read against."""
     busy_log = BusyLog()
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
                       own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
@@ -90,24 +103,36 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid})
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
-    pauses = None
-    if controls.switch is not None or config.pause_file is not None or config.active_hours is not None:
-        pauses = Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock,
-                        tz=local_zone(config.time_zone))
+    pauses = pauses_for(config, controls, wall_clock)
+    holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
+    if config.hold_dir:
+        holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
+                            controls.board)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
-                    heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition)
+                    heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition,
+                    holds=holds)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
+
+
+def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], float] = time.time) -> Pauses | None:
+    """Every reason to pause that is configured; None when none is."""
+    if controls.switch is None and config.pause_file is None and config.active_hours is None:
+        return None
+    return Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock, tz=local_zone(config.time_zone),
+                  on_host_error=lambda why: say(f"forge-load: warning: {why}"))
 
 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     """The first poll happens before any launch, so a foreign job already there is seen first."""
-    wall_start_s = time.time() - (rt.now() - rt.start_s)  # the unix time of t=0, for lining logs up
+    # the unix time of t=0, for lining logs up (t=0 is a parent's start where the log is offset to its timeline)
+    wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
         raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
                          f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
+    seeing, blind = rt.monitor.sight()
     fields: dict[str, object] = dict(describe(rt.config))
     fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
     fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
@@ -116,17 +141,27 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
                   driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
                   nvml_clock=rt.probe.sample_clock, energy_source=rt.filler.energy_source_of(reading),
+                  compute_mode=rt.info.compute_mode.value,
                   **rt.launcher.describe(), **extra)
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
+    fields["signals"] = ",".join(seeing)  # the foreign-job signals that work on this GPU
     rt.log.emit("start", t=0.0, **fields)
+    if blind:
+        rest = (f"foreign jobs are seen only by {','.join(seeing)}" if seeing
+                else "no foreign job can be seen on this GPU: the filler will not step aside for one")
+        said = "; ".join(f"{name}: {why}" for name, why in blind.items())
+        rt.log.emit("warning", t=0.0, blind=",".join(blind), reason=f"blind foreign-job signals ({said}); {rest}")
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
+    rt.filler.flush_lines(now_s)  # a line held back by a signal storm comes before the stop line
     status = rt.filler.status(now_s)
     rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
                 yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),
                 energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy_source)
+    if rt.filler.holds is not None:
+        rt.filler.holds.close()
 
 
 def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[], float], stream: TextIO,
@@ -217,15 +252,40 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
 
 def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
              heartbeat: Callable[[], None] | None = None, backend: Backend | None = None,
-             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS) -> None:
-    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker."""
+             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS,
+             exclusive: Callable[[Probe], None] | None = None) -> None:
+    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker.
+
+    A GPU in an exclusive compute mode is handed to `exclusive` (docs/exclusive.md) with its probe, before any
+    context exists; without it (the exclusive mode's own child) it is filled here as any other."""
     backend = backend or NvidiaBackend()
     if controls.switch is not None:
         controls.switch.add_listener(wake.set)  # a pause signal is acted on at once, not at the next poll
+    if controls.board is not None:
+        controls.board.add_listener(wake.set)  # and so is a hold the kubelet gave
     probe = backend.open_probe(config.gpu)
+    mode = probe.info.compute_mode
+    if mode is ComputeMode.PROHIBITED or (exclusive is not None and mode.exclusive):
+        try:
+            if mode is ComputeMode.PROHIBITED:
+                raise prohibited_error(probe.info)
+            assert exclusive is not None
+            exclusive(probe)
+        finally:
+            with contextlib.suppress(Exception):
+                probe.close()
+        return
     rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
+    claim_fd: int | None = None
     try:
+        # Before our context exists: a second filler of one GPU would only yield to the first, and it to us.
+        claim_fd, holder = health.claim_gpu(probe.info.uuid)
+        if holder is not None:
+            raise GpuTakenError(
+                f"GPU {probe.info.index} ({probe.info.uuid}) is already filled by another forge-load of this user "
+                f"(pid {holder}): two fillers on one GPU only yield to each other; stop that one, or leave this GPU "
+                "out of FORGE_GPU/FORGE_GPUS")
         rt = open_runtime(config, backend, probe, time.monotonic, stream, on_reading=wake.set, heartbeat=heartbeat,
                           controls=controls)
         if on_start is not None:
@@ -258,6 +318,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
     finally:
         # The Monitor may be inside an NVML call: NVML is shut down only once it has stopped.
         stop.set()
+        if controls.board is not None:
+            controls.board.remove_listener(wake.set)
         if monitor_thread is not None:
             monitor_thread.join(timeout=MONITOR_JOIN_S)
         # After a GPU failure these may fail too; the first error is the one to report.
@@ -266,6 +328,8 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
                 rt.launcher.close()
         with contextlib.suppress(Exception):
             probe.close()
+        if claim_fd is not None:
+            os.close(claim_fd)
 
 
 # --- several GPUs in one process -------------------------------------------------------------------------------
@@ -316,8 +380,9 @@ OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools a
 
 def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
             wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None,
-            controls: Controls = NO_CONTROLS) -> None:
-    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised."""
+            controls: Controls = NO_CONTROLS, supervise: bool = True) -> None:
+    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised. `supervise`:
+    a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child)."""
     started: list[Runtime] = []
 
     def beat() -> None:
@@ -332,15 +397,27 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
         if on_start is not None:
             on_start(slot, rt)
 
+    def exclusive(probe: Probe) -> None:
+        def attach_status(snapshot: Callable[[], GpuStatus]) -> None:
+            slot.attach(probe.info, snapshot)
+            if controls.on_transition is not None:
+                controls.on_transition()
+
+        run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls),
+                      on_change=controls.on_transition)
+
     try:
         if backend.virtual_time:
             run_simulated(config, stream, stop, heartbeat=beat, on_start=attach, controls=controls)
         else:
-            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls)
+            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls,
+                     exclusive=exclusive if supervise else None)
         slot.stopped()
         return
     except NoGpuError as error:
         reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
+    except GpuTakenError as error:
+        reason, code = str(error), EXIT_CONFIG
     except GpuFailedError as error:
         reason, code = str(error), EXIT_GPU_FAILED
     except Exception as error:  # noqa: BLE001 - a bug, but one GPU's: the others go on
@@ -400,6 +477,10 @@ def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threadin
         reasons = "; ".join((slot.reason or "").removeprefix("no usable GPU: ") for slot in failed)
         print(f"forge-load: no usable GPU: {reasons}", file=sys.stderr)
         return EXIT_NO_GPU
+    if all(slot.exit_code == EXIT_CONFIG for slot in failed):  # GPUs another filler of this user fills
+        if len(failed) == len(slots):
+            say("forge-load: " + "; ".join(slot.reason or "" for slot in failed))
+        return EXIT_CONFIG
     return EXIT_INTERNAL if any(slot.exit_code == EXIT_INTERNAL for slot in failed) else EXIT_GPU_FAILED
 
 
@@ -473,15 +554,38 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         return EXIT_CONFIG
     for warning in unknown_variables(os.environ):
         say(f"forge-load: {warning}")
+    limit = metrics.open_files_limit()
+    if limit is not None and limit < MIN_OPEN_FILES:
+        say(f"forge-load: this process may open {limit} files (the host's or container's limit, RLIMIT_NOFILE: "
+            f"`ulimit -n`), fewer than the {MIN_OPEN_FILES} it needs: raise it (`docker run --ulimit "
+            "nofile=1024`, LimitNOFILE= in a systemd unit)")
+        return EXIT_CONFIG
     # Every line goes through one LogStream: a write that fails stops the fillers instead of raising in them.
     log_stream = LogStream(out, lambda error: request_stop(stop, wake, "stdout could not be written"))
     log_out = cast(TextIO, log_stream)
     path, private = health.heartbeat_location(config)
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
+    holder = beat.claim()
+    if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/health.py)
+        same = (f"the heartbeat {escape_controls(str(path))} of the same GPUs ({health.heartbeat_name(config)})"
+                if private else f"FORGE_HEARTBEAT_FILE={escape_controls(str(path))}")
+        if not config.simulate:
+            say(f"forge-load: another forge-load (pid {holder}) already runs with {same}: two fillers on one GPU "
+                "only yield to each other, and the health check cannot tell them apart; stop that one, or give this "
+                "one other GPUs (FORGE_GPU, FORGE_GPUS) or its own FORGE_HEARTBEAT_FILE")
+            return EXIT_CONFIG
+        say(f"forge-load: warning: another forge-load (pid {holder}) already runs with {same}: this one writes no "
+            "heartbeat, and `python -m forge_load.health` with these settings judges that one")
+        beat.writes = False
     error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     fleet = Fleet(config.health_max_age_s, simulated=config.simulate)
-    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)))
+    try:
+        board = start_kubelet(config, error_log, stop)
+    except ConfigError as error:
+        say(f"forge-load: {error}")
+        return EXIT_CONFIG
+    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)), board)
     if config.pause_file is not None and not os.path.isdir(os.path.dirname(config.pause_file)):
         say(f"forge-load: warning: FORGE_PAUSE_FILE={config.pause_file}: its directory does not exist (yet), so "
             "the file cannot appear: is the directory mounted?")
@@ -514,6 +618,30 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         if server is not None:
             server.close()
     return _log_checked(code, log_stream, out)
+
+
+def start_kubelet(config: Config, log: EventLog, stop: threading.Event) -> HoldBoard | None:
+    """With FORGE_KUBELET_SOCKET: the thread that holds what the kubelet assigns (forge_load/kubelet.py), and the
+    board it keeps; this filler's own pod (POD_NAMESPACE, POD_NAME from the downward API) is never held for."""
+    if config.kubelet_socket is None:
+        return None
+    try:
+        from forge_load import kubelet
+        from forge_load.podresources import api_pb2_grpc  # noqa: F401 - grpcio, checked before any GPU is opened
+    except ImportError as error:
+        raise ConfigError(f"FORGE_KUBELET_SOCKET={config.kubelet_socket} needs the grpcio and protobuf packages "
+                          f"({error}): pip install 'forge-load[kubernetes]', or unset it") from None
+    own_pod = None
+    if os.environ.get("POD_NAME"):
+        own_pod = (os.environ.get("POD_NAMESPACE", ""), os.environ["POD_NAME"])
+    board = HoldBoard()
+    client = kubelet.KubeletHolds(config.kubelet_socket, board, lambda line: log.emit("kubelet", reason=line),
+                                  kubelet.nvml_resolver() if not config.simulate else kubelet.simulated_resolver,
+                                  own_pod=own_pod)
+    log.emit("kubelet", socket=config.kubelet_socket, own_pod="/".join(own_pod) if own_pod else None,
+             poll_s=client.poll_s)
+    client.start(stop)
+    return board
 
 
 def _log_checked(code: int, log_stream: LogStream, out: TextIO) -> int:

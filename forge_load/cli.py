@@ -7,6 +7,8 @@ would kill the filler 10 s later. So this module, which imports nothing heavy, i
 SIGTERM, SIGINT and SIGHUP all mean "stop": the kernels in flight finish, a `stop` line is logged, exit 0.
 SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: stopsignals.py. The process names
 itself after its GPUs and their states (title.py).
+
+`forge-load hold|release|holds ...` are commands (holdcmd.py), dispatched before anything else.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from forge_load.stopsignals import StopSignals
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] in ("hold", "release", "holds"):
+        # The hold commands (docs/holds.md): no signal handlers, no GPU library, fast for a Slurm prolog.
+        from forge_load.holdcmd import main as command
+
+        return command(sys.argv[1:])
     signals = StopSignals.install()  # before the imports below: they take a while
     try:
         from forge_load.app import main as run

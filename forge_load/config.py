@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any, Literal, NoReturn
 
 from forge_load import __version__
+from forge_load.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
 from forge_load.log import escape_controls
 from forge_load.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
 from forge_load.schedule import ActiveHours, ScheduleError, local_zone, parse_active_hours
@@ -73,6 +74,9 @@ class Config:
     max_power_w: float | None = None  # the power cap; None: none
     active_hours: ActiveHours | None = None  # None: always
     pause_file: str | None = None
+    hold_dir: str = DEFAULT_HOLD_DIR
+    hold_idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S  # 0: never
+    kubelet_socket: str | None = None  # the kubelet's pod-resources socket; None: not asked
     time_zone: str | None = None  # TZ as given, checked when the hours or the pause file need local time
     sim: SimConfig = field(default_factory=SimConfig)
 
@@ -201,10 +205,11 @@ def _ratio_value(
     else:
         value = _float_of(text, accepted)
         if value > 1:
-            # The legacy TARGET was a percent; FORGE_* ratios are not, so "50" is ambiguous.
-            fits_as_percent = _in_range(value / 100, low, low_inclusive, high, high_inclusive)
+            # The legacy TARGET was a percent; FORGE_* ratios are not, so "50" is ambiguous. Only a whole number
+            # reads as a percent: 1.5 is no likelier 1.5 % than a slip for 0.15 or 15.
+            fits_as_percent = text.isdigit() and _in_range(value / 100, low, low_inclusive, high, high_inclusive)
             hint = f" (did you mean {text}%?)" if fits_as_percent else ""
-            raise _Rejected(accepted, f"a ratio above 1 needs %{hint}")
+            raise _Rejected(accepted, f"a ratio above 1 needs %{hint}" if hint else "above 1, the most a ratio is")
     if not _in_range(value, low, low_inclusive, high, high_inclusive):
         raise _Rejected(accepted, "out of range")
     return value
@@ -343,8 +348,8 @@ def _addr_value(raw: str) -> str:
         raise _Rejected(accepted) from None
 
 
-def _path_value(raw: str) -> str:
-    accepted = "an absolute path, such as /run/forge_load/heartbeat"
+def _path_value(raw: str, example: str = "/run/forge_load/heartbeat") -> str:
+    accepted = f"an absolute path, such as {example}"
     text = _stripped(raw, accepted)
     if not text.startswith("/"):
         raise _Rejected(accepted, "not an absolute path")
@@ -554,11 +559,12 @@ SETTINGS: tuple[Setting, ...] = (
     # load_config also holds it to twice the heartbeat's longest gap (heartbeat_period_s).
     Setting("health_max_age_s", "FORGE_HEALTH_MAX_AGE", "--health-max-age",
             partial(_seconds_value, low=MIN_HEALTH_MAX_AGE_S),
-            "seconds without a loop heartbeat before /health and the health command report a GPU stalled, "
-            ">= 2; default 30"),
+            "seconds without a loop heartbeat before /health and the health command report a GPU stalled; "
+            f">= {2 * (HEARTBEAT_EVERY_S + Config.poll_interval_s):g}, twice the heartbeat's longest gap "
+            "2 x (1 s + poll interval), divided by the simulation's speed when below 1; default 30"),
     Setting("heartbeat_file", "FORGE_HEARTBEAT_FILE", "--heartbeat-file", _path_value,
             "file the loop touches and `python -m forge_load.health` checks; default "
-            "/tmp/forge_load-<uid>/heartbeat"),
+            "/tmp/forge_load-<uid>/heartbeat-<GPUs> (heartbeat-gpu0)"),
     Setting("max_power_w", "FORGE_MAX_POWER_W", "--max-power-w", _power_value,
             "power cap: board power (1-s mean) stays at or under this many watts while filling; default none"),
     Setting("active_hours", "FORGE_ACTIVE_HOURS", "--active-hours", _active_hours_value,
@@ -566,6 +572,16 @@ SETTINGS: tuple[Setting, ...] = (
             "default always"),
     Setting("pause_file", "FORGE_PAUSE_FILE", "--pause-file", _path_value,
             "paused while this file exists, until the time it holds if any (ISO 8601 or Unix); default none"),
+    Setting("hold_dir", "FORGE_HOLD_DIR", "--hold-dir", partial(_path_value, example=DEFAULT_HOLD_DIR),
+            "directory of holds (`forge-load hold`): nothing runs on a GPU while a hold names it; the filler writes "
+            f"its acknowledgement there; default {DEFAULT_HOLD_DIR}"),
+    Setting("hold_idle_age_out_s", "FORGE_HOLD_IDLE_AGE_OUT", "--hold-idle-age-out", _seconds_value,
+            "a hold over a GPU without foreign work for this long is taken for its dead holder's and no longer "
+            f"honoured, 0 = never; default {DEFAULT_IDLE_AGE_OUT_S / 3600:g}h"),
+    Setting("kubelet_socket", "FORGE_KUBELET_SOCKET", "--kubelet-socket",
+            partial(_path_value, example="/var/lib/kubelet/pod-resources/kubelet.sock"),
+            "the kubelet's pod-resources socket: every GPU the kubelet assigns to another container is held "
+            "(docs/kubernetes-holds.md); default none"),
     Setting("sim.speed", "FORGE_SIM_SPEED", "--sim-speed", _speed_value,
             "simulator: virtual seconds per real second, 0 = as fast as possible, else >= 0.1; default 1"),
     Setting("sim.window_s", "FORGE_SIM_WINDOW", "--sim-window", _window_value,
@@ -609,6 +625,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="forge-load",
         description="Keep a GPU at a target utilization; step aside while other jobs use it.",
+        epilog="Holds: `forge-load hold|release|holds --help` (docs/holds.md).",
         allow_abbrev=False,  # --foreign-* and --sim-* share prefixes; abbreviations would be guesses
     )
     parser.add_argument("--version", action="version", version=f"forge-load {__version__}")
@@ -828,6 +845,10 @@ def describe(config: Config) -> dict[str, object]:
         out["active_hours"] = config.active_hours.text
     if config.pause_file is not None:
         out["pause_file"] = config.pause_file
+    out["hold_dir"] = config.hold_dir
+    out["hold_idle_age_out_s"] = config.hold_idle_age_out_s
+    if config.kubelet_socket is not None:
+        out["kubelet_socket"] = config.kubelet_socket
     if config.time_zone is not None:
         out["tz"] = config.time_zone
     if config.metrics_port is not None:

@@ -3,7 +3,7 @@
 Pure Python on purpose: no numba, no pynvml, no clock of its own. Time arrives with the samples.
 
 What we steer is our own busy share of time (the duty); the held quantity (quantity.py; today NVML's
-utilization, docs/DESIGN.md §1) says which duty holds a target before any feedback. The multiplier only sizes
+utilization, docs/design.md §1) says which duty holds a target before any feedback. The multiplier only sizes
 each kernel: the PI law keeps the largest kernel near `slice_s`, and sets the Worker's period to a whole
 fraction of the sample window, so that every window holds the same number of bursts.
 """

@@ -7,15 +7,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from forge_load.controller import Controller
+from forge_load.holds import FillerHolds
 from forge_load.log import EventLog
 from forge_load.monitor import Monitor, Reading
-from forge_load.pause import Pauses
+from forge_load.pause import Pauses, shown_time
 from forge_load.policy import FILLING_STATES, Policy, State, Transition
 from forge_load.powercap import CapChange, PowerCap
 from forge_load.quantity import UTILIZATION, Quantity
 from forge_load.signals import ShareSample
 from forge_load.status import GpuStatus
 from forge_load.worker import IDLE_PLAN, Worker
+
+# Lines a signal storm can repeat (SIGUSR1/SIGUSR2 by turns: each change of the pause's reasons): each kind is
+# written at most once per LINES_EVERY_S. A line that comes sooner is held, the latest replacing the one held, and
+# written when its second is up (or before any other line, so the log stays in order) with `coalesced`: how many
+# changes it stands for that have no line. Only the lines wait: the pause itself acts at once.
+COALESCED_KINDS = {"pause": "pause", "unpause": "pause", "drained": "drained", "power_capped": "power_capped"}
+LINES_EVERY_S = 1.0
 
 
 @dataclass
@@ -31,15 +39,26 @@ class IntervalStats:
         return total / self.count if self.count else None
 
 
+@dataclass(frozen=True)
+class _Held:
+    """A line held back (COALESCED_KINDS): the latest of its kind, and how many changes before it had no line."""
+
+    event: str
+    t_s: float
+    fields: dict[str, object]
+    coalesced: int
+
+
 class Filler:
-    """`power_cap` limits the duty (FORGE_MAX_POWER_W); `pauses` says when not to run at all; `on_transition` is
-    told after every change of state (the process title follows it)."""
+    """`power_cap` limits the duty (FORGE_MAX_POWER_W); `pauses` says when not to run at all; `holds` when a hold
+    names this GPU (and takes the acknowledgement); `on_transition` is told after every change of state (the
+    process title follows it)."""
 
     def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy,
                  log: EventLog, start_s: float, log_interval_s: float, stale_after_s: float = 2.0,
                  heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION,
                  power_cap: PowerCap | None = None, pauses: Pauses | None = None,
-                 on_transition: Callable[[], None] | None = None) -> None:
+                 on_transition: Callable[[], None] | None = None, holds: FillerHolds | None = None) -> None:
         self.monitor = monitor
         self.quantity = quantity  # what the target is a target of
         self.worker = worker
@@ -67,6 +86,12 @@ class Filler:
         self.on_transition = on_transition
         self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
         self._pause_reason: str | None = None
+        self.holds = holds
+        self.holds_begun = 0
+        self._holds_checked = False  # asked at the first step, before anything is launched; then every reading
+        self._held: dict[str, _Held] = {}  # by kind: the latest line not yet written
+        self._written_s: dict[str, float] = {}  # kind -> when its last line was written
+        self._holds_generation = 0  # and at once when the in-process holds change (HoldBoard)
         # Energy: the device's, over the time between two readings that began while we were filling.
         self.energy_j = 0.0
         self.energy_source = "none"  # counter (NVML's energy counter), power (integrated readings) or none
@@ -84,6 +109,11 @@ class Filler:
             raise self.monitor.failure
         reading = self.monitor.take()
         fresh = reading is not None and reading.seq != self._seq
+        if self.holds is not None and (fresh or not self._holds_checked
+                                       or self.holds.generation != self._holds_generation):
+            if fresh and reading is not None and reading.reason is not None:
+                self.holds.foreign_seen(now_s)  # a held GPU at work is not idle: no age-out
+            self._check_holds(now_s)
         if self.pauses is not None and (fresh or self.pauses.generation != self._pause_generation):
             self._check_pauses(now_s)
         if reading is not None and fresh:
@@ -94,10 +124,16 @@ class Filler:
         due_s = self.worker.step(now_s)
         if self._draining and not self.worker.in_flight:
             self._draining = False
-            self.log.emit("drained", t=now_s - self.start_s, **self.fields(now_s),
-                          last_kernel_end_t=round(self.worker.busy_log.last_end_s - self.start_s, 6))
+            last_end_t = round(self.worker.busy_log.last_end_s - self.start_s, 6)
+            self._emit(now_s, "drained", {**self.fields(now_s), "last_kernel_end_t": last_end_t})
+        if self.holds is not None:  # at once when drained, so that `hold --wait` returns at once
+            problem = self.holds.acknowledge(now_s, self.policy.state.value, self.drained)
+            if problem is not None:
+                self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
         if now_s >= self._next_status_s:
             self._status(now_s)
+        if self._held and now_s >= self._held_due_s():
+            self.flush_lines(now_s)
         if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:
             self._last_beat_s = now_s
             self.heartbeat()
@@ -105,7 +141,33 @@ class Filler:
         # pause file is read at each reading, as fast as a yield: with one, every reading still wakes us.
         self.monitor.wake_every_reading = (self.policy.state not in FILLING_STATES or self._draining
                                            or (self.pauses is not None and self.pauses.pause_file is not None))
-        return min(due_s, self._next_status_s)
+        ack_due_s = self.holds.ack_due_s if self.holds is not None else float("inf")
+        return min(due_s, self._next_status_s, self._held_due_s(), ack_due_s)
+
+    def _held_due_s(self) -> float:
+        """When the first held line is due to be written (inf when none is held)."""
+        return min((self._written_s[kind] + LINES_EVERY_S for kind in self._held), default=float("inf"))
+
+    def _emit(self, now_s: float, event: str, fields: dict[str, object]) -> None:
+        """Write a line at `now_s`, or hold it (COALESCED_KINDS); every held line goes first, in order."""
+        kind = COALESCED_KINDS.get(event)
+        if kind is not None and (kind in self._held
+                                 or now_s - self._written_s.get(kind, float("-inf")) < LINES_EVERY_S):
+            held = self._held.get(kind)
+            self._held[kind] = _Held(event, now_s, fields, 0 if held is None else held.coalesced + 1)
+            return
+        self.flush_lines(now_s)
+        self.log.emit(event, t=now_s - self.start_s, **fields)
+        if kind is not None:
+            self._written_s[kind] = now_s
+
+    def flush_lines(self, now_s: float) -> None:
+        """Write the held lines now (before a line that must follow them, and before the stop line)."""
+        held, self._held = self._held, {}
+        for kind, line in sorted(held.items(), key=lambda item: item[1].t_s):
+            extra: dict[str, object] = {"coalesced": line.coalesced} if line.coalesced else {}
+            self.log.emit(line.event, t=line.t_s - self.start_s, **line.fields, **extra)
+            self._written_s[kind] = now_s
 
     def _react(self, now_s: float, reading: Reading) -> None:
         self.last = reading
@@ -152,28 +214,65 @@ class Filler:
             if self.policy.state in FILLING_STATES:
                 self._plan(now_s, None)  # at once, not at the next poll
 
-    def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None) -> None:
+    @property
+    def drained(self) -> bool:
+        """No kernel of ours in flight, and none to come."""
+        return self.policy.state not in FILLING_STATES and not self.worker.in_flight
+
+    def _check_holds(self, now_s: float) -> None:
+        """Holds begin or end: a `hold` line per holder (the first one holds the GPU, as fast as a yield) and a
+        `release` line per holder gone (the last one lets it fill again); each problem once."""
+        assert self.holds is not None
+        self._holds_checked = True
+        self._holds_generation = self.holds.generation
+        changes, problems = self.holds.check(now_s)
+        for problem in problems:
+            self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+        releases = [c for c in changes if c.event == "release"]
+        for change in changes:
+            extra: dict[str, object] = {"holder": change.holder}
+            if change.event == "hold":
+                self.holds_begun += 1
+                if change.until_unix_s is not None:
+                    extra["until"] = shown_time(change.until_unix_s)
+                reason = change.reason or f"held by {change.holder}"
+                if not self.policy.held:
+                    self._apply(now_s, self.policy.hold(now_s, reason), extra=extra)
+                    continue
+            else:
+                reason = change.reason
+                if self.policy.held and not self.holds.held and change is releases[-1]:
+                    self._apply(now_s, self.policy.release(now_s, reason), extra=extra)
+                    if self.policy.state in FILLING_STATES:
+                        self._plan(now_s, None)  # at once, not at the next poll
+                    continue
+            fields = self.fields(now_s)
+            fields.update(reason=reason, **extra)
+            self._emit(now_s, change.event, fields)
+
+    def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None,
+               extra: dict[str, object] | None = None) -> None:
         if transition is None:
             return
         filling_before = self.worker.plan.duty_ratio > 0 or self.worker.in_flight > 0
         if transition.state not in FILLING_STATES:
             self.worker.set_plan(IDLE_PLAN)  # no kernel is launched after this line
             self._draining = self._draining or filling_before
-        if transition.event == "yield":
-            self.yields += 1
         if transition.state is State.YIELDING and self._yield_since_s is None:
+            # Every spell of yielding counts, also one an unpause begins (a job seen during the pause).
+            self.yields += 1
             self._yield_since_s = now_s
         elif transition.state is not State.YIELDING and self._yield_since_s is not None:
             self.yielding_s += now_s - self._yield_since_s
             self._yield_since_s = None
-        if transition.event in ("resume", "unpause") and transition.state in FILLING_STATES:
+        if transition.event in ("resume", "unpause", "release") and transition.state in FILLING_STATES:
             self.controller.start(now_s)
-        extra: dict[str, object] = {}
+        extra = dict(extra or {})
         if reading is not None and reading.signals:
             extra["signals"] = ",".join(reading.signals)
         fields = self.fields(now_s)
         fields.update(reason=transition.reason, **extra)
-        self.log.emit(transition.event, t=now_s - self.start_s, **fields)
+        self._emit(now_s, transition.event, fields)
         if transition.state not in FILLING_STATES and self.power_cap is not None:
             self._log_cap(now_s, self.power_cap.stop_binding())
         if self.on_transition is not None:
@@ -206,7 +305,7 @@ class Filler:
         fields = self.fields(now_s)
         fields.update(capped=change.binding, power_w=None if change.power_w is None else round(change.power_w, 1),
                       max_power_w=change.cap_w, duty_limit=round(change.duty_limit, 4))
-        self.log.emit("power_capped", t=now_s - self.start_s, **fields)
+        self._emit(now_s, "power_capped", fields)
 
     @staticmethod
     def energy_source_of(reading: Reading | None) -> str:
@@ -245,7 +344,7 @@ class Filler:
         fields = self.fields(now_s)
         fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
                       foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
-        self.log.emit("status", t=now_s - self.start_s, **fields)
+        self._emit(now_s, "status", fields)
         self._stats = IntervalStats()
         while self._next_status_s <= now_s:
             self._next_status_s += self.log_interval_s
@@ -272,6 +371,8 @@ class Filler:
             energy_j=self.energy_j,
             power_cap_w=self.power_cap.cap_w if self.power_cap is not None else None,
             power_capped=self.power_cap is not None and self.power_cap.binding and filling,
+            holds=len(self.holds.watch.honoured) if self.holds is not None else 0,
+            holds_begun=self.holds_begun,
         )
 
     def fields(self, now_s: float) -> dict[str, object]:

@@ -10,14 +10,24 @@ name (a hard link could point at someone else's file). Anything else is refused:
 stderr and the health check reports unhealthy, saying why. The default path is in a directory of our own,
 /tmp/forge_load-<uid>/ (mode 0700, created at need), which is refused too when it is a link, someone else's, or
 open to others: on a shared host no other user can make the filler write anywhere else, or look healthy.
+
+One heartbeat, one filler: the default file is named after the GPUs the settings select (heartbeat-gpu0,
+heartbeat-gpus-0,1, heartbeat-sim-gpu0, ...), so the health check given a filler's settings judges that filler and
+no other of the same user. A filler holds its heartbeat (an flock on `<heartbeat>.lock`, released when the process
+ends); a second filler that finds it held refuses to start (exit 2): with the default file it would fill the same
+GPUs, where the two would only yield to each other. A simulated one, which shares no GPU, warns and runs without.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import hashlib
 import http.client
 import ipaddress
 import os
+import re
 import stat
 import sys
 import threading
@@ -33,16 +43,34 @@ FILE_NAME = "heartbeat"
 EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1  # Docker's HEALTHCHECK: 0 healthy, 1 unhealthy, 2 reserved
 
 
-def default_heartbeat_path(base: Path = DEFAULT_BASE, uid: int | None = None) -> Path:
-    """/tmp/forge_load-<uid>/heartbeat: per user, so the filler and its health check (same user) agree."""
-    return base / f"forge_load-{os.geteuid() if uid is None else uid}" / FILE_NAME
+def heartbeat_name(config: Config) -> str:
+    """heartbeat-<the GPUs the settings select>: one per filler of a user on a host, found again from the same
+    settings by the health check (a filler's GPUs are what tell it from the user's others: one per GPU)."""
+    if config.gpus is None:
+        key = f"gpu{config.gpu}"
+    elif config.gpus == "all":
+        key = "gpus-all"
+    else:
+        key = "gpus-" + ",".join(sorted(config.gpus))
+    if config.simulate:
+        key = f"sim-{key}"
+    key = re.sub(r"[^A-Za-z0-9,._-]", "_", key)
+    if len(key) > 80:  # many UUIDs: short enough for a file name, still one per selection
+        key = f"{key[:40]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return f"{FILE_NAME}-{key}"
+
+
+def default_heartbeat_path(base: Path = DEFAULT_BASE, uid: int | None = None, config: Config | None = None) -> Path:
+    """/tmp/forge_load-<uid>/heartbeat-<GPUs>: per user and per filler, so that a filler and the health check
+    given its settings (same user) agree, and no other filler of the user answers for it."""
+    return base / f"forge_load-{os.geteuid() if uid is None else uid}" / heartbeat_name(config or Config())
 
 
 def heartbeat_location(config: Config) -> tuple[Path, bool]:
     """Where the heartbeat is, and whether its directory must be a private one of our own (the default's)."""
     if config.heartbeat_file:
         return Path(config.heartbeat_file), False
-    return default_heartbeat_path(), True
+    return default_heartbeat_path(config=config), True
 
 
 def _shown(path: Path) -> str:
@@ -108,8 +136,12 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._refused: set[str] = set()
         self._written = False
+        self._claim_fd: int | None = None
+        self.writes = True  # False: another filler holds this heartbeat (claim()); this one leaves it alone
 
     def __call__(self) -> None:
+        if not self.writes:
+            return
         with self._lock:
             now_s = time.monotonic()
             if now_s - self._last_s < self.every_s:
@@ -147,6 +179,14 @@ class Heartbeat:
         finally:
             os.close(fd)
 
+    def claim(self) -> str | None:
+        """Hold this heartbeat for this process: None when held now (or when it cannot be held: a path refused,
+        whose writes will say why), else the other holder's PID, as it wrote it ("?" when unreadable)."""
+        if self.private_dir and _private_dir_problem(self.path.parent, create=True):
+            return None
+        self._claim_fd, holder = claim_lock(self.path.with_name(self.path.name + ".lock"))
+        return holder
+
     def clear(self) -> None:
         """Remove the file at exit, if it is still the one we wrote."""
         with self._lock:
@@ -155,6 +195,50 @@ class Heartbeat:
                     os.unlink(self.path)
             except OSError:
                 pass
+            if self._claim_fd is not None:  # the lock file stays: removing it would race the next filler's claim
+                os.close(self._claim_fd)
+                self._claim_fd = None
+
+
+def claim_lock(lock: Path) -> tuple[int | None, str | None]:
+    """An exclusive hold on `lock` (flock, released when the process ends or the descriptor is closed).
+
+    (fd, None): held by this process now; (None, pid): held by another process, by the PID it wrote ("?" when
+    unreadable); (None, None): it cannot be held here (not a regular file of ours, or not writable): nothing is
+    claimed, and nothing refused for it. The file is left in place: removing it would race the next claim."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except OSError:
+        return None, None
+    try:
+        if _file_problem(os.fstat(fd), lock):
+            os.close(fd)
+            return None, None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            holder = ""
+        os.close(fd)
+        return None, holder if holder.isdigit() else "?"
+    except OSError:
+        os.close(fd)
+        return None, None
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
+
+
+def claim_gpu(uuid: str, base: Path = DEFAULT_BASE) -> tuple[int | None, str | None]:
+    """Hold a GPU for this filler among the user's fillers on this host (claim_lock on gpu-<UUID>.lock in the
+    user's private directory), whatever names it in the settings: an index, a UUID, FORGE_GPUS."""
+    directory = default_heartbeat_path(base).parent
+    if _private_dir_problem(directory, create=True):
+        return None, None  # a planted directory: the heartbeat warns about it
+    return claim_lock(directory / f"gpu-{re.sub(r'[^A-Za-z0-9._-]', '_', uuid)}.lock")
 
 
 def check(path: Path, max_age_s: float, private_dir: bool = False) -> tuple[bool, str]:
@@ -199,9 +283,32 @@ def check_server(host: str, port: int, timeout_s: float = 4.0) -> tuple[bool, st
     return response.status == 200, body or f"{where}: HTTP {response.status}"
 
 
+HELP = """\
+usage: python -m forge_load.health [FORGE-LOAD SETTINGS...]
+
+Says whether the forge-load filler these settings name is alive: for Docker's HEALTHCHECK, Kubernetes probes
+and operators. It takes the filler's own settings (the same FORGE_* variables and flags, checked the same way;
+see forge-load --help), so give it those of the filler to judge.
+
+What it checks:
+  - with FORGE_METRICS_PORT set (not 0): that filler's /health, at FORGE_METRICS_ADDR (0.0.0.0 means
+    127.0.0.1, :: means ::1), which judges every GPU's loop; it prints the answer (a verdict, a line per GPU);
+  - otherwise: the heartbeat file that filler's loop touches about once a second (FORGE_HEARTBEAT_FILE, by
+    default /tmp/forge_load-<uid>/heartbeat-<the GPUs it fills>), which must be a regular file of this user's
+    and younger than FORGE_HEALTH_MAX_AGE seconds (default 30); it prints its age, or what is wrong.
+
+Exit codes: 0 healthy; 1 unhealthy, or a setting the filler would refuse (said in one line). Never 2, which
+Docker reserves.
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(HELP, end="")
+        return EXIT_HEALTHY
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
+        config = load_config(args)
     except ConfigError as error:
         print(f"forge_load.health: {escape_controls(str(error))}", file=sys.stderr)
         return EXIT_UNHEALTHY

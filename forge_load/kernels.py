@@ -19,7 +19,7 @@ THREADS_PER_BLOCK: int = 256
 
 # 4096 iterations: each one is a dependent FFMA (~4 cycles latency), so a
 # lone block runs ~10 us; a full SM (8 resident blocks of 256) is throughput
-# bound at ~0.1 ms. Small enough that launches of a few ms (docs/DESIGN.md §6)
+# bound at ~0.1 ms. Small enough that launches of a few ms (docs/design.md §6)
 # are sized in fine steps by the grid, large enough that launch overhead
 # (~5 us) is not most of the kernel.
 BURN_ITERS: int = 4096
@@ -78,7 +78,7 @@ def launch_burn(
 @dataclass(frozen=True)
 class BoundBurn:
     """The burn kernel bound once: its function in the current context and its arguments packed for
-    cuLaunchKernel, so a launch is one driver call instead of numba's dispatch (docs/DESIGN.md §8)."""
+    cuLaunchKernel, so a launch is one driver call instead of numba's dispatch (docs/design.md §8)."""
 
     function: Any  # cuda.bindings CUfunction
     params: Any  # ctypes void*[]: the address of each argument, as kernelParams wants
@@ -97,7 +97,7 @@ def bind_burn(out: Any, iters: int = BURN_ITERS, sentinel: float = UNREACHABLE_S
     """
     from cuda.bindings import driver
 
-    kernel = burn.compile(BURN_SIGNATURE)  # compiled and loaded by a first launch_burn: found, not rebuilt
+    kernel = burn.compile(BURN_SIGNATURE)  # compiled here (or found, if launched before) and loaded below
     expanded: list[Any] = []
     for arg_type, value in zip(kernel.argument_types, (out, np.int32(iters), np.float32(sentinel))):
         kernel._prepare_args(arg_type, value, 0, [], expanded)

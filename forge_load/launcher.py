@@ -2,7 +2,7 @@
 
 numba-cuda and cuda-bindings are imported only here (and in kernels.py, which holds the kernel). The timeline
 arithmetic is pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the rest
-(docs/DESIGN.md §3, §8).
+(docs/design.md §3, §8).
 """
 
 from __future__ import annotations
@@ -138,9 +138,10 @@ class CudaLauncher:
     """Our CUDA context on the GPU with this UUID: a 4-byte buffer, a stream for the kernels and one for
     clock anchors, the burn kernel bound once, and a ring of reused events (two per burst).
 
-    numba compiles and loads the kernel (its first launch goes through numba's dispatch); every later
-    launch is one cuLaunchKernel through cuda-bindings with the arguments packed once, and events are
-    recorded and queried there too: numba's dispatch cost ~10x the driver call (docs/DESIGN.md §8).
+    numba compiles and loads the kernel at open, without launching it: the first kernel waits until the filler
+    may fill (a pause or a foreign job at start launches nothing). Every launch is one cuLaunchKernel through
+    cuda-bindings with the arguments packed once, and events are recorded and queried there too: numba's
+    dispatch cost ~10x the driver call (docs/design.md §8).
 
     The device is found by UUID, never by index: CUDA numbers devices its own way (CUDA_VISIBLE_DEVICES,
     CUDA_DEVICE_ORDER, MIG), and NVML's index need not be CUDA's.
@@ -185,9 +186,7 @@ class CudaLauncher:
             self._hstream = self._stream.handle
             self._hclock = self._clock_stream.handle
             self._timeline = EventTimeline(self._elapsed_ms)
-            # Compile and load through numba now, so the first real launch is not a long one; then bind.
-            self._kernels.launch_burn(self._out, self.sm_count, self._stream)
-            self._stream.synchronize()
+            # Compile and load now, without launching: the first kernel waits until the filler may fill.
             self._burn = self._kernels.bind_burn(self._out)
         except Exception as error:
             raise GpuFailedError(f"could not start CUDA on {uuid}: {error}") from error
@@ -286,7 +285,7 @@ class CudaLauncher:
         The primary context itself stays until the process exits, when the driver frees it. Resetting it
         here would break other users of the device in this process, and numba's cuda.close() resets every
         device when called from the thread numba takes for its main one (the first to import it: with
-        FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others (docs/DESIGN.md §8).
+        FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others (docs/design.md §8).
         """
         deadline_s = self._clock() + CLOSE_WAIT_S
         not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY

@@ -3,7 +3,7 @@
 Each poll gathers what the signals judge (signals.py): the processes on the GPU, device memory beyond ours
 and the baseline, and each new sample window split into our own share and the rest.
 
-NVML is asked by need (docs/DESIGN.md §7): device memory, the cheap query, at every poll; the process lists,
+NVML is asked by need (docs/design.md §7): device memory, the cheap query, at every poll; the process lists,
 dear on a real driver, only when memory moved since they were last read (a new context costs hundreds of
 MiB), otherwise every PROCESS_REFRESH_MIN_S, growing to PROCESS_REFRESH_MAX_S while nothing changes; power
 and temperature about once a second, as often as NVML refreshes them (power at every poll only where there is
@@ -95,10 +95,26 @@ class Monitor:
         self._power_w: float | None = None
         self._power_t_s: float | None = None
         self._temperature_c: float | None = None
+        self._processes_offered: bool | None = None  # at the latest poll (None: no poll yet)
+        self._memory_offered: bool | None = None
 
     @property
     def window_s(self) -> float:
         return self._samples.window_s
+
+    def sight(self) -> tuple[tuple[str, ...], dict[str, str]]:
+        """(the signals that can see a foreign job on this GPU, the blind ones with why), from the latest poll.
+        A signal switched off by a setting is in neither: that is the operator's choice, not the GPU's."""
+        why_blind: dict[str, str] = {}
+        if self._processes_offered is False:
+            why_blind["process"] = "NVML answers no process-list query on this GPU (not supported)"
+        if self._memory_offered is False:
+            why_blind["memory"] = "NVML reports no device memory in use on this GPU (not supported)"
+        if self._samples.blind:
+            why_blind["utilization"] = "NVML reports no utilization on this GPU (not supported, as on MIG)"
+        names = [name for name, _ in self.signals if name in why_blind or name != "process"
+                 or self.thresholds.use_process_list]
+        return tuple(n for n in names if n not in why_blind), {n: why_blind[n] for n in names if n in why_blind}
 
     def latest(self) -> Reading | None:
         with self._lock:
@@ -148,6 +164,8 @@ class Monitor:
         shares = self._split(samples)
         used_mib = self.probe.memory_used_mib()
         processes = self._read_processes(now_s, used_mib)
+        self._processes_offered = processes is not None
+        self._memory_offered = used_mib is not None
         own_process_mib: float | None = None
         foreign_pids: tuple[int, ...] = ()
         if processes is not None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, cast
 
-from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
 
 MIB: int = 1024 * 1024
 
@@ -214,7 +214,22 @@ def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
         memory_total_mib=int(memory.total) / MIB,
         driver_version=driver,
         mig_enabled=mig_enabled,
+        compute_mode=_compute_mode(nvml, handle),
     )
+
+
+# nvmlComputeMode_t (nvml.h): 0 default, 1 exclusive thread ("Support Removed"), 2 prohibited, 3 exclusive process
+_COMPUTE_MODES = {0: ComputeMode.DEFAULT, 1: ComputeMode.EXCLUSIVE_THREAD, 2: ComputeMode.PROHIBITED,
+                  3: ComputeMode.EXCLUSIVE_PROCESS}
+
+
+def _compute_mode(nvml: ModuleType, handle: Any) -> ComputeMode:
+    """The GPU's compute mode; UNKNOWN where NVML does not say (a MIG instance, an old driver)."""
+    try:
+        value = _call(nvml, "nvmlDeviceGetComputeMode", handle, fail=_setup_fail)
+    except (_Unavailable, NoGpuError):
+        return ComputeMode.UNKNOWN
+    return _COMPUTE_MODES.get(int(value), ComputeMode.UNKNOWN)
 
 
 def _index_of(nvml: ModuleType, handle: Any, uuid: str, count: int) -> int:
@@ -260,6 +275,48 @@ def list_devices(nvml: ModuleType | None = None) -> list[DeviceInfo]:
             handle = _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False)
             infos.append(_describe(lib, handle, index))
         return infos
+    finally:
+        _nvml_shutdown(lib)
+
+
+def device_uuids(nvml: ModuleType | None = None) -> list[str]:
+    """The UUID of every GPU NVML shows this process, in index order; NoGpuError without NVML. Only UUIDs: the
+    hold command resolves an index with it in a Slurm prolog, where every call counts."""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        return [_device_uuid(lib, _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False))
+                for index in range(_device_count(lib))]
+    finally:
+        _nvml_shutdown(lib)
+
+
+def device_id_uuids(device_id: str, nvml: ModuleType | None = None) -> tuple[str, ...]:
+    """The UUIDs a device plugin's device id names, for holding what the kubelet assigned (forge_load/kubelet.py):
+    a MIG device's UUID gives itself and its GPU's; an index `N` gives GPU N's UUID, `N:M` (MIG device M of GPU N,
+    the NVIDIA device plugin's index ids) GPU N's and that MIG device's. Empty when NVML does not know the id;
+    NoGpuError when NVML cannot be asked at all. (A GPU UUID needs no NVML: it names itself.)"""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        try:
+            if device_id.startswith("MIG-"):
+                mig = _call(lib, "nvmlDeviceGetHandleByUUID", device_id, fail=_setup_fail, optional=False)
+                parent = _call(lib, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig, fail=_setup_fail,
+                               optional=False)
+                return (device_id, _device_uuid(lib, parent))
+            gpu, colon, mig_index = device_id.partition(":")
+            if not gpu.isdigit() or (colon and not mig_index.isdigit()):
+                return ()
+            handle = _call(lib, "nvmlDeviceGetHandleByIndex", int(gpu), fail=_setup_fail, optional=False)
+            uuids: tuple[str, ...] = (_device_uuid(lib, handle),)
+            if colon:
+                mig = _call(lib, "nvmlDeviceGetMigDeviceHandleByIndex", handle, int(mig_index), fail=_setup_fail,
+                            optional=False)
+                uuids += (_device_uuid(lib, mig),)
+            return uuids
+        except NoGpuError:
+            return ()  # NVML answered, but not with a device for this id
     finally:
         _nvml_shutdown(lib)
 
@@ -358,7 +415,7 @@ class NvmlProbe:
         return self._stamp_clock() - self._mono_clock()
 
     def _calibrate(self, stamps_us: Iterable[int]) -> None:
-        """Find which CPU clock NVML stamps its samples with (docs/DESIGN.md §2): the one the newest stamp is
+        """Find which CPU clock NVML stamps its samples with (docs/design.md §2): the one the newest stamp is
         a little behind of. Where none fits, anchor the newest sample at now."""
         newest_s = max(stamps_us) / 1e6
         ages = {name: clock() - newest_s for name, clock in self._stamp_clocks.items()}
@@ -455,7 +512,7 @@ class NvmlProbe:
         return None if milliwatts is None else float(milliwatts) / 1000.0
 
     def energy_j(self) -> float | None:
-        # Volta and newer: the board's energy since the driver loaded, in mJ (docs/DESIGN.md §9).
+        # Volta and newer: the board's energy since the driver loaded, in mJ (docs/design.md §9).
         millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._handle)
         return None if millijoules is None else int(millijoules) / 1000.0
 

@@ -1,4 +1,4 @@
-"""The quantity the filler holds at its target: today NVML's device utilization, a ratio (docs/DESIGN.md §1).
+"""The quantity the filler holds at its target: today NVML's device utilization, a ratio (docs/design.md §1).
 
 The policy, the controller and the status speak of "the target" in this quantity's unit, never of a ratio; the
 filler feeds the controller the samples this quantity reads from each Monitor reading. A target in another
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the controller uses this module and must stay clear of the 
 
 @dataclass(frozen=True)
 class Quantity:
-    name: str  # as the log and the README say it
+    name: str  # as the log and the docs say it
     unit: str
     samples: Callable[[Reading], list[UtilSample]]  # what one reading adds, oldest first
     duty_for: Callable[[float], float]  # the duty that holds a target, before any feedback (feed-forward)

@@ -26,6 +26,14 @@ class SampleReader:
         self._last_sample_s = float("-inf")
         self._last_buffered_s = float("-inf")
         self._gaps_s: list[float] = []
+        # Whether the GPU answered each query at its latest call (None: not asked yet).
+        self.samples_offered: bool | None = None
+        self.ratio_offered: bool | None = None
+
+    @property
+    def blind(self) -> bool:
+        """The GPU offers neither buffered samples nor the latest window's ratio (as on a MIG instance)."""
+        return self.samples_offered is False and self.ratio_offered is False
 
     @property
     def window_s(self) -> float:
@@ -36,11 +44,12 @@ class SampleReader:
         """The samples since the previous read, oldest first ([] when none is new).
 
         Once the window is known, the buffer is not asked before its next sample can be there: a query costs
-        more CPU than the rest of a poll (docs/DESIGN.md §7). A stamp may run a hair ahead of our clock, so
+        more CPU than the rest of a poll (docs/design.md §7). A stamp may run a hair ahead of our clock, so
         the buffer is asked from EARLY_S before."""
         if self._gaps_s and now_s < self._last_buffered_s + self.window_s - EARLY_S:
             return []
         fresh = self.probe.utilization_samples(self._last_sample_s)
+        self.samples_offered = fresh is not None
         if fresh:
             for sample in fresh:
                 if self._last_buffered_s > float("-inf"):
@@ -51,6 +60,7 @@ class SampleReader:
         if now_s - self._last_sample_s >= (self.window_s if fresh is None else FALLBACK_AFTER_S):
             # No buffered samples (unsupported, or none while idle): read the latest window instead.
             ratio = self.probe.utilization_ratio()
+            self.ratio_offered = ratio is not None
             if ratio is not None:
                 self._last_sample_s = now_s
                 return [UtilSample(now_s, ratio)]

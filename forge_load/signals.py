@@ -1,4 +1,4 @@
-"""The foreign-job signals: small pure functions over one poll's facts and the thresholds (docs/DESIGN.md §4).
+"""The foreign-job signals: small pure functions over one poll's facts and the thresholds (docs/design.md §4).
 
 Each signal returns why it fired, or None. Any one is enough to yield. A new signal is a function here and a
 line in SIGNALS; its thresholds, if any, a field of Thresholds and a setting in config.py.

@@ -253,8 +253,10 @@ class SimProbe:
         return self.gpu.samples(max(since_s, now_s - BUFFERED_SAMPLES * self.gpu.window_s), now_s)
 
     def utilization_ratio(self) -> float | None:
-        latest = self.gpu.samples(self.gpu.clock.now() - self.gpu.window_s, self.gpu.clock.now())
-        return latest[-1].ratio if latest else None
+        # As NVML's GetUtilizationRates: the latest window's, which before any window has ended is an idle one.
+        now_s = self.gpu.clock.now()
+        latest = self.gpu.samples(now_s - self.gpu.window_s, now_s)
+        return latest[-1].ratio if latest else 0.0
 
     def memory_used_mib(self) -> float | None:
         self.gpu.check()

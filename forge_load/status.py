@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from forge_load.probe import DeviceInfo, NoGpuError
 
 # Every state a GPU's slot can report; exactly one holds at a time.
-STATES = ("starting", "filling", "yielding", "boosted", "paused", "stopped", "failed")
+STATES = ("starting", "filling", "yielding", "boosted", "paused", "held", "stopped", "failed")
 
 
 @dataclass(frozen=True)
 class GpuStatus:
     """One GPU's filler at one moment."""
 
-    state: str  # filling, yielding, boosted or paused
+    state: str  # filling, yielding, boosted, paused or held
     target: float  # the target (the boost target when boosted); while yielding or paused, the one to return to
     holding: float  # what the filler holds now: the target, or 0 while yielding or paused (both in the held
     # quantity's unit: quantity.py)
@@ -39,6 +39,8 @@ class GpuStatus:
     energy_j: float = 0.0  # the device's energy while we were filling (filler.py says how it is counted)
     power_cap_w: float | None = None  # FORGE_MAX_POWER_W; None: no cap
     power_capped: bool = False  # the cap sets our duty now, below what the target asks
+    holds: int = 0  # holds honoured now (holds.py)
+    holds_begun: int = 0  # holds honoured since the start
 
 
 class GpuSlot:

@@ -5,8 +5,9 @@
 
 The Dockerfile runs this in the same layer as `pip install`, so what it deletes never reaches the image. What the
 filler loads was measured on the virtual GPU with scripts/runtime_files.py (start, fill, a yield to a foreign
-job, resume, stop; README, The image): RUNTIME_FILES below. LEAVE_OUT names, per distribution, globs over the
-paths in that distribution's RECORD (`*` also matches `/`), each with the reason it is never loaded.
+job, resume, stop; docs/deploying.md, "What the filler loads"): RUNTIME_FILES below. LEAVE_OUT names, per
+distribution, globs over the paths in that distribution's RECORD (`*` also matches `/`), each with the reason it
+is never loaded.
 
 Every matching file is deleted and dropped from its distribution's RECORD (so pip and importlib.metadata describe
 what is there), and directories left empty go too. Nothing is deleted when a check fails: a rule that matches no

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Which files of its Python environment the filler really loads: forge-load in real mode through start, fill,
 a yield to a foreign CUDA job, resume and stop, with every shared object it maps and every module it imports
-recorded. The image leaves out what this never sees (scripts/image_prune.py; README, The image).
+recorded. The image leaves out what this never sees (scripts/image_prune.py; docs/deploying.md, "What the
+filler loads").
 
     scripts/vgpu run -- .venv/bin/python scripts/runtime_files.py [--json FILE] [--fill-s S]
-    # in the image: the command in the README (The image), which mounts scripts/ at /opt/scripts
+    # in the image: the command in docs/deploying.md ("What the filler loads"), which mounts scripts/ at /opt/scripts
 
 It needs a GPU, virtual or real. The filler runs as a child (`python -c BOOTSTRAP`, which installs an audit hook
 for `open` and `ctypes.dlopen`, then calls forge_load.cli.main, what the `forge-load` command runs); the parent

@@ -5,8 +5,8 @@
 #
 # Python packages go into a virtual environment ($FORGE_VENV, default .venv). Where this runs as root with
 # apt-get (CI, a fresh machine), it also installs the system tools some tests use (a Docker engine, Prometheus,
-# linters) and starts a private Docker engine for the container tests, stopped again at the end. Without
-# them, those tests are skipped and say why.
+# Slurm and munge, linters) and starts a private Docker engine for the container tests, stopped again at the end.
+# Without them, those tests are skipped and say why.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -4,7 +4,7 @@ import functools
 
 import pytest
 
-pytest_plugins = ["vgpu.pytest_plugin"]  # the `vgpu` fixture: a fresh virtual GPU per call
+pytest_plugins = ["vgpu.pytest_plugin", "tests.slurm_harness"]  # fixtures `vgpu` and `slurm_cluster`
 
 
 @functools.lru_cache(maxsize=1)

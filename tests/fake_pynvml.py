@@ -50,6 +50,8 @@ class FakeDevice:
     power_limit_mw: int = 700_000  # the enforced limit
     temperature_c: int = 35
     mig_mode: int | None = None  # None: GetMigMode raises NotSupported (a GPU without MIG)
+    migs: list[FakeDevice] = field(default_factory=list)  # its MIG devices (found by UUID, not by GPU index)
+    compute_mode: int = 0  # nvmlComputeMode_t: 0 default, 1 exclusive thread, 2 prohibited, 3 exclusive process
     errors: dict[str, ErrorSpec] = field(default_factory=dict)
 
 
@@ -63,12 +65,15 @@ class FakeNvml:
         "nvmlDeviceGetCount",
         "nvmlDeviceGetHandleByIndex",
         "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
         "nvmlDeviceGetIndex",
         "nvmlDeviceGetName",
         "nvmlDeviceGetUUID",
         "nvmlDeviceGetMemoryInfo",
         "nvmlSystemGetDriverVersion",
         "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetComputeMode",
         "nvmlDeviceGetSamples",
         "nvmlDeviceGetUtilizationRates",
         "nvmlDeviceGetComputeRunningProcesses",
@@ -178,7 +183,21 @@ class FakeNvml:
         for device in self.devices:
             if device.uuid == text:
                 return device
+            for mig in device.migs:
+                if mig.uuid == text:
+                    return mig
         raise pynvml.NVMLError_NotFound()
+
+    def _nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeDevice) -> FakeDevice:
+        for device in self.devices:
+            if handle in device.migs:
+                return device
+        raise pynvml.NVMLError_InvalidArgument()  # not a MIG device
+
+    def _nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeDevice, index: int) -> FakeDevice:
+        if not 0 <= index < len(handle.migs):
+            raise pynvml.NVMLError_NotFound()
+        return handle.migs[index]
 
     def _nvmlDeviceGetIndex(self, handle: FakeDevice) -> int:
         return self.devices.index(handle)
@@ -211,6 +230,9 @@ class FakeNvml:
         if handle.mig_mode is None:
             raise pynvml.NVMLError_NotSupported()
         return [handle.mig_mode, handle.mig_mode]
+
+    def _nvmlDeviceGetComputeMode(self, handle: FakeDevice) -> int:
+        return handle.compute_mode
 
     def _nvmlDeviceGetSamples(self, handle: FakeDevice, sampling_type: int, last_seen_us: int) -> Any:
         assert sampling_type == pynvml.NVML_GPU_UTILIZATION_SAMPLES, sampling_type

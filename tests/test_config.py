@@ -206,6 +206,11 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_MAX_POWER_W", "10", "max_power_w", 10.0),
     ("FORGE_MAX_POWER_W", "10000", "max_power_w", 10000.0),
     ("FORGE_PAUSE_FILE", "/run/forge-load/pause", "pause_file", "/run/forge-load/pause"),
+    ("FORGE_HOLD_DIR", "/srv/holds", "hold_dir", "/srv/holds"),
+    ("FORGE_HOLD_IDLE_AGE_OUT", "0", "hold_idle_age_out_s", 0.0),
+    ("FORGE_HOLD_IDLE_AGE_OUT", "36h", "hold_idle_age_out_s", 129600.0),
+    ("FORGE_KUBELET_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet_socket",
+     "/var/lib/kubelet/pod-resources/kubelet.sock"),
 ]
 
 
@@ -306,6 +311,9 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--max-power-w", "350"], "max_power_w", 350.0),
     (["--active-hours", "Sat-Sun"], "active_hours", parse_active_hours("Sat-Sun")),
     (["--pause-file", "/run/p"], "pause_file", "/run/p"),
+    (["--hold-dir", "/run/h"], "hold_dir", "/run/h"),
+    (["--hold-idle-age-out", "2h"], "hold_idle_age_out_s", 7200.0),
+    (["--kubelet-socket", "/run/k/kubelet.sock"], "kubelet_socket", "/run/k/kubelet.sock"),
 ]
 
 
@@ -565,6 +573,12 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_ACTIVE_HOURS", "Mon 25:00-26:00"),
     ("FORGE_PAUSE_FILE", ""),
     ("FORGE_PAUSE_FILE", "pause"),
+    ("FORGE_HOLD_DIR", "holds"),
+    ("FORGE_HOLD_DIR", ""),
+    ("FORGE_HOLD_IDLE_AGE_OUT", "-1"),
+    ("FORGE_HOLD_IDLE_AGE_OUT", "1d"),
+    ("FORGE_KUBELET_SOCKET", "kubelet.sock"),
+    ("FORGE_KUBELET_SOCKET", ""),
 ]
 
 
@@ -807,7 +821,7 @@ def test_parse_ratio_bounds() -> None:
 BASE_KEYS = {
     "target", "gpu", "boost_target", "boost_after_s", "resume_after_s", "log_interval_s", "log_format",
     "duration_s", "controller", "poll_interval_s", "foreign_mem_mib", "foreign_util", "foreign_samples",
-    "use_process_list", "simulate",
+    "use_process_list", "simulate", "hold_dir", "hold_idle_age_out_s",
 }
 SIM_KEYS = {
     "sim_speed", "sim_window_s", "sim_sms", "sim_foreign_s", "sim_foreign_hidden_s", "sim_foreign_load",

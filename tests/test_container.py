@@ -30,7 +30,7 @@ from docker_support import (
 
 __all__ = ["docker_client", "forge_image"]  # fixtures, imported for pytest
 
-MAX_IMAGE_MB = 800  # measured 722 MB on bookworm + Python 3.11 (README, The image); a jump means a fat layer
+MAX_IMAGE_MB = 800  # measured 722 MB on bookworm + Python 3.11 (docs/deploying.md, The image); a jump means a fat layer
 STOP_LIMIT_S = 5.0  # docker stop's grace period is 10 s; the filler promises to exit within 1 s
 
 
@@ -94,7 +94,8 @@ def test_dockerignore_keeps_context_small() -> None:
     """The build context holds the package and its metadata only: no .git, venvs, tests."""
     rules = (ROOT / ".dockerignore").read_text().split()
     assert rules[rules.index("*")] == "*"  # everything excluded first, then the few files allowed back
-    for needed in ("!pyproject.toml", "!requirements.txt", "!scripts/image_prune.py", "!forge_load/"):
+    for needed in ("!pyproject.toml", "!requirements.txt", "!scripts/image_prune.py", "!forge_load/",
+                   "!bin/forge-load"):  # the forge-load command, which checks TZ before Python starts
         assert needed in rules
 
 
@@ -265,9 +266,9 @@ def test_simulated_container_logs_and_docker_stop(docker_client: Any, forge_imag
 @pytest.mark.docker
 def test_the_container_names_itself_and_docker_kill_usr1_pauses_it(docker_client: Any, forge_image: Any,
                                                                     names: list[str]) -> None:
-    """The README's operator commands: the filler is PID 1 named `forge-load: gpu 0 filling` (setproctitle in the
-    image), carries the role label, pauses on `docker kill -s USR1` and resumes on `-s USR2`, healthy throughout;
-    the schedule's time zone is found in the image (tzdata)."""
+    """The operators' commands (docs/operating.md): the filler is PID 1 named `forge-load: gpu 0 filling`
+    (setproctitle in the image), carries the role label, pauses on `docker kill -s USR1` and resumes on `-s USR2`,
+    healthy throughout; the schedule's time zone is found in the image (tzdata)."""
     name = _run(names, "--health-interval=1s", "--health-start-period=0s",
                 env={"FORGE_SIMULATE": "1", "FORGE_LOG_INTERVAL": "0.5", "FORGE_ACTIVE_HOURS": "Mon-Sun",
                      "TZ": "Europe/Berlin"})

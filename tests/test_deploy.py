@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from forge_load import health, metrics
+from forge_load import health, holds, metrics
 from forge_load.app import run_simulated
 from forge_load.config import ConfigError, load_config
 from forge_load.status import Fleet
@@ -155,13 +155,35 @@ def test_it_has_no_privileges_it_does_not_need(docs: dict[str, dict[str, Any]]) 
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
-    assert security["runAsNonRoot"] is True and pod["securityContext"]["runAsNonRoot"] is True
-    assert "privileged" not in security
+    assert "privileged" not in security and "add" not in security["capabilities"]
     assert pod["automountServiceAccountToken"] is False
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    # The image's user: the Dockerfile's USER must be the uid the pod runs as.
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(rf"^USER {pod['securityContext']['runAsUser']}\b", dockerfile, re.MULTILINE)
+    uid = pod["securityContext"]["runAsUser"]
+    if uid == 0:  # root only to reach the kubelet's socket, and the manifest says so
+        assert env_of(docs).get("FORGE_KUBELET_SOCKET")
+        lines = (KUBE / "20-daemonset.yaml").read_text().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.strip() == "runAsUser: 0")
+        comment = " ".join(line for line in lines[at - 10:at] if line.strip().startswith("#"))
+        assert "socket" in comment and "capabilit" in comment
+        assert pod["securityContext"]["runAsNonRoot"] is False and "runAsNonRoot" not in security
+    else:  # the image's user: the Dockerfile's USER must be the uid the pod runs as
+        assert security["runAsNonRoot"] is True and pod["securityContext"]["runAsNonRoot"] is True
+        dockerfile = (ROOT / "Dockerfile").read_text()
+        assert re.search(rf"^USER {uid}\b", dockerfile, re.MULTILINE)
+
+
+def test_the_kubelets_pod_resources_are_asked_through_a_read_only_directory(docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    env = env_of(docs)
+    config = load_config([], {k: v for k, v in env.items() if k.startswith("FORGE_") and v})
+    assert config.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    mount = next(m for m in container(docs)["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources")
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"  # the directory: a new socket shows
+    # The pod's own name and namespace (the downward API): the filler never holds a GPU for itself.
+    refs = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container(docs)["env"]}
+    assert (refs["POD_NAME"], refs["POD_NAMESPACE"]) == ("metadata.name", "metadata.namespace")
 
 
 def test_what_it_writes_goes_to_a_writable_volume(docs: dict[str, dict[str, Any]]) -> None:
@@ -203,6 +225,29 @@ def test_the_nodes_pause_directory_is_mounted_read_only(docs: dict[str, dict[str
     assert env["FORGE_PAUSE_FILE"] == "/run/forge-load/pause"
     assert load_config([], {k: v for k, v in env.items() if k.startswith("FORGE_") and v}).pause_file == (
         "/run/forge-load/pause")
+
+
+def test_the_nodes_hold_directory_is_mounted_read_write_under_the_pause_directory(
+        docs: dict[str, dict[str, Any]]) -> None:
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    mount = next(m for m in container(docs)["volumeMounts"] if m["mountPath"] == holds.DEFAULT_HOLD_DIR)
+    assert mount.get("readOnly") is not True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"] == {"path": holds.DEFAULT_HOLD_DIR, "type": "DirectoryOrCreate"}
+    env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+    config = load_config([], {k: v for k, v in env.items() if k.startswith("FORGE_") and v})
+    assert config.hold_dir == holds.DEFAULT_HOLD_DIR
+
+
+def test_compose_mounts_the_hold_directory_read_write() -> None:
+    yaml = pytest.importorskip("yaml", reason="needs PyYAML (it comes with yamllint)")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        volumes = service["volumes"]
+        assert f"{holds.DEFAULT_HOLD_DIR}:{holds.DEFAULT_HOLD_DIR}:rw" in volumes, name
+        assert "/run/forge-load:/run/forge-load:ro" in volumes, name
+        env = {**compose["x-forge-load"]["environment"], **(service.get("environment") or {})}
+        assert load_config([], {k: str(v) for k, v in env.items()}).hold_dir == holds.DEFAULT_HOLD_DIR
 
 
 def test_every_pod_says_it_is_the_filler(docs: dict[str, dict[str, Any]]) -> None:
@@ -329,25 +374,35 @@ def test_the_unit_tests_fail_on_a_broken_rule(broken: str, tmp_path: Path) -> No
     assert failing in result.stdout + result.stderr, result.stdout + result.stderr
 
 
+def documented_rules() -> set[str]:
+    """The names in the first column of the tables under "Prometheus rules" in docs/deploying.md."""
+    page = (ROOT / "docs" / "deploying.md").read_text()
+    section = page[page.index("## Prometheus rules"):]
+    section = section[:section.index("\n## ")]
+    cells = re.findall(r"^\| ([^|]+) \|", section, re.M)
+    return {name for cell in cells for name in re.findall(r"`([^`]+)`", cell)}
+
+
 def test_rules_are_named_by_convention_and_documented() -> None:
-    readme = (ROOT / "README.md").read_text()
+    documented = documented_rules()
     records = recorded_names()
     assert records
     for name in records:
         # level:metric:operations; level UUID (one series per GPU) or fleet (one over all of them).
         assert re.fullmatch(r"(UUID|fleet):(forge_load|DCGM)_\w+:[a-z0-9_]+", name), name
-        assert f"`{name}`" in readme, name
+        assert name in documented, name
     alerts = [rule for group in rule_groups() for rule in group["rules"] if "alert" in rule]
     assert {a["alert"] for a in alerts} == {"ForgeLoadDown", "ForgeLoadBusyBesideForeignWork",
                                             "ForgeLoadPowerCapBinding"}
     for alert in alerts:
-        assert f"`{alert['alert']}`" in readme, alert["alert"]
+        assert alert["alert"] in documented, alert["alert"]
         assert alert["labels"]["severity"] in ("info", "warning", "critical"), alert["alert"]
         annotations = alert["annotations"]
         assert set(annotations) == {"summary", "description"}, alert["alert"]
         for label in ("gpu", "UUID"):
             assert f"$labels.{label}" in annotations["summary"], (alert["alert"], label)
         assert "$labels.instance" in annotations["description"], alert["alert"]
+    assert documented == records | {a["alert"] for a in alerts}  # and nothing the rules file no longer has
 
 
 def test_rules_use_only_series_that_exist() -> None:
@@ -449,3 +504,16 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(rules)} rules found" in result.stdout
+
+
+def test_the_state_panel_shows_every_state() -> None:
+    from forge_load.status import STATES
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    (panel,) = [p for p in dashboard["panels"] if p["type"] == "state-timeline"]
+    (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+    shown = {int(value): option["text"] for value, option in mapping["options"].items()}
+    assert sorted(shown.values()) == sorted(STATES)
+    expr = panel["targets"][0]["expr"]
+    for value, state in shown.items():  # each state's number is the one its term multiplies by (starting: none)
+        assert (f'{value} * forge_load_state{{state="{state}"' in expr) == (value != 0), state

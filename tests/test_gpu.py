@@ -73,7 +73,7 @@ def test_filler_holds_half_the_gpu_for_real() -> None:
 
 
 def test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel() -> None:
-    # The launcher's clock anchors rest on this (docs/DESIGN.md §8).
+    # The launcher's clock anchors rest on this (docs/design.md §8).
     from forge_load.launcher import find_device, prepare_process
 
     prepare_process()

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from forge_load import config as config_module
 from forge_load import health
 from forge_load.app import run_simulated
 from forge_load.backend import backend_for
@@ -264,6 +265,9 @@ EXTREMES: dict[str, tuple[str, ...]] = {
     "FORGE_MAX_POWER_W": ("10", "10000"),  # below idle power: launches nothing; above the board: never binds
     "FORGE_ACTIVE_HOURS": ("Mon-Sun", "Mon 00:00-00:01"),  # always, and (nearly) never: paused the whole run
     "FORGE_PAUSE_FILE": ("/",),  # a directory: there, and unreadable as a time: paused the whole run
+    "FORGE_HOLD_DIR": (),  # a directory the filler writes its acknowledgement into: tests/test_filler_holds.py
+    "FORGE_HOLD_IDLE_AGE_OUT": ("0", "1e-9", "1e300"),
+    "FORGE_KUBELET_SOCKET": (),  # a socket the filler connects to: tests/test_kubelet.py
 }
 
 
@@ -786,3 +790,559 @@ def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(forge_load.nvml, "list_devices", lambda *a, **k: infos)
     config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
     assert app.gpu_selectors(config, backend_for(config)) == ["1", "0"]
+
+
+# --- the health command's own help, and the floor its help names ------------------------------------------------
+
+def test_health_help_says_what_it_checks_and_its_exit_codes() -> None:
+    result = subprocess.run([sys.executable, "-m", "forge_load.health", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result
+    text = result.stdout
+    assert len(text.splitlines()) < 30, "the filler's help, not the health command's"
+    assert "--sim-" not in text and "forge_load.health" in text.splitlines()[0]
+    assert re.search(r"\b0 healthy\b", text) and re.search(r"\b1 unhealthy\b", text)
+    assert "Never 2" in text
+
+
+def test_the_health_max_age_floor_in_the_help_is_accepted() -> None:
+    [setting] = [s for s in SETTINGS if s.env == "FORGE_HEALTH_MAX_AGE"]
+    match = re.search(r">= ([0-9.]+)", setting.help)
+    assert match, setting.help
+    floor = match[1]
+    assert load_config([], {"FORGE_HEALTH_MAX_AGE": floor}).health_max_age_s == float(floor)
+    assert load_config(["--health-max-age", floor], {}).health_max_age_s == float(floor)
+    with pytest.raises(ConfigError) as info:
+        load_config([], {"FORGE_HEALTH_MAX_AGE": f"{float(floor) - 0.01:g}"})
+    assert_one_clean_line(str(info.value), "FORGE_HEALTH_MAX_AGE", floor)
+
+
+# --- the counters agree with the lines before them ---------------------------------------------------------------
+
+def _yield_spells(events: list[dict[str, Any]]) -> tuple[int, float]:
+    """(times the lines went into `yielding`, seconds they spent there) up to the stop line."""
+    count, spent_s, since_s, state = 0, 0.0, None, "filling"
+    for event in events:
+        t_s, new = float(event["t"]), event["state"]
+        if event["event"] == "stop":
+            break
+        if new == "yielding" and state != "yielding":
+            count, since_s = count + 1, t_s
+        elif new != "yielding" and state == "yielding" and since_s is not None:
+            spent_s, since_s = spent_s + t_s - since_s, None
+        state = new
+    if since_s is not None:
+        spent_s += float(events[-1]["t"]) - since_s
+    return count, spent_s
+
+
+def test_a_job_seen_while_paused_counts_as_a_yield_in_the_stop_line() -> None:
+    """Paused from the start, a job at 2-4 s, SIGUSR2 at 6 s: the unpause goes to `yielding` until 9 s."""
+    from forge_load.app import Controls
+    from forge_load.pause import PauseSwitch
+    from tests.test_operators import simulate
+
+    switch = PauseSwitch()
+    switch.set(True, "SIGUSR1")
+    run = simulate("--duration 12 --sim-foreign 2-4 --resume-after 5", controls=Controls(switch),
+                   at={6.0: lambda: switch.set(False, "SIGUSR2")})
+    unpause = run.of("unpause")[0]
+    assert unpause["state"] == "yielding", unpause
+    stop = run.of("stop")[0]
+    count, spent_s = _yield_spells(run.events)
+    assert count == 1 and spent_s > 2.0
+    assert stop["yields"] == count, stop
+    assert float(stop["yielding_s"]) == pytest.approx(spent_s, abs=0.01)
+
+
+# --- a signal storm: the pause acts at once, the log stays readable -----------------------------------------------
+
+@pytest.mark.parametrize("pause_file", [True, False], ids=["pause file there", "no pause file"])
+def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, pause_file: bool) -> None:
+    """SIGUSR1 and SIGUSR2 by turns every 10 ms for 20 virtual seconds (as a `while true; do docker kill -s USR1
+    ...; docker kill -s USR2 ...; done` would): every pause takes effect at the step it is seen, the log holds about
+    a pause line a second, and its last pause line says the state the storm left."""
+    from forge_load.app import Controls, log_start, log_stop, open_simulated
+    from forge_load.pause import PauseSwitch
+
+    path = tmp_path / "pause"
+    if pause_file:
+        path.touch()
+    config = load_config(["--simulate", "--log-format", "json", "--log-interval", "5", "--pause-file", str(path)], {})
+    switch = PauseSwitch()
+    out = io.StringIO()
+    run = open_simulated(config, out, controls=Controls(switch))
+    rt, clock = run.runtime, run.clock
+    log_start(rt, {})
+    monitor_due_s = rt.monitor.step(0.0)
+    storm_s, step_s = 20.0, 0.01
+    for i in range(1, int(storm_s / step_s) + 1):
+        now_s = i * step_s
+        clock.advance_to(now_s)
+        if monitor_due_s <= now_s:
+            monitor_due_s = rt.monitor.step(now_s)
+        switch.set(i % 2 == 1, "SIGUSR1" if i % 2 == 1 else "SIGUSR2")
+        rt.filler.step(now_s)
+        paused = pause_file or switch.by is not None
+        assert (rt.filler.state.value == "paused") == paused, (now_s, rt.filler.state)
+        if paused:
+            assert rt.worker.plan.duty_ratio == 0, f"still launching at {now_s:.2f} s while paused"
+    switch.set(True, "SIGUSR1")  # the storm ends paused by the signal (and the file, where there is one)
+    end_s = storm_s + 0.05
+    clock.advance_to(end_s)
+    rt.filler.step(end_s)
+    assert rt.worker.plan.duty_ratio == 0
+    while rt.worker.in_flight:
+        clock.advance_to(rt.worker.drain(clock.now()))
+    log_stop(rt, clock.now(), "signal SIGTERM")
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    changes = [e for e in events if e["event"] in ("pause", "unpause")]
+    assert len(changes) <= storm_s + 3, f"{len(changes)} pause lines in {storm_s:g} s"
+    assert len(events) <= 2 * storm_s + 10, f"{len(events)} lines in {storm_s:g} s"
+    assert sum(int(e.get("coalesced", 0)) for e in changes) > 1000  # the lines say how many changes they stand for
+    last = changes[-1]
+    assert last["event"] == "pause" and last["state"] == "paused", last
+    assert last["reason"].startswith("SIGUSR1 (SIGUSR2 resumes)"), last
+    assert ("pause file" in last["reason"]) == pause_file, last
+    assert events[-1]["event"] == "stop" and events[-1]["state"] == "paused"
+
+
+# --- no kernel of ours before the filler may fill ---------------------------------------------------------------
+
+# Moments of start-up a SIGUSR1 can come at: before the settings are read, before NVML opens, before CUDA starts,
+# and with our context made but the kernel not yet loaded.
+START_UP_MOMENTS = ("forge_load.app", "pynvml", "numba", "forge_load.kernels")
+
+
+def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp_path: Path) -> None:
+    """The virtual GPU's own record: not one kernel of ours with the pause file there at start, after a SIGUSR1
+    at any moment of start-up, or with a foreign job on the GPU at start (the unmodified numba-cuda path)."""
+    from tests.test_real_path import Run, finish, foreign_job, forge
+
+    pause = tmp_path / "pause"
+    pause.touch()
+    runs: dict[str, Run] = {"pause file": forge(vgpu(), "--pause-file", str(pause), "--duration", "2")}
+    for module in START_UP_MOMENTS:
+        gpu = vgpu()
+        command = [sys.executable, str(ENTRY), "--signal-on-import", f"SIGUSR1:{module}", "--", "--log-format",
+                   "json", "--duration", "2"]
+        own = {"PYTHONPATH": str(ROOT), "FORGE_HEARTBEAT_FILE": str(gpu.state_dir / "heartbeat")}
+        proc = subprocess.Popen(command, env=gpu.env({**os.environ, **own}), cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        runs[f"SIGUSR1 at import of {module}"] = Run(gpu, proc, time.time())
+    busy = vgpu()
+    with foreign_job(busy, seconds=60.0) as job:
+        assert job.stdout is not None
+        while json.loads(job.stdout.readline())["event"] != "context":
+            pass
+        runs["a foreign job at start"] = forge(busy, "--duration", "2")
+        assert finish(runs["a foreign job at start"]) == 0, runs["a foreign job at start"].stderr[-2000:]
+    for case, run in runs.items():
+        assert finish(run) == 0, (case, run.stderr[-2000:])
+        ours = run.kernels()
+        assert ours == [], f"{case}: {len(ours)} kernels of ours ran, the first {ours[0].start - run.wall(0):.3f} s in"
+        first = run.events[1]  # the line after the start line says why nothing ran
+        if case == "a foreign job at start":
+            assert first["event"] == "yield" and "process" in first["signals"], (case, first)
+        else:
+            assert first["event"] == "pause", (case, first)
+            assert first["reason"].startswith("SIGUSR1" if "SIGUSR1" in case else "pause file"), (case, first)
+
+
+@pytest.mark.parametrize("case", ["pause file", "SIGUSR1 before start", "a foreign job at start"])
+def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Path, case: str) -> None:
+    from forge_load.app import Controls
+    from forge_load.pause import PauseSwitch
+    from tests.test_operators import simulate
+
+    pause, switch = tmp_path / "pause", PauseSwitch()
+    flags = "--duration 3"
+    if case == "pause file":
+        pause.touch()
+        flags += f" --pause-file {pause}"
+    elif case == "SIGUSR1 before start":
+        switch.set(True, "SIGUSR1")
+    else:
+        flags += " --sim-foreign 0-10"
+    run = simulate(flags, controls=Controls(switch))
+    assert run.kernel_starts(0.0, 3.0) == []
+    assert run.events[1]["event"] == ("yield" if case == "a foreign job at start" else "pause")
+
+
+# --- a blind foreign-job signal is said -------------------------------------------------------------------------
+
+PROCESS_QUERIES = [f"nvmlDevice{kind}RunningProcesses{version}" for kind in ("GetCompute", "GetGraphics")
+                   for version in ("_v3", "_v2", "")]
+
+
+def test_a_blind_process_signal_is_said_on_the_virtual_gpu(vgpu: Any) -> None:
+    from tests.test_real_path import finish, forge
+
+    run = forge(vgpu(not_supported=PROCESS_QUERIES), "--duration", "1")
+    assert finish(run) == 0, run.stderr[-2000:]
+    start = run.of("start")[0]
+    assert start["signals"] == "memory,utilization", start
+    [warning] = run.of("warning")
+    assert warning["blind"] == "process", warning
+    assert "process" in warning["reason"] and "not supported" in warning["reason"], warning
+    assert "memory,utilization" in warning["reason"], warning
+
+
+@pytest.mark.parametrize(("blind", "seen"), [
+    ((), "process,memory,utilization"),
+    (("processes",), "memory,utilization"),
+    (("memory_used_mib",), "process,utilization"),
+    (("utilization_samples", "utilization_ratio"), "process,memory"),
+    (("utilization_samples",), "process,memory,utilization"),  # the latest window's ratio stands in
+    (("processes", "memory_used_mib", "utilization_samples", "utilization_ratio"), ""),
+])
+def test_the_start_line_names_the_signals_that_work_and_a_warning_the_blind_ones(
+        blind: tuple[str, ...], seen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from forge_load.sim import SimProbe
+
+    for query in blind:
+        monkeypatch.setattr(SimProbe, query, lambda self, *args: None)
+    out = io.StringIO()
+    run_simulated(load_config("--simulate --sim-speed 0 --duration 1 --log-format json".split(), {}), out)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert events[0]["event"] == "start" and events[0]["signals"] == seen, events[0]
+    warnings = [e for e in events if e["event"] == "warning"]
+    if seen == "process,memory,utilization":
+        assert warnings == []
+        return
+    [warning] = warnings
+    named = {"processes": "process", "memory_used_mib": "memory", "utilization_ratio": "utilization"}
+    assert warning["blind"] == ",".join(named[q] for q in blind if q in named), warning
+    assert_one_clean_line(warning["reason"], *warning["blind"].split(","))
+    if not seen:
+        assert "no foreign job" in warning["reason"], warning
+
+
+def test_a_process_list_switched_off_is_not_named_but_not_warned_about() -> None:
+    out = io.StringIO()
+    run_simulated(load_config("--simulate --sim-speed 0 --duration 1 --log-format json --no-process-list".split(),
+                              {}), out)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert events[0]["signals"] == "memory,utilization"
+    assert not [e for e in events if e["event"] == "warning"]
+
+
+# --- one heartbeat, one filler ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("one", "other"), [
+    (["--gpu", "0"], ["--gpu", "1"]),
+    (["--gpus", "0,1"], ["--gpu", "0"]),
+    (["--gpus", "all"], ["--gpus", "0,1"]),
+    (["--simulate"], []),
+    (["--gpu", "GPU-00000000-0000-4000-8000-000000000000"], ["--gpu", "0"]),
+])
+def test_fillers_of_other_gpus_have_other_default_heartbeats(one: list[str], other: list[str]) -> None:
+    first, second = (health.heartbeat_location(load_config(args, {})) for args in (one, other))
+    assert first != second and first[1] and second[1]
+    assert first[0].parent == second[0].parent == health.default_heartbeat_path().parent
+    assert health.heartbeat_location(load_config(["--gpus", "1,0"], {})) == \
+        health.heartbeat_location(load_config(["--gpus", "0,1"], {}))
+
+
+def _started(proc: subprocess.Popen[str]) -> list[str]:
+    """Read the process's stdout up to its start line (it runs on)."""
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline()]
+    assert '"start"' in lines[0], lines[0] + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+    return lines
+
+
+def test_the_health_check_judges_the_filler_its_settings_name() -> None:
+    """Two simulated GPUs of one user's: the health check of GPU 6 does not read GPU 7's filler's heartbeat."""
+    sim = {"FORGE_SIMULATE": "1", "FORGE_SIM_GPUS": "8"}
+    proc = _spawn("--", "--simulate", "--sim-gpus", "8", "--gpu", "7", "--duration", "60")
+    try:
+        first = _started(proc)
+        deadline_s = time.monotonic() + 20
+        while (ours := run_health({**sim, "FORGE_GPU": "7"})).returncode != 0 and time.monotonic() < deadline_s:
+            time.sleep(0.2)
+        assert ours.returncode == 0, ours
+        other = run_health({**sim, "FORGE_GPU": "6"})
+        assert other.returncode == 1 and "no heartbeat" in other.stdout and "gpu6" in other.stdout, other
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and events[-1]["event"] == "stop", err
+
+
+def test_a_second_filler_of_the_same_gpus_is_refused() -> None:
+    """As a second `forge-load --gpu 3` beside a running one (a unit, or a test run): exit 2, one line, before it
+    opens the GPU; the first runs on."""
+    proc = _spawn("--wall-clock-sim", "--", "--gpu", "3", "--duration", "60")
+    try:
+        first = _started(proc)
+        second = subprocess.Popen([sys.executable, str(ENTRY), "--wall-clock-sim", "--", "--gpu", "3", "--duration",
+                                   "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")},
+                                       "PYTHONPATH": str(ROOT)})
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 2, (second.returncode, out[-1000:], err[-1000:])
+        assert out == "" and len(err.splitlines()) == 1, err
+        assert_one_clean_line(err.strip(), f"pid {proc.pid}", "heartbeat-gpu3", "FORGE_GPU")
+        assert proc.poll() is None, "the first filler stopped"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and events[-1]["event"] == "stop" and err == "", err
+
+
+def test_a_shared_heartbeat_file_is_refused_for_other_gpus_too(tmp_path: Path) -> None:
+    beat = str(tmp_path / "heartbeat")
+    proc = _spawn("--wall-clock-sim", "--", "--gpu", "3", "--duration", "60", "--heartbeat-file", beat)
+    try:
+        first = _started(proc)
+        second = forge("--gpu", "4", "--duration", "2", "--heartbeat-file", beat)
+        assert second.returncode == 2, second
+        assert_one_clean_line(second.stderr.strip(), f"pid {proc.pid}", f"FORGE_HEARTBEAT_FILE={beat}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and err == "", err
+
+
+def test_a_second_simulation_of_the_same_gpus_warns_and_leaves_the_heartbeat_alone() -> None:
+    proc = _spawn("--", "--simulate", "--sim-gpus", "8", "--gpu", "5", "--duration", "60")
+    try:
+        first = _started(proc)
+        second = forge("--simulate", "--sim-gpus", "8", "--gpu", "5", "--sim-speed", "0", "--duration", "5")
+        assert second.returncode == 0, second
+        assert len(second.stderr.splitlines()) == 1, second.stderr
+        assert_one_clean_line(second.stderr.strip(), "warning", f"pid {proc.pid}", "heartbeat-sim-gpu5")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and err == "", err
+
+
+def test_a_second_filler_of_one_gpu_by_another_name_is_refused_on_the_virtual_gpu(vgpu: Any) -> None:
+    """`--gpu 0` runs; `--gpu GPU-...` (the same GPU by its UUID, another heartbeat) exits 2 before it makes a
+    context, without a kernel, saying which filler has the GPU."""
+    from tests.test_real_path import finish, forge, wait_for
+
+    gpu = vgpu()
+    first = forge(gpu, "--duration", "30")
+    try:
+        wait_for(first, "start")
+        second = forge(gpu, "--gpu", gpu.uuids()[0], "--duration", "2")
+        assert second.wait() == 2, (second.stdout[-2000:], second.stderr[-2000:])
+        [error] = second.of("error")
+        assert error["exit_code"] == 2 and f"pid {first.proc.pid}" in error["reason"], error
+        assert len(second.stderr.splitlines()) == 1, second.stderr
+        assert_one_clean_line(second.stderr.strip(), f"pid {first.proc.pid}", gpu.uuids()[0])
+        assert second.kernels() == []
+        assert first.proc.poll() is None and first.of("yield") == [], "the first filler took the second for a job"
+    finally:
+        first.proc.send_signal(signal.SIGTERM)
+    assert finish(first) == 0, first.stderr[-2000:]
+    assert first.of("yield") == []
+
+
+def test_a_fleet_leaves_out_a_gpu_another_filler_fills_and_fills_the_rest() -> None:
+    """`--gpu 1` runs; `--gpus 0,1` fills GPU 0, and GPU 1's filler ends at once with an error line (exit 2)."""
+    proc = _spawn("--wall-clock-sim", "--", "--gpu", "1", "--duration", "60")
+    try:
+        first = _started(proc)
+        second = _spawn("--wall-clock-sim", "--", "--gpus", "0,1", "--duration", "2")
+        code, events, err = _finish(second)
+        assert code == 2, (code, err)
+        [error] = [e for e in events if e["event"] == "error"]
+        assert error["gpu"] == 1 and error["exit_code"] == 2 and f"pid {proc.pid}" in error["reason"], error
+        assert [e["gpu"] for e in events if e["event"] == "stop"] == [0]  # GPU 0 was filled to the end
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, events, err = _finish(proc, first)
+    assert code == 0 and err == "", err
+
+
+# --- the pause file: no content crashes anything (issue 17) ------------------------------------------------------
+
+FAR_PAUSE_TIMES = {  # content -> whether it pauses (until the file is removed), or is a time long past
+    "999999999999": True,  # a Unix time in the year 33658
+    "0001-01-01T00:00:00+14:00": False,  # before the year 1 in UTC
+    "9999-12-31T23:59:59-12:00": True,  # the year 10000 in UTC
+    "0000-01-01T00:00:00Z": False,
+    "1763640000000": True,  # milliseconds by mistake
+    "33658-09-27T01:46:39+00:00": True,  # `date -d @999999999999 -Iseconds`
+    "1." + "9" * 240: False,
+}
+
+
+@pytest.mark.parametrize("content", list(FAR_PAUSE_TIMES))
+def test_a_far_time_in_the_pause_file_at_start_crashes_nothing(tmp_path: Path, content: str) -> None:
+    pause = tmp_path / "pause"
+    pause.write_text(content + "\n")
+    result = forge("--simulate", "--sim-speed", "0", "--duration", "2", "--log-format", "json",
+                   "--pause-file", str(pause))
+    assert result.returncode == 0 and result.stderr == "", (result.returncode, result.stderr, result.stdout[-2000:])
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("error", "stop")] == ["stop"]
+    pauses = [e for e in events if e["event"] == "pause"]
+    if FAR_PAUSE_TIMES[content]:
+        [line] = pauses
+        assert "a time after the year 9999: paused until it is removed" in line["reason"], line
+        assert events[-1]["state"] == "paused"
+    else:
+        assert pauses == [] and events[-1]["state"] == "filling"
+
+
+@pytest.mark.parametrize("content", list(FAR_PAUSE_TIMES))
+def test_a_far_time_written_mid_run_crashes_nothing(tmp_path: Path, content: str) -> None:
+    pause = tmp_path / "pause"
+    config = load_config(["--simulate", "--sim-speed", "0", "--duration", "5", "--log-format", "json",
+                          "--pause-file", str(pause)], {})
+    beats: list[int] = []
+
+    def beat() -> None:  # once a virtual second: the file appears after two
+        beats.append(1)
+        if len(beats) == 2:
+            pause.write_text(content)
+
+    out = io.StringIO()
+    run_simulated(config, out, heartbeat=beat)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("error", "stop")] == ["stop"], events[-1]
+    assert len(beats) >= 4, "the loop stopped beating"
+    assert [e["event"] == "pause" for e in events].count(True) == int(FAR_PAUSE_TIMES[content])
+
+
+# --- the host's limit on open files (issue 17) ---------------------------------------------------------------------
+
+def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -> None:
+    import resource
+
+    from forge_load.app import MIN_OPEN_FILES
+
+    def low_limit() -> None:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (12, hard))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-m", "forge_load", "--simulate", "--duration", "1"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, preexec_fn=low_limit)
+    assert result.returncode == 2, (result.returncode, result.stderr, result.stdout[-500:])
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert_one_clean_line(lines[0], "ulimit -n", "12", str(MIN_OPEN_FILES))
+    assert "CUDA" not in lines[0] and not EVENT_RE.search(result.stdout)
+
+
+# --- a ratio above 1: the percent it suggests is one the setting takes, and only for a whole number (issue 17) ----
+
+RATIO_SETTINGS = [s for s in SETTINGS if getattr(s.parse, "func", None) is config_module._ratio_value]
+
+
+@pytest.mark.parametrize("env", [s.env for s in RATIO_SETTINGS])
+@pytest.mark.parametrize("raw", ["1.5", "2", "10", "50", "99.5", "100", "150", "1e2"])
+def test_a_ratio_above_1_suggests_only_a_percent_that_is_meant_and_taken(env: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], {env: raw})
+    message = str(info.value)
+    assert_one_clean_line(message, env)
+    suggested = re.search(r"did you mean (\S+)\?", message)
+    if not raw.isdigit():  # 1.5 is not how a percent is written: 1.5 % is no likelier than 15 % or 0.15
+        assert suggested is None, message
+        return
+    [setting] = [s for s in RATIO_SETTINGS if s.env == env]
+    if suggested is not None:
+        assert suggested[1] == f"{raw}%"
+        setting.parse(suggested[1])  # the setting takes it (another setting may still disagree: a boost below target)
+    else:
+        with pytest.raises(config_module._Rejected):
+            setting.parse(raw + "%")
+
+
+def test_there_are_ratio_settings_to_check() -> None:
+    assert {"FORGE_TARGET", "FORGE_BOOST_TARGET", "FORGE_FOREIGN_UTIL"} <= {s.env for s in RATIO_SETTINGS}
+
+
+# --- TZ naming what the C library would wait on (issue 17) ---------------------------------------------------------
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Path:
+    """bin/forge-load as installed: beside a forge-load-python that runs this checkout's forge_load."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    command = bin_dir / "forge-load"
+    command.write_bytes((ROOT / "bin" / "forge-load").read_bytes())
+    python = bin_dir / "forge-load-python"
+    python.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                      "from forge_load.cli import entry\nentry()\n")
+    for path in (command, python):
+        path.chmod(0o755)
+    return command
+
+
+def _through_launcher(command: Path, tz: str, extra_env: dict[str, str] | None = None,
+                      stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k not in ("TZ", "TZDIR")}
+    env.update(extra_env or {}, TZ=tz)
+    with subprocess.Popen([str(command), "--simulate", "--sim-speed", "0", "--duration", "1", "--active-hours",
+                           "Mon-Sun"], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"TZ={tz!r}: start-up hangs") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "colon fifo", "relative fifo", "TZDIR fifo", "/dev/zero", "/dev/stdin"])
+def test_tz_naming_a_fifo_or_a_device_exits_2_at_once(launcher: Path, tmp_path: Path, kind: str) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    extra: dict[str, str] = {}
+    tz = {"fifo": str(fifo), "colon fifo": f":{fifo}", "relative fifo": "../../../../../../../.." + str(fifo),
+          "/dev/zero": "/dev/zero", "/dev/stdin": "/dev/stdin", "TZDIR fifo": "fifo"}[kind]
+    if kind == "TZDIR fifo":
+        extra["TZDIR"] = str(tmp_path)
+    result = _through_launcher(launcher, tz, extra, stdin=subprocess.PIPE if kind == "/dev/stdin" else None)
+    assert_config_exit(result, "TZ=")
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berlin", "", "CET-1CEST,M3.5.0,M10.5.0/3", "UTC"])
+def test_the_launcher_runs_the_filler_for_a_good_tz(launcher: Path, tz: str) -> None:
+    result = _through_launcher(launcher, tz)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "event=stop" in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["directory", "large file", "fifo"])
+def test_tz_naming_what_is_no_zone_file_is_refused_without_reading_it_all(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "zone"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with path.open("wb") as big:
+            big.truncate(1 << 34)  # 16 GiB, sparse
+    with pytest.raises(ConfigError) as info:
+        load_config(["--active-hours", "Mon-Sun"], {"TZ": str(path)})
+    assert_one_clean_line(str(info.value), "TZ=")
+
+
+def test_out_of_descriptors_the_heartbeat_warns_once_and_raises_nothing(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard (this held before issue 17): the loop's heartbeat, on a host out of descriptors."""
+    import errno
+
+    def no_descriptor(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    refused: list[str] = []
+    beat = health.Heartbeat(tmp_path / "heartbeat", every_s=0.0, on_refused=refused.append)
+    monkeypatch.setattr(os, "open", no_descriptor)
+    for _ in range(3):
+        beat()
+    monkeypatch.undo()
+    assert len(refused) == 1 and "Too many open files" in refused[0]
+    beat()
+    assert health.check(tmp_path / "heartbeat", 30.0)[0]  # written again once descriptors are there

@@ -1,4 +1,5 @@
-"""The module map in the README is the import order: each module imports only modules above it there."""
+"""The module map in docs/design.md ("The package") is the import order: each module imports only modules above
+it in that table."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def readme_order() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = text[text.index("forge_load/               each file imports only those above it"):]
-    block = block[:block.index("```")]
-    return re.findall(r"^  ([a-z_]+)\.py", block, re.M)
+def map_order() -> list[str]:
+    """The modules and packages of the table under "The package" in docs/design.md, top to bottom."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text[text.index("### The package: `forge_load/`"):]
+    section = section[:section.index("\n#")]
+    return re.findall(r"^\| `forge_load/([a-z_]+)(?:\.py|/)` \|", section, re.M)  # a module, or a package
 
 
 def imports_of(path: Path) -> set[str]:
@@ -29,13 +31,20 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-def test_the_readme_lists_every_module_once() -> None:
-    modules = sorted(p.stem for p in (ROOT / "forge_load").glob("*.py") if not p.stem.startswith("__"))
-    assert sorted(readme_order()) == modules
+def sources(name: str) -> list[Path]:
+    """A module's file, or every file of a package."""
+    package = ROOT / "forge_load" / name
+    return sorted(package.glob("*.py")) if package.is_dir() else [ROOT / "forge_load" / f"{name}.py"]
 
 
-def test_every_import_points_up_the_readmes_list() -> None:
-    order = {name: i for i, name in enumerate(readme_order())}
-    upward = [(module, imported) for module in order
-              for imported in imports_of(ROOT / "forge_load" / f"{module}.py") if order[imported] >= order[module]]
+def test_the_map_lists_every_module_once() -> None:
+    modules = sorted([p.stem for p in (ROOT / "forge_load").glob("*.py") if not p.stem.startswith("__")]
+                     + [p.parent.name for p in (ROOT / "forge_load").glob("*/__init__.py")])
+    assert sorted(map_order()) == modules
+
+
+def test_every_import_points_up_the_map() -> None:
+    order = {name: i for i, name in enumerate(map_order())}
+    upward = [(module, imported) for module in order for path in sources(module)
+              for imported in imports_of(path) if imported != module and order[imported] >= order[module]]
     assert upward == []

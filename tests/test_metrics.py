@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -359,7 +360,7 @@ def test_a_list_of_gpus_runs_just_those() -> None:
 def test_a_gpu_named_twice_is_filled_once() -> None:
     rc, events, err = forge("--simulate", "--sim-speed", "0", "--sim-gpus", "2", "--duration", "5",
                             "--gpus", "0,1,GPU-51a00000-0000-4000-8000-000000000000")
-    assert rc == 0, err  # as the README says: filled once, not an error
+    assert rc == 0, err  # as docs/operating.md says: filled once, not an error
     assert not [e for e in events if e["event"] == "error"]
     starts, stops = by_gpu(events, "start"), by_gpu(events, "stop")
     assert sorted(starts) == sorted(stops) == [0, 1] and len(starts[0]) == len(stops[0]) == 1
@@ -491,9 +492,25 @@ def test_one_gpu_without_gpus_serves_metrics_too() -> None:
     assert rc == 0
 
 
-def test_the_metric_reference_names_every_metric() -> None:
-    # The README's metric reference lists every exported metric.
-    texts = [(ROOT / "README.md").read_text()]
-    for name in metrics.METRICS:
-        assert any(f"`{name}{{" in text or f"`{name}`" in text for text in texts), name
-    assert any("| counter |" in text for text in texts)
+def test_the_metric_reference_lists_every_metric_with_its_type() -> None:
+    # docs/metrics.md (scripts/gen_docs.py) has one row per exported metric, no more, each with its type.
+    rows = re.findall(r"^\| `(forge_load_\w+)` \| (gauge|counter) \|", (ROOT / "docs" / "metrics.md").read_text(),
+                      re.M)
+    assert dict(rows) == {name: kind for name, (kind, _) in metrics.METRICS.items()}
+    assert len(rows) == len(metrics.METRICS)
+
+
+def test_a_held_gpu_counts_its_holds_and_never_names_a_holder(tmp_path: Path) -> None:
+    from forge_load import holds
+
+    uuid = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0
+    for holder in ("slurm-41", "slurm-42"):
+        holds.place(str(tmp_path), holds.Hold(uuid, holder, "a job", 0.0, None))
+    fleet, _, _ = simulated_fleet(f"--duration 3 --hold-dir {tmp_path}")
+    text = scrape(fleet)
+    values = sample_values(text)
+    states = {labels["state"]: value for labels, value in values["forge_load_state"]}
+    assert states == {s: float(s == "held") for s in metrics.STATES}
+    assert values["forge_load_holds"][0][1] == 2.0 and values["forge_load_holds_begun_total"][0][1] == 2.0
+    assert values["forge_load_own_busy_seconds_total"][0][1] == 0.0
+    assert "slurm-4" not in text

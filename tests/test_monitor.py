@@ -504,7 +504,7 @@ def test_the_signals_are_a_list_the_monitor_is_given() -> None:
 
 @pytest.mark.parametrize("window_s", [1 / 6, 0.5, 1.0])
 def test_the_sample_buffer_is_asked_about_once_per_window_and_no_sample_is_late(window_s: float) -> None:
-    # Every query costs CPU (docs/DESIGN.md §7): polls every 0.1 s ask the buffer only when a sample can be there,
+    # Every query costs CPU (docs/design.md §7): polls every 0.1 s ask the buffer only when a sample can be there,
     # and each sample still comes with the first poll at or after its stamp.
     stamps = [k * window_s for k in range(1, int(30 / window_s) + 1)]
     probe = FakeProbe(samples=[])

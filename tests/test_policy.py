@@ -125,7 +125,7 @@ def test_yield_from_filling_and_boosted_only_once() -> None:
 
 
 def test_state_values_are_the_log_words() -> None:
-    assert [s.value for s in State] == ["filling", "yielding", "boosted", "paused"]
+    assert [s.value for s in State] == ["filling", "yielding", "boosted", "paused", "held"]
 
 
 # --- paused: outside the hours, a pause file, SIGUSR1 ---------------------------------------------------------
@@ -170,3 +170,36 @@ def test_unpause_when_not_paused_changes_nothing() -> None:
     p = make()
     assert p.unpause(1.0, "SIGUSR2") is None
     assert p.state is State.FILLING
+
+
+# --- held: a hold names the GPU (holds.py) ---------------------------------------------------------------
+
+
+def test_a_hold_stops_everything_and_its_release_fills_when_quiet() -> None:
+    p = make(resume_after_s=10.0)
+    assert p.hold(1.0, "Slurm job 42") == Transition("hold", State.HELD, "Slurm job 42")
+    assert p.current_target == 0.0
+    assert quiet_until(p, 1.0, 300.0) == []  # no resume, no boost while held
+    assert p.release(300.0, "released") == Transition("release", State.FILLING, "released")
+    assert p.release(301.0, "released") is None
+
+
+def test_the_job_behind_a_hold_keeps_the_filler_yielding_after_the_release() -> None:
+    p = make(resume_after_s=10.0)
+    p.hold(1.0, "job")
+    assert p.update(5.0, "process 7 on the GPU") is None  # no yield line while held
+    tr = p.release(8.0, "released")
+    assert tr is not None and tr.state is State.YIELDING and tr.event == "release"
+    assert quiet_until(p, 15.0, 15.0) == [(15.0, Transition("resume", State.FILLING, "no foreign activity for 10.0 s"))]
+
+
+def test_a_hold_outranks_a_pause_and_the_pause_outlives_it() -> None:
+    p = make(resume_after_s=10.0)
+    p.pause(0.0, "SIGUSR1")
+    assert p.hold(1.0, "job") == Transition("hold", State.HELD, "job")
+    assert p.pause(2.0, "SIGUSR1; pause file") == Transition("pause", State.HELD, "SIGUSR1; pause file")
+    assert p.release(3.0, "released") == Transition("release", State.PAUSED, "released")
+    p.hold(4.0, "job 2")
+    assert p.unpause(50.0, "SIGUSR2") == Transition("unpause", State.HELD, "SIGUSR2")
+    assert p.state is State.HELD
+    assert p.release(60.0, "expired") == Transition("release", State.FILLING, "expired")

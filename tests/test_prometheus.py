@@ -81,9 +81,9 @@ def test_prometheus_scrapes_the_exposition_cleanly(scraped: tuple[Filler, Promet
     (target,) = prometheus.targets()
     assert target["health"] == "up" and target["lastError"] == ""
     assert prometheus.query('up{job="forge_load"}')[0]["value"][1] == "1"
-    # Counters arrive as counters: rate() over them is never negative and the names keep _total. Four per GPU:
-    # yields, seconds yielding, our busy seconds, and the device's energy while filling.
-    assert prometheus.query('count({__name__=~"forge_load_.*_total"})')[0]["value"][1] == str(3 * 4)
+    # Counters arrive as counters: rate() over them is never negative and the names keep _total. Five per GPU:
+    # yields, seconds yielding, our busy seconds, the device's energy while filling, and holds begun.
+    assert prometheus.query('count({__name__=~"forge_load_.*_total"})')[0]["value"][1] == str(3 * 5)
     assert prometheus.query('count(forge_load_energy_joules_total > 0)')[0]["value"][1] == "3"
 
 

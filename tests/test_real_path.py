@@ -60,7 +60,10 @@ class Run:
 
 def forge(gpu: VirtualGpu, *args: str, env: dict[str, str] | None = None) -> Run:
     command = [sys.executable, "-m", "forge_load", "--log-format", "json", *args]
-    proc = subprocess.Popen(command, env=gpu.env({**os.environ, **(env or {})}), cwd=ROOT, text=True,
+    # Runs on several virtual GPUs at once all fill "GPU 0": each keeps a heartbeat of its own (one heartbeat,
+    # one filler: a second filler of the same GPUs and user is refused).
+    own = {"FORGE_HEARTBEAT_FILE": str(gpu.state_dir / f"heartbeat-{time.monotonic_ns()}")}
+    proc = subprocess.Popen(command, env=gpu.env({**os.environ, **own, **(env or {})}), cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return Run(gpu, proc, time.time())
 

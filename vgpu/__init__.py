@@ -11,7 +11,8 @@ unmodified numba-cuda and pynvml load, sharing one modelled GPU across processes
 caller's CPU, as a slow driver would.
 
 Never load the stand-ins into the calling process: everything on the virtual GPU runs in subprocesses with
-`env()` (one libnvidia-ml per process). What the model does, and what it cannot prove: README, "Testing".
+`env()` (one libnvidia-ml per process). What the model does, and what it cannot prove: docs/testing.md, "The
+virtual GPU".
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ STATE_ENV = "VGPU_STATE"
 WINDOW_MIN_S, WINDOW_MAX_S = 1 / 6, 1.0
 MAX_GPUS = 8  # VGPU_MAX_GPUS in src/state.h
 NVML_COST_MAX_MS = 10000.0  # the most a call may cost (src/state.c, nvml_cost)
+# NVML's and CUDA's compute modes the virtual GPU models (EXCLUSIVE_THREAD is gone from both: "Support Removed")
+COMPUTE_MODES = ("default", "prohibited", "exclusive_process")
 
 
 class VgpuError(Exception):
@@ -93,7 +96,7 @@ class VirtualGpu:
                  wave_s: float = 1e-4, overhead_s: float = 8e-6, latency_s: float = 5e-6,
                  history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
                  nvml_cost: Mapping[str, float] | None = None,
-                 lib_dir: str | os.PathLike[str] | None = None) -> None:
+                 compute_mode: str = "default", lib_dir: str | os.PathLike[str] | None = None) -> None:
         if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
             raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
         if not (isinstance(window_s, (int, float)) and WINDOW_MIN_S - 1e-9 <= window_s <= WINDOW_MAX_S):
@@ -102,6 +105,8 @@ class VirtualGpu:
             raise VgpuError(f"timestamps={timestamps!r}: expected unix or boot")
         if not (isinstance(sms, int) and 1 <= sms <= 1024):
             raise VgpuError(f"sms={sms!r}: expected 1 to 1024")
+        if compute_mode not in COMPUTE_MODES:
+            raise VgpuError(f"compute_mode={compute_mode!r}: expected one of {', '.join(COMPUTE_MODES)}")
         for name in not_supported:
             if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
                 raise VgpuError(f"not_supported: {name!r} is not an NVML function name (nvml...)")
@@ -114,7 +119,7 @@ class VirtualGpu:
             "gpus": gpus, "sms": sms, "window_s": repr(float(window_s)), "timestamps": timestamps,
             "hide_processes": int(bool(hide_processes)), "context_mib": context_mib, "reserved_mib": reserved_mib,
             "total_mib": total_mib, "wave_s": repr(float(wave_s)), "overhead_s": repr(float(overhead_s)),
-            "latency_s": repr(float(latency_s)), "history_s": history_s,
+            "latency_s": repr(float(latency_s)), "history_s": history_s, "compute_mode": compute_mode,
         }
         if fail_gpu:
             config["fail_gpu"] = _pairs("fail_gpu", fail_gpu, gpus, integer=False)
@@ -147,10 +152,15 @@ class VirtualGpu:
         """Where libcuda.so.1 and libnvidia-ml.so.1 of this GPU's driver variant are."""
         return self.lib_dir / OLD_DRIVER_DIR if self.old_driver else self.lib_dir
 
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    def env(self, base: Mapping[str, str] | None = None, visible: str | None = None) -> dict[str, str]:
         """The environment for a subprocess on this GPU: `base` (default os.environ) plus the library path
-        and the state path; the CUDA simulator switched off."""
+        and the state path; the CUDA simulator switched off. `visible`: NVIDIA_VISIBLE_DEVICES, the devices of a
+        container as the NVIDIA container toolkit sets it (NVML and CUDA then show only those, numbered from 0);
+        without it the variable is dropped: the test machine's own value says nothing about the virtual GPU."""
         env = dict(os.environ if base is None else base)
+        env.pop("NVIDIA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env["NVIDIA_VISIBLE_DEVICES"] = visible
         lib = str(self.library_dir)
         env["LD_LIBRARY_PATH"] = lib + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         env[STATE_ENV] = str(self.state_dir)

@@ -14,7 +14,8 @@
  *   with hide_processes, only the caller itself;
  * - power: idle + (max - idle) x the busy share of the last second; energy: the integral of the
  *   instantaneous power (idle, or max while a kernel runs) since the state was created;
- * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED.
+ * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED;
+ * - the compute mode is the configured one (cuda.c enforces it).
  */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
@@ -47,7 +48,9 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static vgpu_view g_view;
 static int g_attached;
 static int g_init_count;
-static vdev g_devs[VGPU_MAX_GPUS];
+static vdev g_devs[VGPU_MAX_GPUS];       /* by host index */
+static int g_cont[VGPU_MAX_GPUS];       /* NVML index -> host index: the devices NVIDIA_VISIBLE_DEVICES gives */
+static int g_ncont;
 static int g_calls_row = -1; /* this process's row of NVML call counters (-1: none yet or none left) */
 static int g_calls_claimed;
 
@@ -103,6 +106,7 @@ static nvmlReturn_t init(void) {
             g_devs[i].magic = DEVICE_MAGIC;
             g_devs[i].index = i;
         }
+        g_ncont = vgpu_container_devices(g_view.st, g_cont);
         pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
     }
     g_init_count++;
@@ -157,6 +161,13 @@ const DECLDIR char *nvmlErrorString(nvmlReturn_t result) {
 
 static int initialized(void) { return __atomic_load_n(&g_init_count, __ATOMIC_RELAXED) > 0; }
 
+/* The NVML index of a host device in this process's view; -1 where it is not in it. */
+static int nvml_index(int host) {
+    for (int i = 0; i < g_ncont; i++)
+        if (g_cont[i] == host) return i;
+    return -1;
+}
+
 static int refused(const char *fn) {
     const char *list = g_view.st->not_supported;
     if (list[0] == '\0') return 0;
@@ -170,7 +181,7 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, int *index) {
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     const vdev *d = (const vdev *)device;
     if (d == NULL || d < g_devs || d >= g_devs + VGPU_MAX_GPUS || d->magic != DEVICE_MAGIC ||
-        d->index >= g_view.st->gpus)
+        d->index >= g_view.st->gpus || nvml_index(d->index) < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (vgpu_lost(&g_view, d->index, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
     if (refused(fn)) return NVML_ERROR_NOT_SUPPORTED;
@@ -233,7 +244,7 @@ nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion) {
 static nvmlReturn_t device_count(unsigned int *count) {
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = (unsigned int)g_view.st->gpus;
+    *count = (unsigned int)g_ncont;
     return NVML_SUCCESS;
 }
 
@@ -246,12 +257,16 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
     return device_count(deviceCount);
 }
 
+static nvmlReturn_t handle_of_host(int host, nvmlDevice_t *device) {
+    if (vgpu_lost(&g_view, host, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
+    *device = (nvmlDevice_t)&g_devs[host];
+    return NVML_SUCCESS;
+}
+
 static nvmlReturn_t handle_by_index(unsigned int index, nvmlDevice_t *device) {
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
-    if (device == NULL || index >= (unsigned int)g_view.st->gpus) return NVML_ERROR_INVALID_ARGUMENT;
-    if (vgpu_lost(&g_view, (int)index, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
-    *device = (nvmlDevice_t)&g_devs[index];
-    return NVML_SUCCESS;
+    if (device == NULL || index >= (unsigned int)g_ncont) return NVML_ERROR_INVALID_ARGUMENT;
+    return handle_of_host(g_cont[index], device);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
@@ -267,10 +282,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
     COUNTED();
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < g_view.st->gpus; i++) {
+    for (int i = 0; i < g_ncont; i++) {
         char s[48];
-        vgpu_uuid_string(g_view.st->dev[i].uuid, s);
-        if (strcasecmp(s, uuid) == 0) return handle_by_index((unsigned int)i, device);
+        vgpu_uuid_string(g_view.st->dev[g_cont[i]].uuid, s);
+        if (strcasecmp(s, uuid) == 0) return handle_of_host(g_cont[i], device);
     }
     return NVML_ERROR_NOT_FOUND;
 }
@@ -279,10 +294,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvml
     COUNTED();
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (pciBusId == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < g_view.st->gpus; i++) {
-        const char *id = g_view.st->dev[i].pci_bus_id;  /* "00000000:18:00.0"; "0000:18:00.0" also matches */
+    for (int i = 0; i < g_ncont; i++) {
+        const char *id = g_view.st->dev[g_cont[i]].pci_bus_id;  /* "00000000:18:00.0"; "0000:18:00.0" matches too */
         if (strcasecmp(id, pciBusId) == 0 || strcasecmp(id + 4, pciBusId) == 0)
-            return handle_by_index((unsigned int)i, device);
+            return handle_of_host(g_cont[i], device);
     }
     return NVML_ERROR_NOT_FOUND;
 }
@@ -290,7 +305,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvml
 nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     ENTER(device);
     if (index == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *index = (unsigned int)dev_;
+    *index = (unsigned int)nvml_index(dev_);
     return NVML_SUCCESS;
 }
 
@@ -347,7 +362,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur
 nvmlReturn_t DECLDIR nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
     ENTER(device);
     if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *mode = NVML_COMPUTEMODE_DEFAULT;
+    *mode = (nvmlComputeMode_t)g_view.st->dev[dev_].compute_mode;
     return NVML_SUCCESS;
 }
 

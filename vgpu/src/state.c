@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -354,6 +355,42 @@ void vgpu_uuid_string(const uint8_t u[16], char out[48]) {
              u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 
+int vgpu_container_devices(const vgpu_state *st, int out[VGPU_MAX_GPUS]) {
+    const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
+    int seen[VGPU_MAX_GPUS] = {0};
+    int n = 0;
+    if (env == NULL || env[0] == '\0' || strcmp(env, "void") == 0 || strcmp(env, "all") == 0) {
+        for (int i = 0; i < st->gpus; i++) seen[i] = 1;
+    } else if (strcmp(env, "none") != 0) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", env);
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            int dev = -1;
+            if (strncmp(tok, "GPU-", 4) == 0) {
+                for (int i = 0; i < st->gpus; i++) {
+                    char uuid[48];
+                    vgpu_uuid_string(st->dev[i].uuid, uuid);
+                    if (strcasecmp(uuid, tok) == 0) dev = i;
+                }
+            } else {
+                char *end = NULL;
+                long k = strtol(tok, &end, 10);
+                if (end != tok && *end == '\0' && k >= 0 && k < st->gpus) dev = (int)k;
+            }
+            if (dev < 0) {
+                static int said;
+                if (!said++) fprintf(stderr, "vgpu: NVIDIA_VISIBLE_DEVICES entry '%s' names no device: left out\n", tok);
+                continue;
+            }
+            seen[dev] = 1;
+        }
+    }
+    for (int i = 0; i < st->gpus; i++)
+        if (seen[i]) out[n++] = i;
+    return n;
+}
+
 /* --- creation ------------------------------------------------------------------------------------------ */
 
 static const uint32_t PCI_BUSES[VGPU_MAX_GPUS] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
@@ -411,6 +448,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
     int have_order = 0;
     for (int i = 0; i < VGPU_MAX_GPUS; i++) fail_s[i] = fail_calls[i] = -1;
     char pending_fail_s[1024] = "", pending_fail_calls[1024] = "", pending_order[256] = "";
+    int32_t compute_mode = 0;
 
     char *text = strdup(config ? config : "");
     char *save = NULL;
@@ -467,6 +505,18 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
             snprintf(pending_fail_s, sizeof pending_fail_s, "%s", val);
         } else if (strcmp(key, "fail_gpu_calls") == 0) {
             snprintf(pending_fail_calls, sizeof pending_fail_calls, "%s", val);
+        } else if (strcmp(key, "compute_mode") == 0) {
+            /* every device, as `nvidia-smi -c` without -i sets them; NVML's and CUDA's values agree */
+            if (strcmp(val, "default") == 0)
+                compute_mode = 0;
+            else if (strcmp(val, "prohibited") == 0)
+                compute_mode = 2;
+            else if (strcmp(val, "exclusive_process") == 0)
+                compute_mode = 3;
+            else {
+                say(why, why_len, "compute_mode=%s: expected default, prohibited or exclusive_process", val);
+                goto out;
+            }
         } else if (strcmp(key, "fastest_first") == 0) {
             snprintf(pending_order, sizeof pending_order, "%s", val);
         } else if (strcmp(key, "nvml_cost") == 0) {
@@ -559,6 +609,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         d->lost_at_ns = fail_s[i] >= 0 ? st->created_ns + fail_s[i] : VGPU_NEVER;
         d->lost_after_calls = fail_calls[i];
         st->fastest_first[i] = have_order ? order[i] : i;
+        d->compute_mode = compute_mode;
     }
 
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {

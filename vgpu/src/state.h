@@ -19,7 +19,7 @@
 #pragma GCC visibility push(hidden)
 
 #define VGPU_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_LAYOUT 2u
+#define VGPU_LAYOUT 3u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml) */
 #define VGPU_MAX_GPUS 8
 #define VGPU_MAX_PROCS 64
 #define VGPU_RING 65536 /* busy intervals kept per device (merged when back to back) */
@@ -41,6 +41,8 @@ typedef struct {
     int64_t lost_at_ns;          /* lost from this time on (VGPU_NEVER: never) */
     int64_t lost_after_calls;    /* lost once NVML was asked this many device queries (-1: never) */
     uint64_t nvml_calls;         /* NVML device queries so far (atomic) */
+    int32_t compute_mode;        /* NVML's and CUDA's value: 0 default, 2 prohibited, 3 exclusive process */
+    int32_t pad;
     int64_t tail_ns;             /* end of the last kernel queued on the device (FIFO across contexts) */
     int64_t busy_queued_ns;      /* sum of the durations of every kernel ever queued */
     uint64_t kernels;            /* kernels ever queued */
@@ -139,6 +141,13 @@ void vgpu_unimplemented(vgpu_view *v, const char *what);
 
 /* Create a fresh state in `dir` from "key=value" lines; 0, or -1 with a one-line reason. */
 int vgpu_create(const char *dir, const char *config, char *why, size_t why_len);
+
+/* The devices a process sees, as in a container the NVIDIA container toolkit set up: NVIDIA_VISIBLE_DEVICES
+ * "all" (or unset, empty or "void": no container, the host's view) sees every device; "none" none; otherwise a
+ * comma-separated list of host indices and GPU UUIDs. They are numbered from 0 in the host's order (NVML
+ * enumerates the devices a container has by PCI bus, not in the order the list names them). `out` gets the
+ * host indices; returns how many. An entry that names no device is left out and said once on stderr. */
+int vgpu_container_devices(const vgpu_state *st, int out[VGPU_MAX_GPUS]);
 
 /* UUID as NVML prints it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (41 bytes with the NUL). */
 void vgpu_uuid_string(const uint8_t uuid[16], char out[48]);

@@ -1,0 +1,216 @@
+"""`forge-load hold|release|holds`: the commands of docs/holds.md, their exit codes, and that they import nothing of
+CUDA or numba (a Slurm prolog runs them before every job)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from forge_load import holdcmd, holds
+from forge_load.holds import Ack
+
+GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
+GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"
+HOST = [GPU0, GPU1]
+
+
+def run(argv: list[str], hold_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str], list[str]]:
+    code = holdcmd.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: list(HOST))
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err.splitlines()
+
+
+def test_hold_by_index_and_uuid_then_release_every_gpu_of_the_holder(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    hold_dir = tmp_path / "new" / "holds"  # created, with its parents
+    code, out, err = run(["hold", "--gpu", f"1,{GPU0},1", "--holder", "slurm-42", "--reason", "job 42"], hold_dir,
+                         capsys)
+    assert code == 0 and not err and out == [f"{GPU1} held by slurm-42", f"{GPU0} held by slurm-42"]
+    assert oct(hold_dir.stat().st_mode & 0o777) == "0o755"
+    found, _ = holds.all_holds(str(hold_dir))
+    assert [(h.gpu_uuid, h.holder, h.reason, h.until_unix_s) for h in found] == [
+        (GPU0, "slurm-42", "job 42", None), (GPU1, "slurm-42", "job 42", None)]
+    run(["hold", "--gpu", "0", "--holder", "other"], hold_dir, capsys)
+    code, out, _ = run(["release", "--holder", "slurm-42"], hold_dir, capsys)
+    assert code == 0 and sorted(out) == [f"{GPU0} released by slurm-42", f"{GPU1} released by slurm-42"]
+    assert [h.holder for h in holds.all_holds(str(hold_dir))[0]] == ["other"]
+    assert run(["release", "--holder", "slurm-42", "--gpu", "all"], hold_dir, capsys)[0] == 0  # nothing held: 0
+    code, out, _ = run(["release", "--holder", "other", "--gpu", "0"], hold_dir, capsys)
+    assert code == 0 and out == [f"{GPU0} released by other"]
+
+
+def test_hold_all_and_until(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = time.time()
+    code, out, _ = run(["hold", "--gpu", "all", "--holder", "h", "--until", "2h"], tmp_path, capsys)
+    assert code == 0 and len(out) == 2
+    found, _ = holds.all_holds(str(tmp_path))
+    assert all(h.until_unix_s is not None and before + 7200 <= h.until_unix_s <= time.time() + 7200 for h in found)
+    code, _, _ = run(["hold", "--gpu", "0", "--holder", "h", "--until", "4102444800"], tmp_path, capsys)
+    assert code == 0 and holds.read_holds(str(tmp_path), GPU0, 0.0).holds[0].until_unix_s == 4102444800.0
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["hold", "--gpu", "0", "--holder", "-bad"], "--holder"),
+    (["hold", "--gpu", "0", "--holder", "a/b"], "--holder"),
+    (["hold", "--gpu", "0", "--holder", "a" * 65], "--holder"),
+    (["hold", "--gpu", "2", "--holder", "h"], "--gpu"),
+    (["hold", "--gpu", "GPU-1234", "--holder", "h"], "--gpu"),
+    (["hold", "--gpu", "0,,1", "--holder", "h"], "--gpu"),
+    (["hold", "--gpu", "", "--holder", "h"], "--gpu"),
+    (["hold", "--gpu", "0", "--holder", "h", "--until", "yesterday"], "--until"),
+    (["hold", "--gpu", "0", "--holder", "h", "--until", "2000-01-01T00:00:00Z"], "--until"),
+    (["hold", "--gpu", "0", "--holder", "h", "--wait", "-1"], "--wait"),
+    (["hold", "--gpu", "0", "--holder", "h", "--wait", "nan"], "--wait"),
+    (["hold", "--gpu", "0", "--holder", "h", "--reason", "a\nb"], "--reason"),
+    (["hold", "--holder", "h"], "--gpu"),
+    (["release", "--gpu", "0"], "--holder"),
+    (["holds", "--bogus"], "--bogus"),
+])
+def test_bad_input_exits_2_with_one_line_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         argv: list[str], names: str) -> None:
+    code, out, err = run(argv, tmp_path / "holds", capsys)
+    assert code == 2 and not out and len(err) == 1 and names in err[0], err
+    assert not (tmp_path / "holds").exists() or not list((tmp_path / "holds").iterdir())  # nothing written
+
+
+def test_a_relative_hold_dir_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = holdcmd.main(["holds"], env={"FORGE_HOLD_DIR": "relative/dir"}, uuids_of_host=lambda: HOST)
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1 and "FORGE_HOLD_DIR='relative/dir'" in err[0]
+
+
+def test_a_hold_dir_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    code, _, err = run(["hold", "--gpu", "0", "--holder", "h"], tmp_path / "file" / "holds", capsys)
+    assert code == 2 and len(err) == 1 and "--hold-dir" in err[0]
+
+
+def test_indices_without_any_gpu_are_bad_input_and_uuids_need_none(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code = holdcmd.main(["hold", "--gpu", "0", "--holder", "h", "--hold-dir", str(tmp_path)], env={},
+                        uuids_of_host=lambda: [])
+    assert code == 2 and "name the GPUs by UUID" in capsys.readouterr().err
+    code = holdcmd.main(["hold", "--gpu", GPU1, "--holder", "h", "--hold-dir", str(tmp_path)], env={},
+                        uuids_of_host=lambda: [])
+    assert code == 0
+
+
+def test_proc_files_give_the_uuids_in_pci_bus_order(tmp_path: Path) -> None:
+    for bus, uuid in (("0000:b1:00.0", GPU1), ("0000:3b:00.0", GPU0), ("0000:c0:00.0", "not a uuid")):
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "information").write_text(
+            f"Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\nDevice Minor: \t 7\n")
+    assert holdcmd.proc_uuids(str(tmp_path)) == [GPU0, GPU1]
+    assert holdcmd.proc_uuids(str(tmp_path / "none")) == []
+
+
+# --- hold --wait --------------------------------------------------------------------------------------
+
+def test_wait_without_a_filler_or_with_a_stale_one_returns_at_once(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    holds.write_ack(str(tmp_path), Ack(GPU1, 1, "filling", (), False, time.time() - 3.5))  # a dead filler's
+    start = time.monotonic()
+    code, _, _ = run(["hold", "--gpu", "0,1", "--holder", "h", "--wait", "5"], tmp_path, capsys)
+    assert code == 0 and time.monotonic() - start < 4  # not the 5 s wait
+
+
+def test_wait_exits_1_when_the_filler_has_not_acknowledged_and_the_hold_stays(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stop = threading.Event()
+
+    def live_filler_that_ignores_holds() -> None:
+        while not stop.is_set():
+            holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))
+            stop.wait(0.05)
+
+    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))  # there before the hold
+    thread = threading.Thread(target=live_filler_that_ignores_holds)
+    thread.start()
+    try:
+        code, out, err = run(["hold", "--gpu", "0", "--holder", "h", "--wait", "0.3"], tmp_path, capsys)
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 1 and len(err) == 1 and GPU0 in err[0] and "the hold stays" in err[0]
+    assert holds.read_holds(str(tmp_path), GPU0, time.time()).held
+
+
+def test_wait_returns_once_the_filler_has_drained_after_the_hold(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("h",), True, time.time()))  # before the hold: not enough
+    stop = threading.Event()
+
+    def filler() -> None:
+        while not stop.is_set():
+            view = holds.read_holds(str(tmp_path), GPU0, time.time())
+            held_by = tuple(h.holder for h in view.holds)
+            # A stale "drained" from before would do; only one written after the hold counts.
+            holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held" if held_by else "filling", held_by,
+                                               bool(held_by), time.time()))
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=filler)
+    thread.start()
+    try:
+        code, out, _ = run(["hold", "--gpu", "0", "--holder", "h", "--wait", "10"], tmp_path, capsys)
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 0 and out == [f"{GPU0} held by h"]
+
+
+def test_holds_lists_with_the_fillers_word(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run(["hold", "--gpu", "0", "--holder", "a", "--reason", "job a"], tmp_path, capsys)
+    run(["hold", "--gpu", "1", "--holder", "b"], tmp_path, capsys)
+    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("a",), True, time.time()))
+    (tmp_path / "stray").write_text("")
+    code, out, err = run(["holds", "--json"], tmp_path, capsys)
+    rows = [json.loads(line) for line in out]
+    assert code == 0 and [(r["gpu"], r["holder"], r["reason"], r["filler"]) for r in rows] == [
+        (GPU0, "a", "job a", "drained"), (GPU1, "b", "", "no filler")]
+    assert len(err) == 1 and "stray" in err[0]
+    code, out, _ = run(["holds"], tmp_path, capsys)
+    assert code == 0 and out[0].split()[:2] == ["GPU", "HOLDER"] and len(out) == 3
+
+
+# --- as a command, in its own process --------------------------------------------------------------------
+
+# The interpreter's start (the cuda-bindings wheel's .pth file) may already have put an empty `cuda` namespace in
+# sys.modules: what counts is what the command adds.
+_PROBE = """
+import sys
+before = set(sys.modules)
+sys.argv = ["forge-load", *sys.argv[1:]]
+from forge_load import cli
+code = cli.main()
+heavy = sorted(m for m in set(sys.modules) - before
+               if m.split(".")[0] in ("numba", "numba_cuda", "cuda", "numpy", "llvmlite"))
+print("HEAVY", ",".join(heavy))
+sys.exit(code)
+"""
+
+
+def test_the_commands_import_nothing_of_cuda_or_numba(tmp_path: Path) -> None:
+    for argv in (["hold", "--gpu", GPU0, "--holder", "h", "--wait", "0.1"], ["holds"], ["release", "--holder", "h"]):
+        proc = subprocess.run([sys.executable, "-c", _PROBE, *argv, "--hold-dir", str(tmp_path)],
+                              capture_output=True, text=True, check=False, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[-1] == "HEAVY ", proc.stdout
+
+
+def test_an_index_is_resolved_through_nvml_on_the_virtual_gpu(vgpu, tmp_path: Path) -> None:  # noqa: ANN001
+    gpu = vgpu(gpus=2)
+    uuids = gpu.uuids()
+    hold_dir = tmp_path / "holds"
+    proc = gpu.run([sys.executable, "-c", _PROBE, "hold", "--gpu", "1", "--holder", "slurm-7",
+                    "--hold-dir", str(hold_dir)], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"{uuids[1]} held by slurm-7", "HEAVY "]
+    assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[1]}.slurm-7.json"]
+    assert gpu.contexts() == []  # no CUDA context was made

@@ -1,0 +1,306 @@
+"""Holds for what the kubelet assigns (forge_load/kubelet.py, docs/kubernetes-holds.md): the device ids as the NVIDIA
+device plugin writes them, the real protocol against a test kubelet on a unix socket, and the filler holding a
+GPU the kubelet assigned (virtual time on the simulated GPU; real time on the virtual GPU below)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from forge_load import kubelet
+from forge_load.app import Controls, Runtime, run_simulated
+from forge_load.config import load_config
+from forge_load.holds import HOLDER_RE, Hold, HoldBoard
+from forge_load.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
+from tests.fake_pynvml import FakeDevice, FakeNvml
+from tests.kubelet_server import TestKubelet
+from tests.test_real_path import ROOT, finish, forge, wait_for
+from vgpu.pytest_plugin import VgpuFactory
+
+GPU_A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
+GPU_B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
+MIG_A1 = "MIG-aaaaaaaa-0001-4000-8000-000000000000"
+MIG_B0 = "MIG-bbbbbbbb-0000-4000-8000-000000000000"
+SIM_UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0
+
+
+def client(board: HoldBoard, lines: list[str], resolve: kubelet.Resolve = kubelet.simulated_resolver,
+           socket_path: str = "/nonexistent", **kwargs: object) -> KubeletHolds:
+    return KubeletHolds(socket_path, board, lines.append, resolve, wall_clock=lambda: 1000.0, **kwargs)  # type: ignore[arg-type]
+
+
+def held(board: HoldBoard, *uuids: str) -> dict[str, list[str]]:
+    return {uuid: [h.holder for h in board.holds_for(uuid)] for uuid in uuids}
+
+
+# --- names and ids ---------------------------------------------------------------------------------------------
+
+def test_holder_names_are_in_the_holders_characters_and_long_ones_stay_apart() -> None:
+    assert holder_name("default", "train-0", "main") == "k8s-default_train-0_main"
+    assert holder_name("ml", "job.v1", "c") == "k8s-ml_job.v1_c"
+    long_a = holder_name("team-" + "a" * 60, "pod-" + "x" * 200, "main")
+    long_b = holder_name("team-" + "a" * 60, "pod-" + "x" * 199 + "y", "main")
+    assert HOLDER_RE.fullmatch(long_a) and HOLDER_RE.fullmatch(long_b) and long_a != long_b
+
+
+def test_replica_ids_hold_their_gpu_our_pod_and_other_devices_do_not() -> None:
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, own_pod=("forge-load", "forge-load-abcde"))
+    found = [Assignment("ml", "a", "main", "nvidia.com/gpu", f"{GPU_A}::3"),  # time-slicing replica
+             Assignment("ml", "b", "main", "nvidia.com/gpu.shared", f"{GPU_A}::0"),
+             Assignment("forge-load", "forge-load-abcde", "forge-load", "nvidia.com/gpu", GPU_B),  # ours
+             Assignment("ml", "c", "main", "example.com/fpga", "fpga-0"),  # no GPU
+             Assignment("ml", "c", "main", "example.com/fpga", "0")]  # an index, but not the NVIDIA plugin's
+    board.replace(watch.holds_of(found, 1000.0))
+    assert held(board, GPU_A, GPU_B) == {GPU_A: ["k8s-ml_a_main", "k8s-ml_b_main"], GPU_B: []}
+    (hold, _) = board.holds_for(GPU_A)
+    assert hold == Hold(GPU_A, "k8s-ml_a_main", "Kubernetes ml/a container main (nvidia.com/gpu)", 1000.0, None)
+    assert lines == []
+
+
+def test_our_pod_without_a_namespace_is_known_by_its_name() -> None:
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, own_pod=("", "forge-load-abcde"))
+    board.replace(watch.holds_of([Assignment("forge-load", "forge-load-abcde", "c", "nvidia.com/gpu", GPU_A),
+                                  Assignment("ml", "forge-load-abcdf", "c", "nvidia.com/gpu", GPU_B)], 1.0))
+    assert held(board, GPU_A, GPU_B) == {GPU_A: [], GPU_B: ["k8s-ml_forge-load-abcdf_c"]}
+
+
+def test_mig_and_index_ids_map_to_their_gpu_through_nvml() -> None:
+    mig_a0 = FakeDevice(uuid="MIG-aaaaaaaa-0000-4000-8000-000000000000")
+    fake = FakeNvml([FakeDevice(uuid=GPU_A, mig_mode=1, migs=[mig_a0, FakeDevice(uuid=MIG_A1)]),
+                     FakeDevice(uuid=GPU_B, mig_mode=1, migs=[FakeDevice(uuid=MIG_B0)])])
+    resolve = nvml_resolver(fake.module)
+    assert resolve(MIG_A1) == (MIG_A1, GPU_A)  # the MIG device's own filler, and one on the whole GPU
+    assert resolve("1") == (GPU_B,)
+    assert resolve("1:0") == (GPU_B, MIG_B0)  # the device plugin's index ids for MIG devices
+    assert resolve(GPU_B) == (GPU_B,)
+    assert fake.init_count == fake.shutdown_count  # NVML left as found
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, resolve)
+    board.replace(watch.holds_of([Assignment("ml", "m", "main", "nvidia.com/mig-1g.10gb", f"{MIG_A1}::1")], 5.0))
+    assert held(board, GPU_A, MIG_A1, GPU_B) == {GPU_A: ["k8s-ml_m_main"], MIG_A1: ["k8s-ml_m_main"], GPU_B: []}
+    assert lines == [f"device id {MIG_A1} (nvidia.com/mig-1g.10gb) is {MIG_A1}, {GPU_A}"]
+
+
+def test_an_nvidia_id_nvml_does_not_know_holds_every_gpu() -> None:
+    fake = FakeNvml([FakeDevice(uuid=GPU_A), FakeDevice(uuid=GPU_B)])
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, nvml_resolver(fake.module))
+    for _ in range(2):
+        board.replace(watch.holds_of([Assignment("ml", "x", "main", "nvidia.com/gpu", "7")], 5.0))
+    assert held(board, GPU_A, GPU_B) == {GPU_A: ["k8s-ml_x_main"], GPU_B: ["k8s-ml_x_main"]}
+    assert lines == [f"device id 7 (nvidia.com/gpu) is {GPU_A}, {GPU_B}"]  # once
+
+
+def test_a_hold_keeps_its_since_while_assigned_and_is_new_when_it_comes_back() -> None:
+    board, lines = HoldBoard(), []
+    now = [1.0]
+    watch = KubeletHolds("/nonexistent", board, lines.append, kubelet.simulated_resolver, wall_clock=lambda: now[0])
+    found = [Assignment("ml", "a", "main", "nvidia.com/gpu", GPU_A)]
+    board.replace(watch.holds_of(found, 1.0))
+    assert not board.replace(watch.holds_of(found, 2.0))  # the same hold: no change
+    board.replace(watch.holds_of([], 3.0))
+    board.replace(watch.holds_of(found, 4.0))
+    assert [h.since_unix_s for h in board.holds_for(GPU_A)] == [4.0]
+
+
+# --- the protocol, against a test kubelet ----------------------------------------------------------------------
+
+def test_the_test_kubelet_assigns_and_frees_over_the_real_protocol(tmp_path: Path) -> None:
+    socket_path = tmp_path / "kubelet.sock"
+    board, lines = HoldBoard(), []
+    with TestKubelet(socket_path) as server:
+        watch = client(board, lines, socket_path=str(socket_path))
+        assert watch.poll() and held(board, GPU_A) == {GPU_A: []}
+        server.assign("ml", "train", "main", "nvidia.com/gpu", [GPU_A])
+        server.assign("ml", "train", "side", "nvidia.com/gpu", [f"{GPU_B}::1"])
+        assert watch.poll()
+        assert held(board, GPU_A, GPU_B) == {GPU_A: ["k8s-ml_train_main"], GPU_B: ["k8s-ml_train_side"]}
+        server.free("ml", "train")
+        assert watch.poll() and held(board, GPU_A, GPU_B) == {GPU_A: [], GPU_B: []}
+        assert server.calls == 3
+    assert lines == []
+
+
+def test_an_unreachable_kubelet_is_said_once_its_holds_stay_and_it_is_found_again(tmp_path: Path) -> None:
+    socket_path = tmp_path / "kubelet.sock"
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, socket_path=str(socket_path))
+    server = TestKubelet(socket_path).start()
+    server.assign("ml", "train", "main", "nvidia.com/gpu", [GPU_A])
+    assert watch.poll()
+    server.stop()
+    assert [watch.poll() for _ in range(3)] == [False, False, False]
+    assert len(lines) == 1 and lines[0].startswith(f"pod-resources at {socket_path} cannot be reached (")
+    assert held(board, GPU_A) == {GPU_A: ["k8s-ml_train_main"]}  # kept: the idle age-out ends it if it is stale
+    with TestKubelet(socket_path) as again:  # a restarted kubelet: nothing assigned any more
+        assert watch.poll()
+        assert again.calls == 1
+    assert lines[1:] == [f"pod-resources at {socket_path} reached again"]
+    assert held(board, GPU_A) == {GPU_A: []}
+
+
+def test_the_thread_backs_off_after_failures_and_stops_on_the_stop_event(tmp_path: Path) -> None:
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, socket_path=str(tmp_path / "none.sock"), poll_s=0.01)
+    stop = threading.Event()
+    thread = watch.start(stop)
+    time.sleep(0.5)  # 0.02 + 0.04 + 0.08 + 0.16: five or six calls; without the backoff about fifty
+    stop.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert 2 <= watch.polls <= 8 and len(lines) == 1
+
+
+def test_a_bug_in_a_poll_is_said_once_and_the_thread_goes_on(tmp_path: Path) -> None:
+    board, lines = HoldBoard(), []
+    calls: list[int] = []
+
+    def broken() -> object:
+        calls.append(1)
+        raise_at = len(calls) <= 3
+        return None if raise_at else type("Response", (), {"pod_resources": []})()  # None has no pod_resources
+
+    watch = client(board, lines, poll_s=0.01, list_pods=broken)
+    stop = threading.Event()
+    thread = watch.start(stop)
+    deadline_s = time.monotonic() + 10
+    while len(calls) < 5 and time.monotonic() < deadline_s:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(timeout=5)
+    assert len(calls) >= 5  # went on after the bug
+    assert [line.split(":")[0] for line in lines] == ["internal error, please report"]
+
+
+def test_the_committed_stubs_are_what_the_proto_generates(tmp_path: Path) -> None:
+    protoc = pytest.importorskip("grpc_tools.protoc")
+    proto = "forge_load/podresources/api.proto"
+    code = protoc.main(["protoc", f"-I{ROOT}", f"-I{Path(protoc.__file__).parent / '_proto'}",
+                        f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}",
+                        str(ROOT / proto)])
+    assert code == 0
+    for name in ("api_pb2.py", "api_pb2_grpc.py", "api_pb2.pyi"):
+        generated = (tmp_path / "forge_load" / "podresources" / name).read_text()
+        assert generated == (ROOT / "forge_load" / "podresources" / name).read_text(), name
+
+
+# --- the filler, in virtual time on the simulated GPU ------------------------------------------------------------
+
+def simulated(board: HoldBoard, flags: str, actions: list[tuple[float, Callable[[], object]]]
+              ) -> tuple[list[dict[str, object]], list[tuple[float, str]]]:
+    """A simulated run whose board changes at virtual times (as the kubelet thread would); its lines, and the
+    state after every step."""
+    pending = sorted(actions, key=lambda a: a[0])
+    states: list[tuple[float, str]] = []
+    config = load_config(f"--simulate --sim-speed 0 --log-format json {flags}".split(), env={})
+
+    def on_start(rt: Runtime) -> None:
+        real = rt.filler.step
+
+        def step(now_s: float) -> float:
+            while pending and pending[0][0] <= now_s:
+                pending.pop(0)[1]()
+            due_s = real(now_s)
+            states.append((now_s, rt.filler.state.value))
+            return due_s
+
+        rt.filler.step = step  # type: ignore[method-assign]
+
+    out = io.StringIO()
+    run_simulated(config, out, on_start=on_start, controls=Controls(board=board), wall_start_s=0.0)
+    return [json.loads(line) for line in out.getvalue().splitlines()], states
+
+
+def assign(board: HoldBoard, at_s: float) -> Callable[[], object]:
+    return lambda: board.replace([Hold(SIM_UUID, "k8s-ml_train_main", "Kubernetes ml/train container main", at_s)])
+
+
+def test_a_gpu_the_kubelet_assigned_is_held_at_once_and_fills_again_once_freed(tmp_path: Path) -> None:
+    board = HoldBoard()
+    # Polls every 0.5 s; the board changes between two: the filler's next step sees it, not its next reading.
+    events, states = simulated(board, f"--duration 6 --poll-interval 0.5 --hold-dir {tmp_path}",
+                               [(2.05, assign(board, 2.05)), (4.05, lambda: board.replace([]))])
+    (hold,), (release,) = [e for e in events if e["event"] == "hold"], [e for e in events if e["event"] == "release"]
+    assert (hold["holder"], hold["state"], hold["reason"]) == ("k8s-ml_train_main", "held",
+                                                               "Kubernetes ml/train container main")
+    assert 2.05 <= float(hold["t"]) < 2.25  # a step of the Worker's, before the reading due at 2.5
+    assert 4.05 <= float(release["t"]) <= 4.5  # held, the filler steps only at readings (the kubelet's thread
+    # wakes it in real time: tests below)
+    assert (release["reason"], release["state"]) == ("released", "filling")
+    assert {s for t, s in states if float(hold["t"]) <= t < 4.05} == {"held"}
+    assert {s for t, s in states if t > 4.5} == {"filling"}
+
+
+def test_a_kubelet_hold_over_an_idle_gpu_ages_out(tmp_path: Path) -> None:
+    """List keeps finished pods for a while: the idle age-out ends such a hold."""
+    board = HoldBoard()
+    events, _ = simulated(board, f"--duration 6 --hold-dir {tmp_path} --hold-idle-age-out 2",
+                          [(1.0, assign(board, 1.0))])
+    (release,) = [e for e in events if e["event"] == "release"]
+    assert release["reason"] == "aged out" and 3.0 <= float(release["t"]) < 3.2
+
+
+def test_an_unreachable_socket_is_one_line_and_the_filler_keeps_filling(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "forge_load", "--simulate", "--duration", "3", "--log-format", "json",
+                           "--log-interval", "0.5", "--kubelet-socket", str(tmp_path / "kubelet.sock"),
+                           "--hold-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("FORGE_")})
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    lines = [e for e in events if e["event"] == "kubelet"]
+    assert lines[0]["socket"] == str(tmp_path / "kubelet.sock")
+    assert [str(e["reason"]).split(" (")[0] for e in lines[1:]] == [
+        f"pod-resources at {tmp_path / 'kubelet.sock'} cannot be reached"]
+    assert [e["state"] for e in events if e["event"] == "status"][-3:] == ["filling"] * 3
+
+
+# --- the filler on the virtual GPU, real time, against the test kubelet -------------------------------------------
+
+def test_the_filler_holds_within_half_a_second_what_the_test_kubelet_assigns(vgpu: VgpuFactory,
+                                                                            tmp_path: Path) -> None:
+    gpu = vgpu(gpus=2)
+    uuids = gpu.uuids()
+    socket_path = tmp_path / "kubelet.sock"
+    with TestKubelet(socket_path) as server:
+        run = forge(gpu, "--gpus", "all", "--duration", "8", "--log-interval", "0.5", "--hold-dir", str(tmp_path),
+                    env={"FORGE_TARGET": "0.5", "FORGE_KUBELET_SOCKET": str(socket_path),
+                         "POD_NAMESPACE": "forge-load", "POD_NAME": "forge-load-x1"})
+        try:
+            for _ in range(4):
+                wait_for(run, "status")  # both GPUs filling
+            server.assign("forge-load", "forge-load-x1", "forge-load", "nvidia.com/gpu", [uuids[1]])  # ours
+            assigned_s = time.time()
+            server.assign("ml", "train", "main", "nvidia.com/gpu", [uuids[0]])
+            time.sleep(2.5)
+            freed_s = time.time()
+            server.free("ml", "train")
+            assert finish(run) == 0, run.stderr[-3000:]
+        finally:
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.communicate(timeout=30)
+    gpu0 = run.kernels(device=0)
+    # GPU 0: no kernel of ours launched from half a second after the assignment until it was freed ...
+    assert [k for k in gpu0 if assigned_s + 0.5 < k.submit < freed_s] == []
+    assert any(k.start > freed_s for k in gpu0)  # ... and it filled again once freed
+    # GPU 1 (assigned to our own pod) kept filling throughout.
+    assert len([k for k in run.kernels(device=1) if assigned_s < k.start < freed_s]) > 10
+    (hold,), (release,) = run.of("hold"), run.of("release")
+    assert (hold["gpu"], hold["holder"], hold["state"]) == (0, "k8s-ml_train_main", "held")
+    assert (release["gpu"], release["reason"], release["state"]) == (0, "released", "filling")
+    start0 = next(e for e in run.of("start") if e["gpu"] == 0)
+    held_after_s = float(start0["wall_time"]) + float(hold["t"]) - assigned_s
+    assert held_after_s < 0.5
+    print(f"held {held_after_s:.3f} s after the test kubelet assigned the GPU (virtual GPU, this machine)")
