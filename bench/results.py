@@ -307,4 +307,11 @@ def judge_goals(results: Json) -> list[Json]:
                                ", ".join(pi_yields), None)
         measured["memory"] = (val(footprint.get("over_bare_mib")), "filler at 0.5 vs bare context", None)
         measured["cpu"] = (val(footprint.get("cpu_pct_one_core")), "filler at 0.5", None)
+    not_run = {"settle": not pi, "mae": not pi, "p95": not pi, "yield": not pi_yields, "foreign": not pi_yields,
+               "memory": not simulated and not footprint, "cpu": not simulated and not footprint}
+    scenario = {"settle": "tracking", "mae": "tracking", "p95": "tracking", "yield": "yield", "foreign": "yield",
+                "memory": "footprint", "cpu": "footprint"}
+    for key, missing in not_run.items():
+        if missing:  # no run behind the goal: neither passed nor failed
+            measured[key] = (None, "", f"n/a (the {scenario[key]} scenario was not run)")
     return [judge(goal, *measured[goal.key]) for goal in GOALS]

@@ -206,6 +206,16 @@ def test_goals_fail_when_the_numbers_miss(sim_run: dict[str, Any]) -> None:
     assert "**FAIL**" in render.render_markdown({**results, "goals": list(goals.values())})
 
 
+def test_goals_of_a_scenario_that_did_not_run_are_not_run_not_failed() -> None:
+    # A run of the yield or announced scenario alone judged tracking, footprint and CPU as failed; a goal with no
+    # run behind it is neither passed nor failed, and says why (a run that never settled still fails).
+    results = {"mode": "real", "tracking": {}, "yield": {}, "footprint": {}}
+    goals = judge_goals(results)
+    assert [g["pass"] for g in goals] == [None] * len(goals)
+    assert all("not run" in g["note"] for g in goals)
+    assert not any("FAIL" in row for row in render.goal_rows(goals))
+
+
 def test_yield_metrics_from_a_real_log() -> None:
     """Times on the filler's clock: the context at 10.0, our last kernel ended 10.12, the job exited 20.0."""
     events = [
