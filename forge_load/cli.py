@@ -16,19 +16,19 @@ from __future__ import annotations
 import os
 import sys
 
-from forge_load.stopsignals import StopSignals
+from forge_load.service.unix_signals import StopSignals
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] in ("hold", "release", "holds"):
         # The hold commands (docs/holds.md): no signal handlers, no GPU library, fast for a Slurm prolog.
-        from forge_load.holdcmd import main as command
+        from forge_load.service.holdcmd import main as command
 
         return command(sys.argv[1:])
     signals = StopSignals.install()  # before the imports below: they take a while
     try:
-        from forge_load.app import main as run
-        from forge_load.title import ProcessTitle
+        from forge_load.service.app import main as run
+        from forge_load.service.title import ProcessTitle
 
         return run(signals=signals, title=ProcessTitle())
     except Exception as error:  # noqa: BLE001 - a bug outside the run loops: one line, no traceback

@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = os.environ.get("FORGE_IMAGE", "forge-load:latest")
 DEFAULT_PREFIX = "forge_load_gpu_"
-DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.holds.DEFAULT_HOLD_DIR (tests/test_fleet.py checks)
+DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.operators.holds.DEFAULT_HOLD_DIR (tests/test_fleet.py checks)
 LABEL_FLEET = "io.forge_load.fleet"  # value: the name prefix; marks a container as ours
 LABEL_GPU_INDEX = "io.forge_load.gpu.index"
 LABEL_GPU_UUID = "io.forge_load.gpu.uuid"
@@ -70,12 +70,12 @@ class Gpu:
 # --- GPUs ---------------------------------------------------------------------------------------------------
 
 def discover_gpus(simulate: bool, count: int) -> list[Gpu]:
-    """The host's GPUs through NVML (forge_load.nvml), or `count` simulated ones."""
+    """The host's GPUs through NVML (forge_load.gpu.nvml), or `count` simulated ones."""
     if simulate:
         return [Gpu(i, f"SIM-GPU-{i}", "simulated") for i in range(count)]
     try:
-        from forge_load.nvml import list_devices
-        from forge_load.probe import NoGpuError
+        from forge_load.control.probe import NoGpuError
+        from forge_load.gpu.nvml import list_devices
     except ImportError as error:
         raise FleetError(f"cannot import forge_load ({error}): run from the repository, or `pip install .`") from error
     try:

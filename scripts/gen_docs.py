@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the reference pages from the tables in the code: docs/settings.md from forge_load/config.py's
-SETTINGS, docs/metrics.md from forge_load/metrics.py's METRICS (and the label names its collector declares).
+SETTINGS, docs/metrics.md from forge_load/service/metrics.py's METRICS (and the label names its collector declares).
 
     python3 scripts/gen_docs.py            # write both pages
     python3 scripts/gen_docs.py --check    # exit 1, naming the stale pages, when a page differs from the code
@@ -17,7 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forge_load import config, metrics, status  # noqa: E402
+from forge_load import config  # noqa: E402
+from forge_load.control import status  # noqa: E402
+from forge_load.service import metrics  # noqa: E402
 
 COMMAND = "python3 scripts/gen_docs.py"
 
@@ -69,7 +71,7 @@ def _label_names() -> dict[str, list[str]]:
 def metrics_page() -> str:
     labels = _label_names()
     limits = metrics.ServerLimits()
-    out = _header("Metrics reference", "forge_load/metrics.py (METRICS, ServerLimits)")
+    out = _header("Metrics reference", "forge_load/service/metrics.py (METRICS, ServerLimits)")
     out += ["With `FORGE_METRICS_PORT` set, forge_load serves Prometheus text at `/metrics` and a health verdict "
             "at `/health`. What the numbers mean together, the joins with dcgm-exporter and the queries: "
             "[Operating forge_load](operating.md#metrics-and-health).", "",

@@ -42,14 +42,14 @@ from typing import Any, NamedTuple, TextIO, cast
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from forge_load import app  # noqa: E402
 from forge_load.config import (  # noqa: E402
     Config,
     SimConfig,  # noqa: E402
     load_config,
 )
-from forge_load.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
-from forge_load.status import Fleet, GpuSlot  # noqa: E402
+from forge_load.control.status import Fleet, GpuSlot  # noqa: E402
+from forge_load.gpu.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
+from forge_load.service import app  # noqa: E402
 
 FAIL_GPU = 1
 YIELD_WITHIN_S = 0.5  # from a job's start (its context) to our yield line

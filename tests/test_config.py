@@ -15,7 +15,7 @@ from forge_load.config import (
     load_config,
     parse_ratio,
 )
-from forge_load.schedule import parse_active_hours
+from forge_load.operators.schedule import parse_active_hours
 
 
 def load(env: dict[str, str] | None = None, argv: list[str] | None = None) -> Config:

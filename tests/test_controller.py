@@ -1,12 +1,12 @@
-"""forge_load.controller: the PI law (feed-forward, integral, multiplier sizing) and the legacy law."""
+"""forge_load.control.controller: the PI law (feed-forward, integral, multiplier sizing) and the legacy law."""
 
 from __future__ import annotations
 
 import pytest
 
-from forge_load.controller import LegacyController, PiController, make_controller
-from forge_load.probe import UtilSample
-from forge_load.worker import IDLE_PLAN, Plan
+from forge_load.control.controller import LegacyController, PiController, make_controller
+from forge_load.control.probe import UtilSample
+from forge_load.control.worker import IDLE_PLAN, Plan
 
 
 def samples_at(times_s: list[float], ratio: float) -> list[UtilSample]:

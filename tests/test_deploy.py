@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from forge_load import health, holds, metrics
-from forge_load.app import run_simulated
 from forge_load.config import ConfigError, load_config
-from forge_load.status import Fleet
+from forge_load.control.status import Fleet
+from forge_load.operators import holds
+from forge_load.service import health, metrics
+from forge_load.service.app import run_simulated
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -507,7 +508,7 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
 
 
 def test_the_state_panel_shows_every_state() -> None:
-    from forge_load.status import STATES
+    from forge_load.control.status import STATES
 
     dashboard = json.loads(DASHBOARD.read_text())
     (panel,) = [p for p in dashboard["panels"] if p["type"] == "state-timeline"]

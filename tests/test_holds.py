@@ -1,4 +1,4 @@
-"""forge_load.holds: the on-disk format, safe reads, expiry and the idle age-out (no clock read: times passed in)."""
+"""forge_load.operators.holds: the on-disk format, safe reads, expiry and the idle age-out (no clock read)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import holds
-from forge_load.holds import Ack, Hold, HoldWatch
+from forge_load.operators import holds
+from forge_load.operators.holds import Ack, Hold, HoldWatch
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"

@@ -29,12 +29,12 @@ from typing import Any
 
 import pytest
 
-from forge_load import health
-from forge_load.app import run_simulated
-from forge_load.backend import backend_for
 from forge_load.config import SETTINGS, Config, ConfigError, load_config
+from forge_load.control.status import Fleet
+from forge_load.gpu.backend import backend_for
 from forge_load.log import EventLog
-from forge_load.status import Fleet
+from forge_load.service import health
+from forge_load.service.app import run_simulated
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "tests" / "hostile_entry.py"
@@ -138,7 +138,7 @@ def test_process_exits_2_with_one_line(label: str) -> None:
 def run_main(env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
              capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
     """app.main() in this process, with `env` over a simulated one-second run as the whole environment."""
-    from forge_load.app import main
+    from forge_load.service.app import main
 
     for name in [k for k in os.environ if k.upper().startswith("FORGE_") or k == "TARGET"]:
         monkeypatch.delenv(name)
@@ -517,8 +517,8 @@ def test_a_full_stdout_stops_cleanly(loop: str) -> None:
 
 
 def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
-    from forge_load import app
     from forge_load.log import LogStream
+    from forge_load.service import app
 
     class Broken(io.StringIO):
         def __init__(self) -> None:
@@ -592,7 +592,7 @@ STARTUP_SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 @pytest.mark.parametrize("signum", STARTUP_SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_a_signal_during_start_up_imports_stops_it(signum: int) -> None:
     name = signal.Signals(signum).name
-    proc = _spawn("--signal-on-import", f"{name}:forge_load.app", "--", "--simulate", "--duration", "30")
+    proc = _spawn("--signal-on-import", f"{name}:forge_load.service.app", "--", "--simulate", "--duration", "30")
     assert_stopped_by(*_finish(proc), signum)
 
 
@@ -601,7 +601,8 @@ def test_a_signal_during_start_up_is_not_lost_as_pid_1(signum: int) -> None:
     if (why := pid1_possible()) is not None:
         pytest.skip(why)
     name = signal.Signals(signum).name
-    proc = _spawn("--signal-on-import", f"{name}:forge_load.app", "--", "--simulate", "--duration", "30", pid1=True)
+    proc = _spawn("--signal-on-import", f"{name}:forge_load.service.app", "--", "--simulate", "--duration", "30",
+                  pid1=True)
     assert_stopped_by(*_finish(proc), signum)
 
 
@@ -663,7 +664,7 @@ def test_more_signals_during_shutdown_change_nothing(second: int) -> None:
 
 
 def test_sigint_before_the_gpus_open_prints_no_traceback() -> None:
-    proc = _spawn("--signal-on-import", "SIGINT:forge_load.sim", "--", "--simulate", "--duration", "30")
+    proc = _spawn("--signal-on-import", "SIGINT:forge_load.gpu.sim", "--", "--simulate", "--duration", "30")
     code, events, err = _finish(proc)
     assert "KeyboardInterrupt" not in err and "Traceback" not in err
     assert code == 0 and events[-1]["event"] == "stop"
@@ -780,13 +781,13 @@ def test_fleet_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
 # --- one GPU named twice (tests/test_metrics.py runs it on simulated GPUs) -------------------------------------------
 
 def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import forge_load.nvml
-    from forge_load import app
-    from forge_load.probe import DeviceInfo
+    import forge_load.gpu.nvml
+    from forge_load.control.probe import DeviceInfo
+    from forge_load.service import app
 
     infos = [DeviceInfo(index=i, uuid=f"GPU-{i}0000000-0000-4000-8000-000000000000", name="x",
                         memory_total_mib=1.0, driver_version="1", mig_enabled=False) for i in range(2)]
-    monkeypatch.setattr(forge_load.nvml, "list_devices", lambda *a, **k: infos)
+    monkeypatch.setattr(forge_load.gpu.nvml, "list_devices", lambda *a, **k: infos)
     config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
     assert app.gpu_selectors(config, backend_for(config)) == ["1", "0"]
 
@@ -837,8 +838,8 @@ def _yield_spells(events: list[dict[str, Any]]) -> tuple[int, float]:
 
 def test_a_job_seen_while_paused_counts_as_a_yield_in_the_stop_line() -> None:
     """Paused from the start, a job at 2-4 s, SIGUSR2 at 6 s: the unpause goes to `yielding` until 9 s."""
-    from forge_load.app import Controls
-    from forge_load.pause import PauseSwitch
+    from forge_load.operators.pause import PauseSwitch
+    from forge_load.service.app import Controls
     from tests.test_operators import simulate
 
     switch = PauseSwitch()
@@ -861,8 +862,8 @@ def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, p
     """SIGUSR1 and SIGUSR2 by turns every 10 ms for 20 virtual seconds (as a `while true; do docker kill -s USR1
     ...; docker kill -s USR2 ...; done` would): every pause takes effect at the step it is seen, the log holds about
     a pause line a second, and its last pause line says the state the storm left."""
-    from forge_load.app import Controls, log_start, log_stop, open_simulated
-    from forge_load.pause import PauseSwitch
+    from forge_load.operators.pause import PauseSwitch
+    from forge_load.service.app import Controls, log_start, log_stop, open_simulated
 
     path = tmp_path / "pause"
     if pause_file:
@@ -910,7 +911,7 @@ def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, p
 
 # Moments of start-up a SIGUSR1 can come at: before the settings are read, before NVML opens, before CUDA starts,
 # and with our context made but the kernel not yet loaded.
-START_UP_MOMENTS = ("forge_load.app", "pynvml", "numba", "forge_load.kernels")
+START_UP_MOMENTS = ("forge_load.service.app", "pynvml", "numba", "forge_load.gpu.kernels")
 
 
 def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp_path: Path) -> None:
@@ -950,8 +951,8 @@ def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp
 
 @pytest.mark.parametrize("case", ["pause file", "SIGUSR1 before start", "a foreign job at start"])
 def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Path, case: str) -> None:
-    from forge_load.app import Controls
-    from forge_load.pause import PauseSwitch
+    from forge_load.operators.pause import PauseSwitch
+    from forge_load.service.app import Controls
     from tests.test_operators import simulate
 
     pause, switch = tmp_path / "pause", PauseSwitch()
@@ -997,7 +998,7 @@ def test_a_blind_process_signal_is_said_on_the_virtual_gpu(vgpu: Any) -> None:
 ])
 def test_the_start_line_names_the_signals_that_work_and_a_warning_the_blind_ones(
         blind: tuple[str, ...], seen: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from forge_load.sim import SimProbe
+    from forge_load.gpu.sim import SimProbe
 
     for query in blind:
         monkeypatch.setattr(SimProbe, query, lambda self, *args: None)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import metrics
-from forge_load.status import Fleet
+from forge_load.control.status import Fleet
+from forge_load.service import metrics
 
 # Short limits keep these tests quick; the defaults are the documented ones and are checked once below.
 QUICK = metrics.ServerLimits(request_timeout_s=1.0, max_connections=8, max_head_bytes=8192)

@@ -1,4 +1,4 @@
-"""forge_load.log (text and JSON lines), forge_load.health (heartbeat and its check), forge_load.scoring."""
+"""forge_load.log (text and JSON lines), service.health (heartbeat and its check), control.scoring."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import health
 from forge_load.config import load_config
+from forge_load.control.probe import UtilSample
+from forge_load.control.scoring import one_second_readings, percentile, settle_time_s, tracking
 from forge_load.log import CORE_FIELDS, EventLog
-from forge_load.probe import UtilSample
-from forge_load.scoring import one_second_readings, percentile, settle_time_s, tracking
+from forge_load.service import health
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""forge_load.metrics and several GPUs in one process: status, /health, the exposition, and one GPU failing
+"""forge_load.service.metrics and several GPUs in one process: status, /health, the exposition, and one GPU failing
 among several while the others go on filling."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from forge_load import metrics
-from forge_load.app import Runtime, run_simulated
 from forge_load.config import ConfigError, load_config
-from forge_load.status import Fleet, GpuSlot
+from forge_load.control.status import Fleet, GpuSlot
+from forge_load.service import metrics
+from forge_load.service.app import Runtime, run_simulated
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -384,7 +384,7 @@ def test_gpu_and_gpus_together_exit_2() -> None:
 
 
 def test_missing_prometheus_client_exits_2_with_the_fix() -> None:
-    code = ("import sys; sys.modules['prometheus_client'] = None; from forge_load.app import main; "
+    code = ("import sys; sys.modules['prometheus_client'] = None; from forge_load.service.app import main; "
             "raise SystemExit(main(['--simulate', '--metrics-port', '0', '--duration', '1']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=forge_env(),
                             timeout=30, cwd=ROOT)
@@ -394,7 +394,7 @@ def test_missing_prometheus_client_exits_2_with_the_fix() -> None:
 
 
 def test_without_a_metrics_port_prometheus_client_is_not_imported() -> None:
-    code = ("import sys, io; from forge_load.app import main; "
+    code = ("import sys, io; from forge_load.service.app import main; "
             "rc = main(['--simulate', '--sim-speed', '0', '--duration', '1'], io.StringIO()); "
             "print(rc, 'prometheus_client' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=forge_env(),
@@ -501,7 +501,7 @@ def test_the_metric_reference_lists_every_metric_with_its_type() -> None:
 
 
 def test_a_held_gpu_counts_its_holds_and_never_names_a_holder(tmp_path: Path) -> None:
-    from forge_load import holds
+    from forge_load.operators import holds
 
     uuid = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0
     for holder in ("slurm-41", "slurm-42"):

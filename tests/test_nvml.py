@@ -1,4 +1,4 @@
-"""forge_load.nvml against a fake pynvml table (tests/fake_pynvml.py), plus a real-GPU check marked `gpu`."""
+"""forge_load.gpu.nvml against a fake pynvml table (tests/fake_pynvml.py), plus a real-GPU check marked `gpu`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pynvml
 import pytest
 from fake_pynvml import MIB, FakeDevice, FakeNvml, FakeProcess
 
-from forge_load.backend import NvidiaBackend
-from forge_load.nvml import NvmlProbe, list_devices
-from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.gpu.backend import NvidiaBackend
+from forge_load.gpu.nvml import NvmlProbe, list_devices
 
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
@@ -194,7 +194,7 @@ def test_missing_pynvml_module_is_no_gpu_with_install_hint(monkeypatch: pytest.M
 
 
 def test_importing_forge_load_nvml_does_not_need_pynvml() -> None:
-    code = "import sys; sys.modules['pynvml'] = None; import forge_load.nvml; print('ok')"
+    code = "import sys; sys.modules['pynvml'] = None; import forge_load.gpu.nvml; print('ok')"
     root = pathlib.Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from forge_load.scoring import one_second_readings, tracking
-from forge_load.worker import QUEUE_S
+from forge_load.control.scoring import one_second_readings, tracking
+from forge_load.control.worker import QUEUE_S
 from tests.simrun import simulate
 
 WINDOWS_S = (1 / 6, 0.25, 0.5, 1.0)

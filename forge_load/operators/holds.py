@@ -388,7 +388,7 @@ class HoldChange:
 
 class HoldBoard:
     """Holds kept in this process, never on disk: what an engine the filler asks itself says (the kubelet's
-    pod-resources List, forge_load/kubelet.py). One writer replaces them all at once; every GPU's HoldWatch reads
+    pod-resources List, service/kubelet.py). One writer replaces them all at once; every GPU's HoldWatch reads
     its own. Such a hold has no end time: it ends when the writer leaves it out, or by the idle age-out; its
     `since_unix_s` stamps it, so one that ends and comes back is a new hold."""
 

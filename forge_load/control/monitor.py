@@ -11,10 +11,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from forge_load.probe import Probe, UtilSample
-from forge_load.sampling import SampleReader
-from forge_load.signals import DEFAULT_THRESHOLDS, RECENT_SAMPLES, SIGNALS, Observation, ShareSample, Signal, Thresholds
-from forge_load.worker import BusyLog
+from forge_load.control.detectors import (
+    DEFAULT_THRESHOLDS,
+    RECENT_SAMPLES,
+    SIGNALS,
+    Observation,
+    ShareSample,
+    Signal,
+    Thresholds,
+)
+from forge_load.control.probe import Probe, UtilSample
+from forge_load.control.sampling import SampleReader
+from forge_load.control.worker import BusyLog
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer,
 
 from forge_load import __version__
 from forge_load.config import ConfigError
-from forge_load.status import STATES, Fleet
+from forge_load.control.status import STATES, Fleet
 
 MIB_BYTES = 1024 * 1024
 # dcgm-exporter's label names (case included), so `on(UUID)` joins our series with DCGM_FI_* ones.

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from forge_load.probe import GpuFailedError, NoGpuError
-from forge_load.worker import Completed
+from forge_load.control.probe import GpuFailedError, NoGpuError
+from forge_load.control.worker import Completed
 
 STACK_BYTES = 1024  # per thread; our kernels use no local memory at all (ptxas proves it in the tests)
 ANCHOR_EVERY_S = 1.0  # float32 milliseconds keep ~0.1 µs of precision up to here
@@ -168,7 +168,7 @@ class CudaLauncher:
     def _open(self, cuda: Any, cu: Any, np: Any, uuid: str, stack_bytes: int) -> None:
         device = find_device(cuda, uuid)
         try:
-            from forge_load import kernels
+            from forge_load.gpu import kernels
 
             self._cuda = cuda
             self._cu = cu

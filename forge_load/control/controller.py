@@ -14,9 +14,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from forge_load.probe import UtilSample
-from forge_load.quantity import UTILIZATION, Quantity
-from forge_load.worker import Plan
+from forge_load.control.probe import UtilSample
+from forge_load.control.quantity import UTILIZATION, Quantity
+from forge_load.control.worker import Plan
 
 
 class Controller(Protocol):

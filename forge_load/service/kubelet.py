@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from forge_load.holds import GPU_UUID_RE, Hold, HoldBoard, valid_holder
+from forge_load.operators.holds import GPU_UUID_RE, Hold, HoldBoard, valid_holder
 
 POLL_S = 0.25  # List every quarter second: a quarter of the 0.5-s goal, a few calls a second the kubelet allows
 BACKOFF_MAX_S = 8.0  # after failures, List at least this often: a restarted kubelet is found again soon
@@ -69,10 +69,10 @@ Resolve = Callable[[str], tuple[str, ...]]  # a device id (no replica suffix) ->
 
 
 def nvml_resolver(nvml: Any = None) -> Resolve:
-    """Device ids through NVML (forge_load/nvml.py), each asked once: a GPU UUID names itself; a MIG device its own
+    """Device ids through NVML (forge_load/gpu/nvml.py), each asked once: a GPU UUID names itself; a MIG device its own
     UUID and its GPU's; an index that GPU's. An id NVML does not know names every GPU NVML shows (fail safe: an
     assignment not understood is not filled beside)."""
-    from forge_load import nvml as nvml_module
+    from forge_load.gpu import nvml as nvml_module
 
     cache: dict[str, tuple[str, ...]] = {}
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from forge_load.probe import DeviceInfo, NoGpuError
+from forge_load.control.probe import DeviceInfo, NoGpuError
 
 # Every state a GPU's slot can report; exactly one holds at a time.
 STATES = ("starting", "filling", "yielding", "boosted", "paused", "held", "stopped", "failed")

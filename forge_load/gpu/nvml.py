@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, cast
 
-from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
 
 MIB: int = 1024 * 1024
 
@@ -277,7 +277,7 @@ def device_uuids(nvml: ModuleType | None = None) -> list[str]:
 
 
 def device_id_uuids(device_id: str, nvml: ModuleType | None = None) -> tuple[str, ...]:
-    """The UUIDs a device plugin's device id names, for holding what the kubelet assigned (forge_load/kubelet.py):
+    """The UUIDs a device plugin's device id names, for holding what the kubelet assigned (service/kubelet.py):
     a MIG device's UUID gives itself and its GPU's; an index `N` gives GPU N's UUID, `N:M` (MIG device M of GPU N,
     the NVIDIA device plugin's index ids) GPU N's and that MIG device's. Empty when NVML does not know the id;
     NoGpuError when NVML cannot be asked at all. (A GPU UUID needs no NVML: it names itself.)"""

@@ -30,8 +30,8 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from forge_load.config import SimConfig
-from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
-from forge_load.worker import Completed
+from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
+from forge_load.control.worker import Completed
 
 RESIDENT_BLOCKS_PER_SM = 8  # 256-thread blocks, 2048 threads per SM
 WAVE_S = 0.0001  # about one wave of 8 x 256-thread burn blocks per SM (kernels.BURN_ITERS) on Hopper

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from forge_load import holds
-from forge_load.holds import Hold, HoldError
 from forge_load.log import escape_controls
+from forge_load.operators import holds
+from forge_load.operators.holds import Hold, HoldError
 
 EXIT_OK, EXIT_NOT_ACKNOWLEDGED, EXIT_BAD_INPUT = 0, 1, 2
 COMMANDS = ("hold", "release", "holds")
@@ -74,8 +74,8 @@ def proc_uuids(root: str = PROC_GPUS) -> list[str]:
 def host_uuids() -> list[str]:
     """Every GPU of the host, in NVML's index order: NVML's answer, or the driver's /proc files without it."""
     try:
-        from forge_load.nvml import device_uuids  # pynvml only
-        from forge_load.probe import NoGpuError
+        from forge_load.control.probe import NoGpuError
+        from forge_load.gpu.nvml import device_uuids  # pynvml only
 
         try:
             return device_uuids()
@@ -130,7 +130,7 @@ def parse_until(raw: str, now_unix_s: float) -> float:
     if unit in _UNITS_S and text[:-1].replace(".", "", 1).isascii() and text[:-1].replace(".", "", 1).isdigit():
         until_s = now_unix_s + float(text[:-1]) * _UNITS_S[unit]
     else:
-        from forge_load.pause import parse_until as parse_time
+        from forge_load.operators.pause import parse_until as parse_time
 
         try:
             parsed = parse_time(text)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from forge_load.probe import UtilSample
+from forge_load.control.probe import UtilSample
 
 
 @dataclass(frozen=True)

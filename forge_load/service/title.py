@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from types import ModuleType
 
-from forge_load.status import GpuSlot
+from forge_load.control.status import GpuSlot
 
 COMM = "forge-load"  # /proc/PID/comm: at most 15 bytes
 PR_SET_NAME = 15  # <linux/prctl.h>

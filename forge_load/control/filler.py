@@ -6,17 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from forge_load.controller import Controller
-from forge_load.holds import FillerHolds
+from forge_load.control.controller import Controller
+from forge_load.control.detectors import ShareSample
+from forge_load.control.monitor import Monitor, Reading
+from forge_load.control.policy import FILLING_STATES, Policy, State, Transition
+from forge_load.control.powercap import CapChange, PowerCap
+from forge_load.control.quantity import UTILIZATION, Quantity
+from forge_load.control.status import GpuStatus
+from forge_load.control.worker import IDLE_PLAN, Worker
 from forge_load.log import EventLog
-from forge_load.monitor import Monitor, Reading
-from forge_load.pause import Pauses, shown_time
-from forge_load.policy import FILLING_STATES, Policy, State, Transition
-from forge_load.powercap import CapChange, PowerCap
-from forge_load.quantity import UTILIZATION, Quantity
-from forge_load.signals import ShareSample
-from forge_load.status import GpuStatus
-from forge_load.worker import IDLE_PLAN, Worker
+from forge_load.operators.holds import FillerHolds
+from forge_load.operators.pause import Pauses, shown_time
 
 # Lines a signal storm can repeat (SIGUSR1/SIGUSR2 by turns: each change of the pause's reasons): each kind is
 # written at most once per LINES_EVERY_S. A line that comes sooner is held, the latest replacing the one held, and

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from forge_load.config import Config, SimConfig
-from forge_load.probe import DeviceInfo, NoGpuError, Probe
-from forge_load.sim import SimGpu, SimLauncher, SimProbe, VirtualClock
-from forge_load.worker import Launcher
+from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
+from forge_load.control.worker import Launcher
+from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe, VirtualClock
 
 MIG_NOTE: str = (
     "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
@@ -43,17 +43,17 @@ class NvidiaBackend:
     virtual_time = False
 
     def devices(self) -> list[DeviceInfo]:
-        from forge_load import nvml
+        from forge_load.gpu import nvml
 
         return nvml.list_devices()
 
     def open_probe(self, selector: str) -> Probe:
-        from forge_load import nvml
+        from forge_load.gpu import nvml
 
         return nvml.NvmlProbe(selector)
 
     def open_launcher(self, probe: Probe) -> Launcher:
-        from forge_load import launcher
+        from forge_load.gpu import launcher
 
         return launcher.CudaLauncher(probe.info.uuid)
 

@@ -1,11 +1,11 @@
-"""forge_load.signals: each foreign-job signal alone, as a pure function of one poll's facts and the thresholds."""
+"""forge_load.control.detectors: each foreign-job signal alone, a pure function of one poll's facts and thresholds."""
 
 from __future__ import annotations
 
 import pytest
 
 from forge_load.config import load_config
-from forge_load.signals import (
+from forge_load.control.detectors import (
     SIGNALS,
     Observation,
     ShareSample,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from forge_load.probe import Probe, UtilSample
+from forge_load.control.probe import Probe, UtilSample
 
 DEFAULT_WINDOW_S = 1.0 / 6.0
 FALLBACK_AFTER_S = 2.5  # longer than two of the longest (1 s) sample windows

@@ -23,10 +23,10 @@ from functools import partial
 from typing import Any, Literal, NoReturn
 
 from forge_load import __version__
-from forge_load.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
 from forge_load.log import escape_controls
-from forge_load.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
-from forge_load.schedule import ActiveHours, ScheduleError, local_zone, parse_active_hours
+from forge_load.operators.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
+from forge_load.operators.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
+from forge_load.operators.schedule import ActiveHours, ScheduleError, local_zone, parse_active_hours
 
 
 class ConfigError(Exception):
@@ -70,7 +70,7 @@ class Config:
     metrics_port: int | None = None  # None: no metrics/health server; 0: any free port
     metrics_addr: str = "0.0.0.0"
     health_max_age_s: float = 30.0
-    heartbeat_file: str | None = None  # None: forge_load.health's default, in a directory only we own
+    heartbeat_file: str | None = None  # None: forge_load.service.health's default, in a directory only we own
     max_power_w: float | None = None  # the power cap; None: none
     active_hours: ActiveHours | None = None  # None: always
     pause_file: str | None = None

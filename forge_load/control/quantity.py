@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from forge_load.probe import UtilSample
+from forge_load.control.probe import UtilSample
 
 if TYPE_CHECKING:  # the controller uses this module and must stay clear of the Monitor's imports
-    from forge_load.monitor import Reading
+    from forge_load.control.monitor import Reading
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ not be written (stdout closed or full): the fillers stopped as for a signal, and
 With FORGE_GPUS (several GPUs), each GPU runs its own filler in its own thread and a failing GPU stops only
 its own: the others keep filling and /health reports it. The process exits when every filler has ended:
 3 if no GPU could be opened at all, 4 if any GPU failed (1 if that was a bug), 2 if the only ones that did not run
-are GPUs another filler of this user on this host fills already (one filler per GPU: forge_load/health.py), else 0.
+are GPUs another filler of this user on this host fills already (one filler per GPU: service/health.py), else 0.
 """
 
 from __future__ import annotations
@@ -22,26 +22,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO, cast
 
-from forge_load import __version__, health, metrics
-from forge_load.backend import Backend, NvidiaBackend, SimBackend, backend_for
+from forge_load import __version__
 from forge_load.config import Config, ConfigError, describe, load_config, unknown_variables
-from forge_load.controller import make_controller
-from forge_load.filler import Filler, line_fields
-from forge_load.holds import FillerHolds, HoldBoard
+from forge_load.control.controller import make_controller
+from forge_load.control.detectors import Thresholds
+from forge_load.control.filler import Filler, line_fields
+from forge_load.control.monitor import Monitor
+from forge_load.control.policy import Policy
+from forge_load.control.powercap import PowerCap
+from forge_load.control.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
+from forge_load.control.status import Fleet, GpuSlot
+from forge_load.control.worker import BusyLog, Launcher, Worker
+from forge_load.gpu.backend import Backend, NvidiaBackend, SimBackend, backend_for
+from forge_load.gpu.sim import SimGpu, VirtualClock
 from forge_load.log import EventLog, LogStream, escape_controls
-from forge_load.monitor import Monitor
-from forge_load.pause import Pauses, PauseSwitch
-from forge_load.policy import Policy
-from forge_load.powercap import PowerCap
-from forge_load.probe import DeviceInfo, GpuFailedError, NoGpuError, Probe
-from forge_load.schedule import local_zone
-from forge_load.signals import Thresholds
-from forge_load.sim import SimGpu, VirtualClock
-from forge_load.status import Fleet, GpuSlot
-from forge_load.stopsignals import StopSignals
-from forge_load.title import ProcessTitle
-from forge_load.title import describe as describe_title
-from forge_load.worker import BusyLog, Launcher, Worker
+from forge_load.operators.holds import FillerHolds, HoldBoard
+from forge_load.operators.pause import Pauses, PauseSwitch
+from forge_load.operators.schedule import local_zone
+from forge_load.service import health, metrics
+from forge_load.service.title import ProcessTitle
+from forge_load.service.title import describe as describe_title
+from forge_load.service.unix_signals import StopSignals
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
@@ -519,7 +520,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
     holder = beat.claim()
-    if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/health.py)
+    if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/service/health.py)
         same = (f"the heartbeat {escape_controls(str(path))} of the same GPUs ({health.heartbeat_name(config)})"
                 if private else f"FORGE_HEARTBEAT_FILE={escape_controls(str(path))}")
         if not config.simulate:
@@ -573,13 +574,13 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
 
 
 def start_kubelet(config: Config, log: EventLog, stop: threading.Event) -> HoldBoard | None:
-    """With FORGE_KUBELET_SOCKET: the thread that holds what the kubelet assigns (forge_load/kubelet.py), and the
+    """With FORGE_KUBELET_SOCKET: the thread that holds what the kubelet assigns (service/kubelet.py), and the
     board it keeps; this filler's own pod (POD_NAMESPACE, POD_NAME from the downward API) is never held for."""
     if config.kubelet_socket is None:
         return None
     try:
-        from forge_load import kubelet
         from forge_load.podresources import api_pb2_grpc  # noqa: F401 - grpcio, checked before any GPU is opened
+        from forge_load.service import kubelet
     except ImportError as error:
         raise ConfigError(f"FORGE_KUBELET_SOCKET={config.kubelet_socket} needs the grpcio and protobuf packages "
                           f"({error}): pip install 'forge-load[kubernetes]', or unset it") from None

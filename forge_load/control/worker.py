@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from forge_load.probe import GpuFailedError
+from forge_load.control.probe import GpuFailedError
 
 DEFAULT_PERIOD_S = 1.0 / 12.0  # divides every NVML sample window of 1/6 s, 1/4 s, 1/2 s and 1 s
 QUEUE_S = 0.09  # the most work queued at once: a yield's last kernel ends at most this after the yield
