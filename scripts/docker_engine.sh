@@ -3,7 +3,9 @@
 #
 #   scripts/docker_engine.sh start   install docker.io + debootstrap if missing (apt-get); start dockerd in the
 #                                    background (overlay2 or vfs, no iptables, no bridge; its own socket,
-#                                    pidfile and data-root under $FORGE_DOCKER_DIR); build the base image once
+#                                    pidfile and data-root under $FORGE_DOCKER_DIR; a do-nothing
+#                                    nvidia-container-runtime-hook on its PATH where the toolkit is missing,
+#                                    so `docker run --gpus ...` runs); build the base image once
 #                                    (debootstrap bookworm minbase + python3, python3-venv, ca-certificates,
 #                                    `docker import`); build the project image on it. All progress goes to
 #                                    stderr; stdout gets `export DOCKER_HOST=...`, FORGE_IMAGE,
@@ -98,13 +100,27 @@ overlay_works() {
     return "$ok"
 }
 
+gpu_hook_standin() {
+    # The engine registers its `nvidia` device driver (`docker run --gpus ...`) when an executable named
+    # nvidia-container-runtime-hook is on dockerd's PATH. Where the NVIDIA Container Toolkit is not installed,
+    # a stand-in that does nothing (the tests bind the virtual GPU's libraries with -v) lets --gpus run here.
+    mkdir -p "$DIR/bin"
+    rm -f "$DIR/bin/nvidia-container-runtime-hook"
+    command -v nvidia-container-runtime-hook >/dev/null 2>&1 && return 0
+    printf '#!/bin/sh\n# stand-in for the NVIDIA hook (scripts/docker_engine.sh): reads the OCI state, does nothing\ncat >/dev/null\nexit 0\n' \
+        >"$DIR/bin/nvidia-container-runtime-hook"
+    chmod 0755 "$DIR/bin/nvidia-container-runtime-hook"
+    say "no NVIDIA Container Toolkit here: a stand-in nvidia-container-runtime-hook on dockerd's PATH makes --gpus run"
+}
+
 launch_dockerd() {
     # Start dockerd with storage driver $1; 0 once it answers, 1 if it exits or stays silent for 60 s.
     local driver=$1 started i
     rm -f "$SOCK"
     say "starting dockerd ($driver, no iptables, no bridge) at $DOCKER_HOST, log $LOG"
+    gpu_hook_standin
     # setsid: its own session, so it outlives this script and a Ctrl-C in the caller's terminal.
-    setsid dockerd \
+    PATH="$DIR/bin:$PATH" setsid dockerd \
         --storage-driver="$driver" --iptables=false --ip-masq=false --bridge=none \
         --data-root="$DIR/data" --exec-root="$DIR/exec" --pidfile="$PIDFILE" \
         --host="$DOCKER_HOST" --log-level=warn \

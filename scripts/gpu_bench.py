@@ -19,16 +19,26 @@ Nothing in them is typed by hand. What every number means: docs/benchmarks/READM
     python3 scripts/gpu_bench.py --vgpu --scenarios cpu              # CPU per GPU, 1 and 8 virtual GPUs
     python3 scripts/gpu_bench.py --render DIR --section FILE         # redraw plots/tables from DIR
 
+Started by an interpreter other than the project's .venv/bin/python, it runs itself there (when .venv exists; not
+with GPU_BENCH_NO_VENV=1).
+
 Exit codes: 0 done; 1 a scenario failed (or, with --strict, a goal was missed); 2 bad arguments;
 3 no usable GPU / NVML (with a hint); 130 interrupted (the results so far are written).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+_VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+# The project's environment has what the benchmark needs (numba-cuda, matplotlib for the plots): run there when
+# started by another interpreter (`python3 scripts/gpu_bench.py`), as scripts/vgpu does.
+if _VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (REPO / ".venv").resolve() \
+        and not os.environ.get("GPU_BENCH_NO_VENV"):
+    os.execv(str(_VENV_PYTHON), [str(_VENV_PYTHON), __file__, *sys.argv[1:]])
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def entry_point() -> tuple[str, str]:
-    """`forge-load = "module:function"` from pyproject.toml: what the installed command runs."""
+    """`forge-load-python = "module:function"` from pyproject.toml: what the installed command runs (bin/forge-load,
+    once it has checked TZ)."""
     text = (ROOT / "pyproject.toml").read_text()
-    match = re.search(r'^forge-load\s*=\s*"([\w.]+):(\w+)"', text, re.MULTILINE)
-    assert match, "no forge-load entry point in pyproject.toml"
+    match = re.search(r'^forge-load-python\s*=\s*"([\w.]+):(\w+)"', text, re.MULTILINE)
+    assert match, "no forge-load-python entry point in pyproject.toml"
     return match[1], match[2]
 
 

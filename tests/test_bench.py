@@ -570,3 +570,27 @@ def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
                  else render.render_section(saved, out_dir, page))
         expected = re.search(pattern, drawn, re.S)
         assert expected is not None and block.group(0) == expected.group(0), name
+
+
+def test_the_command_as_the_readme_writes_it_draws_with_the_projects_environment(tmp_path: Path) -> None:
+    """`python3 scripts/gpu_bench.py` started by an interpreter outside .venv (which has matplotlib) runs in .venv,
+    as scripts/vgpu does (issue 17)."""
+    repo = Path(__file__).resolve().parents[1]
+    venv_python = repo / ".venv" / "bin" / "python"
+    outside = Path(sys.base_prefix) / "bin" / "python3"
+    if not venv_python.exists() or not outside.exists():
+        pytest.skip("needs the project's .venv and the interpreter it was made from")
+    has_matplotlib = subprocess.run([str(outside), "-c", "import matplotlib"], capture_output=True).returncode == 0
+    if has_matplotlib or subprocess.run([str(venv_python), "-c", "import matplotlib"]).returncode != 0:
+        pytest.skip("needs matplotlib in .venv and not outside it")
+    run_dir = tmp_path / "run"
+    source = repo / "docs" / "benchmarks" / "simulated_2026-11-21"
+    run_dir.mkdir()
+    for name in ("results.json", "series.json"):
+        (run_dir / name).write_bytes((source / name).read_bytes())
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    result = subprocess.run([str(outside), str(repo / "scripts" / "gpu_bench.py"), "--render", str(run_dir)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "matplotlib is not installed" not in result.stdout + result.stderr
+    assert list(run_dir.glob("*.png")), result.stdout[-2000:]

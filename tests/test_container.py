@@ -94,7 +94,8 @@ def test_dockerignore_keeps_context_small() -> None:
     """The build context holds the package and its metadata only: no .git, venvs, tests."""
     rules = (ROOT / ".dockerignore").read_text().split()
     assert rules[rules.index("*")] == "*"  # everything excluded first, then the few files allowed back
-    for needed in ("!pyproject.toml", "!requirements.txt", "!scripts/image_prune.py", "!forge_load/"):
+    for needed in ("!pyproject.toml", "!requirements.txt", "!scripts/image_prune.py", "!forge_load/",
+                   "!bin/forge-load"):  # the forge-load command, which checks TZ before Python starts
         assert needed in rules
 
 

@@ -203,6 +203,9 @@ def test_simulated_fleet_up_status_logs_down(docker_client: Any, prefix: str) ->
     assert container.attrs["HostConfig"]["PidMode"] == "host"
     assert not container.attrs["HostConfig"].get("DeviceRequests")  # simulated: no GPU asked for
     assert "FORGE_TARGET=0.4" in container.attrs["Config"]["Env"]
+    # The host's hold directory, read-write (the filler acknowledges there): `watch` reaches it with no flag.
+    assert f"{fleet.DEFAULT_HOLD_DIR}:{fleet.DEFAULT_HOLD_DIR}:rw" in container.attrs["HostConfig"]["Binds"]
+    assert f"FORGE_HOLD_DIR={fleet.DEFAULT_HOLD_DIR}" in container.attrs["Config"]["Env"]
 
     # A second `up` with the same settings changes nothing.
     again = run_fleet("up", *common, "--target", "0.4", "-e", "FORGE_LOG_INTERVAL=1")

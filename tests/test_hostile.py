@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from forge_load import config as config_module
 from forge_load.config import SETTINGS, Config, ConfigError, load_config
 from forge_load.control.status import Fleet
 from forge_load.gpu.backend import backend_for
@@ -1158,3 +1159,191 @@ def test_a_fleet_leaves_out_a_gpu_another_filler_fills_and_fills_the_rest() -> N
         proc.send_signal(signal.SIGTERM)
     code, events, err = _finish(proc, first)
     assert code == 0 and err == "", err
+
+
+# --- the pause file: no content crashes anything (issue 17) ------------------------------------------------------
+
+FAR_PAUSE_TIMES = {  # content -> whether it pauses (until the file is removed), or is a time long past
+    "999999999999": True,  # a Unix time in the year 33658
+    "0001-01-01T00:00:00+14:00": False,  # before the year 1 in UTC
+    "9999-12-31T23:59:59-12:00": True,  # the year 10000 in UTC
+    "0000-01-01T00:00:00Z": False,
+    "1763640000000": True,  # milliseconds by mistake
+    "33658-09-27T01:46:39+00:00": True,  # `date -d @999999999999 -Iseconds`
+    "1." + "9" * 240: False,
+}
+
+
+@pytest.mark.parametrize("content", list(FAR_PAUSE_TIMES))
+def test_a_far_time_in_the_pause_file_at_start_crashes_nothing(tmp_path: Path, content: str) -> None:
+    pause = tmp_path / "pause"
+    pause.write_text(content + "\n")
+    result = forge("--simulate", "--sim-speed", "0", "--duration", "2", "--log-format", "json",
+                   "--pause-file", str(pause))
+    assert result.returncode == 0 and result.stderr == "", (result.returncode, result.stderr, result.stdout[-2000:])
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("error", "stop")] == ["stop"]
+    pauses = [e for e in events if e["event"] == "pause"]
+    if FAR_PAUSE_TIMES[content]:
+        [line] = pauses
+        assert "a time after the year 9999: paused until it is removed" in line["reason"], line
+        assert events[-1]["state"] == "paused"
+    else:
+        assert pauses == [] and events[-1]["state"] == "filling"
+
+
+@pytest.mark.parametrize("content", list(FAR_PAUSE_TIMES))
+def test_a_far_time_written_mid_run_crashes_nothing(tmp_path: Path, content: str) -> None:
+    pause = tmp_path / "pause"
+    config = load_config(["--simulate", "--sim-speed", "0", "--duration", "5", "--log-format", "json",
+                          "--pause-file", str(pause)], {})
+    beats: list[int] = []
+
+    def beat() -> None:  # once a virtual second: the file appears after two
+        beats.append(1)
+        if len(beats) == 2:
+            pause.write_text(content)
+
+    out = io.StringIO()
+    run_simulated(config, out, heartbeat=beat)
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("error", "stop")] == ["stop"], events[-1]
+    assert len(beats) >= 4, "the loop stopped beating"
+    assert [e["event"] == "pause" for e in events].count(True) == int(FAR_PAUSE_TIMES[content])
+
+
+# --- the host's limit on open files (issue 17) ---------------------------------------------------------------------
+
+def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -> None:
+    import resource
+
+    from forge_load.service.app import MIN_OPEN_FILES
+
+    def low_limit() -> None:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (12, hard))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, "-m", "forge_load", "--simulate", "--duration", "1"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, preexec_fn=low_limit)
+    assert result.returncode == 2, (result.returncode, result.stderr, result.stdout[-500:])
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert_one_clean_line(lines[0], "ulimit -n", "12", str(MIN_OPEN_FILES))
+    assert "CUDA" not in lines[0] and not EVENT_RE.search(result.stdout)
+
+
+# --- a ratio above 1: the percent it suggests is one the setting takes, and only for a whole number (issue 17) ----
+
+RATIO_SETTINGS = [s for s in SETTINGS if getattr(s.parse, "func", None) is config_module._ratio_value]
+
+
+@pytest.mark.parametrize("env", [s.env for s in RATIO_SETTINGS])
+@pytest.mark.parametrize("raw", ["1.5", "2", "10", "50", "99.5", "100", "150", "1e2"])
+def test_a_ratio_above_1_suggests_only_a_percent_that_is_meant_and_taken(env: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], {env: raw})
+    message = str(info.value)
+    assert_one_clean_line(message, env)
+    suggested = re.search(r"did you mean (\S+)\?", message)
+    if not raw.isdigit():  # 1.5 is not how a percent is written: 1.5 % is no likelier than 15 % or 0.15
+        assert suggested is None, message
+        return
+    [setting] = [s for s in RATIO_SETTINGS if s.env == env]
+    if suggested is not None:
+        assert suggested[1] == f"{raw}%"
+        setting.parse(suggested[1])  # the setting takes it (another setting may still disagree: a boost below target)
+    else:
+        with pytest.raises(config_module._Rejected):
+            setting.parse(raw + "%")
+
+
+def test_there_are_ratio_settings_to_check() -> None:
+    assert {"FORGE_TARGET", "FORGE_BOOST_TARGET", "FORGE_FOREIGN_UTIL"} <= {s.env for s in RATIO_SETTINGS}
+
+
+# --- TZ naming what the C library would wait on (issue 17) ---------------------------------------------------------
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Path:
+    """bin/forge-load as installed: beside a forge-load-python that runs this checkout's forge_load."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    command = bin_dir / "forge-load"
+    command.write_bytes((ROOT / "bin" / "forge-load").read_bytes())
+    python = bin_dir / "forge-load-python"
+    python.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                      "from forge_load.cli import entry\nentry()\n")
+    for path in (command, python):
+        path.chmod(0o755)
+    return command
+
+
+def _through_launcher(command: Path, tz: str, extra_env: dict[str, str] | None = None,
+                      stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k not in ("TZ", "TZDIR")}
+    env.update(extra_env or {}, TZ=tz)
+    with subprocess.Popen([str(command), "--simulate", "--sim-speed", "0", "--duration", "1", "--active-hours",
+                           "Mon-Sun"], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"TZ={tz!r}: start-up hangs") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "colon fifo", "relative fifo", "TZDIR fifo", "/dev/zero", "/dev/stdin"])
+def test_tz_naming_a_fifo_or_a_device_exits_2_at_once(launcher: Path, tmp_path: Path, kind: str) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    extra: dict[str, str] = {}
+    tz = {"fifo": str(fifo), "colon fifo": f":{fifo}", "relative fifo": "../../../../../../../.." + str(fifo),
+          "/dev/zero": "/dev/zero", "/dev/stdin": "/dev/stdin", "TZDIR fifo": "fifo"}[kind]
+    if kind == "TZDIR fifo":
+        extra["TZDIR"] = str(tmp_path)
+    result = _through_launcher(launcher, tz, extra, stdin=subprocess.PIPE if kind == "/dev/stdin" else None)
+    assert_config_exit(result, "TZ=")
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berlin", "", "CET-1CEST,M3.5.0,M10.5.0/3", "UTC"])
+def test_the_launcher_runs_the_filler_for_a_good_tz(launcher: Path, tz: str) -> None:
+    result = _through_launcher(launcher, tz)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "event=stop" in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["directory", "large file", "fifo"])
+def test_tz_naming_what_is_no_zone_file_is_refused_without_reading_it_all(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "zone"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with path.open("wb") as big:
+            big.truncate(1 << 34)  # 16 GiB, sparse
+    with pytest.raises(ConfigError) as info:
+        load_config(["--active-hours", "Mon-Sun"], {"TZ": str(path)})
+    assert_one_clean_line(str(info.value), "TZ=")
+
+
+def test_out_of_descriptors_the_heartbeat_warns_once_and_raises_nothing(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard (this held before issue 17): the loop's heartbeat, on a host out of descriptors."""
+    import errno
+
+    def no_descriptor(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    refused: list[str] = []
+    beat = health.Heartbeat(tmp_path / "heartbeat", every_s=0.0, on_refused=refused.append)
+    monkeypatch.setattr(os, "open", no_descriptor)
+    for _ in range(3):
+        beat()
+    monkeypatch.undo()
+    assert len(refused) == 1 and "Too many open files" in refused[0]
+    beat()
+    assert health.check(tmp_path / "heartbeat", 30.0)[0]  # written again once descriptors are there

@@ -4,9 +4,12 @@ connections than the cap, and shutdown with connections open."""
 
 from __future__ import annotations
 
+import errno
 import http.client
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +20,8 @@ import pytest
 
 from forge_load.control.status import Fleet
 from forge_load.service import metrics
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Short limits keep these tests quick; the defaults are the documented ones and are checked once below.
 QUICK = metrics.ServerLimits(request_timeout_s=1.0, max_connections=8, max_head_bytes=8192)
@@ -311,3 +316,94 @@ def test_close_is_fast_with_connections_open_and_ends_them() -> None:
     finally:
         for sock in held:
             sock.close()
+
+
+# --- out of file descriptors (issue 17) -----------------------------------------------------------------------
+
+def test_out_of_descriptors_the_accept_loop_backs_off_and_says_so_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """accept() failing with EMFILE leaves the connection in the backlog: a loop that retried at once would spin.
+    Counted, not timed: in one second at most a back-off's worth of tries (a busy machine makes fewer)."""
+    with server() as running:
+        tries: list[float] = []
+        real_accept = running.server._accept
+
+        def out_of_descriptors() -> tuple[socket.socket, object]:
+            tries.append(time.monotonic())
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        running.server._accept = out_of_descriptors  # type: ignore[method-assign]
+        with connect(running.port) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            time.sleep(1.0)
+            assert 1 <= len(tries) <= 1.0 / metrics.ACCEPT_BACKOFF_S + 2, f"{len(tries)} accept() calls in 1 s"
+            running.server._accept = real_accept  # type: ignore[method-assign]
+            data, _ = read_until_closed(sock, limit_s=3.0)
+        assert data.startswith(b"HTTP/1.0 200"), data[:80]  # served once descriptors are there again
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "Too many open files" in err[0] and "metrics" in err[0], err
+
+
+_RESERVE_CHILD = r"""
+import os, resource, socket, sys, time
+from forge_load.service import metrics
+from forge_load.control.status import Fleet
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, hard))
+fleet = Fleet()
+fleet.add("0").beat()
+running = metrics.serve(fleet, "127.0.0.1", 0, metrics.ServerLimits(request_timeout_s=30.0, max_connections=1000))
+print(running.port, flush=True)
+sys.stdin.readline()  # the clients are connected
+opened = []
+try:
+    while len(opened) < FD_LIMIT:
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+print(len(opened), flush=True)
+"""
+
+
+def test_connections_leave_the_filler_its_reserve_of_descriptors() -> None:
+    """A server in a process limited to 256 descriptors, with 300 half-sent requests held open (a cap far above
+    what the limit allows): the newest connections are refused or take a silent one's place, a scraper still gets
+    its answer, and the process can still open the reserve."""
+    limit = 256
+    child = subprocess.Popen([sys.executable, "-c", _RESERVE_CHILD.replace("FD_LIMIT", str(limit))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert child.stdin is not None and child.stdout is not None
+    held: list[socket.socket] = []
+    try:
+        port = int(child.stdout.readline())
+        for _ in range(300):
+            sock = connect(port)
+            with suppress(OSError):
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+            held.append(sock)
+        def refused(sock: socket.socket) -> bool:  # answered 503 (or closed) at once
+            sock.setblocking(False)
+            try:
+                return sock.recv(16, socket.MSG_PEEK) in (b"", b"HTTP/1.0 503 Ser")
+            except BlockingIOError:
+                return False
+            except ConnectionResetError:
+                return True
+
+        assert wait_for(lambda: sum(map(refused, held)) >= 300 - (limit - metrics.MIN_RESERVED_FDS), 5.0)
+        # The silent ones do not keep a scraper out: it takes the place of the one that waited longest.
+        assert request(port, "GET", "/health")[0] == 200
+        time.sleep(0.5)  # the evicted connections' threads end, and their descriptors are free again
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        free = int(child.stdout.readline())
+    finally:
+        for sock in held:
+            sock.close()
+        child.kill()
+        child.wait(timeout=10)
+    assert free >= metrics.reserved_fds_for(limit) - 2, f"only {free} descriptors left of {limit}"
+
+
+def test_the_reserve_is_a_quarter_of_the_limit_and_at_least_the_minimum() -> None:
+    assert metrics.reserved_fds_for(None) == metrics.reserved_fds_for(100) == metrics.MIN_RESERVED_FDS
+    assert metrics.reserved_fds_for(1024) == 256 and metrics.reserved_fds_for(1 << 20) == 1 << 18

@@ -268,3 +268,17 @@ def test_reasons_add_up_and_sigusr2_does_not_lift_the_pause_file(tmp_path: Path)
         ("unpause", "pause file removed"),
     ]
     assert_paused_between(run, run.t("pause"), run.t("unpause"))
+
+
+def test_the_readme_log_example_script_shows_the_cap_settling_at_its_aim() -> None:
+    """scripts/log_example.py makes the README's power-cap example from a run: its lines are those of the run,
+    and it says where the cap settled, which is where the power cap aims (issue 17: 97 % was typed by hand)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "log_example.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    *lines, summary = result.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == ["event=power_capped", "event=status", "event=pause",
+                                                  "event=power_capped", "event=drained", "event=unpause"]
+    assert f"{round(100 * AIM_RATIO)} % of the 300-W cap" in summary, summary

@@ -492,3 +492,53 @@ def test_a_kernel_measured_with_a_negative_duration_does_not_stall_the_worker(mu
     launched = len(gpu.runs)
     r.drive(2.0)
     assert len(gpu.runs) > launched + 10  # still launching
+
+
+# --- quick successions of stops and starts, and of limits ---------------------------------------------------------
+
+def peak_share(r: Rig, from_s: float, to_s: float) -> float:
+    """Our largest busy share over any second in [from_s, to_s] (sliding by a millisecond)."""
+    return max(r.share(from_s + i * 0.001, from_s + i * 0.001 + 1.0) for i in range(round((to_s - from_s - 1) * 1000)))
+
+
+@pytest.mark.parametrize("gap_s", [0.003, 0.01, 0.05, 0.1])
+@pytest.mark.parametrize("period_s", [1 / 6, 1 / 12])
+def test_a_storm_of_stops_and_starts_never_runs_more_than_the_duty(gap_s: float, period_s: float) -> None:
+    # A pause and an unpause by turns (a signal storm, holds, short yields): a start does not burst at once.
+    plan = Plan(M, 0.5, period_s=period_s)
+    r = rig(plan)
+    r.drive(1.0)
+    t, filling = 1.0, True
+    while t < 5.0:
+        t += gap_s
+        filling = not filling
+        r.worker.set_plan(plan if filling else IDLE_PLAN)
+        r.drive(t)
+    assert peak_share(r, 1.0, 5.0) <= 0.5 + 0.005
+    assert r.worker.launch_s == pytest.approx(kernel_s(M), rel=0.03)  # still the filling plan's size
+
+
+def test_a_start_soon_after_a_stop_waits_for_the_grid_then_starts_it_afresh() -> None:
+    r = rig(Plan(M, 0.5, period_s=0.1))
+    r.drive(1.0)
+    slot_s = r.worker.step(1.0)
+    r.drive(slot_s + 0.01)
+    r.worker.set_plan(IDLE_PLAN)
+    r.drive(slot_s + 0.02)
+    r.worker.set_plan(Plan(M, 0.5, period_s=0.1))
+    assert r.worker.step(slot_s + 0.02) == pytest.approx(slot_s + 0.1)  # nothing more this period
+    r.clock.advance_to(slot_s + 0.13)  # woken late: this burst starts the grid afresh
+    assert r.worker.step(slot_s + 0.13) == pytest.approx(slot_s + 0.23)
+
+
+def test_a_limit_changing_at_every_step_never_runs_more_than_the_higher_duty() -> None:
+    # The power cap's limit moving each poll: each change retargets the period's rest, never more.
+    r = rig(Plan(M, 0.6, period_s=1 / 12))
+    r.drive(1.0)
+    t, high = 1.0, True
+    while t < 5.0:
+        t += 0.01
+        high = not high
+        r.worker.set_plan(Plan(M, 0.6 if high else 0.3, period_s=1 / 12))
+        r.drive(t)
+    assert peak_share(r, 1.0, 5.0) <= 0.6 + 0.005

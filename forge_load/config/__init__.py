@@ -205,10 +205,11 @@ def _ratio_value(
     else:
         value = _float_of(text, accepted)
         if value > 1:
-            # The legacy TARGET was a percent; FORGE_* ratios are not, so "50" is ambiguous.
-            fits_as_percent = _in_range(value / 100, low, low_inclusive, high, high_inclusive)
+            # The legacy TARGET was a percent; FORGE_* ratios are not, so "50" is ambiguous. Only a whole number
+            # reads as a percent: 1.5 is no likelier 1.5 % than a slip for 0.15 or 15.
+            fits_as_percent = text.isdigit() and _in_range(value / 100, low, low_inclusive, high, high_inclusive)
             hint = f" (did you mean {text}%?)" if fits_as_percent else ""
-            raise _Rejected(accepted, f"a ratio above 1 needs %{hint}")
+            raise _Rejected(accepted, f"a ratio above 1 needs %{hint}" if hint else "above 1, the most a ratio is")
     if not _in_range(value, low, low_inclusive, high, high_inclusive):
         raise _Rejected(accepted, "out of range")
     return value

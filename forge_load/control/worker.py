@@ -140,7 +140,9 @@ class Worker:
     sleeps until the next period. A period that divides NVML's sample window gives every window the same
     busy share. At most `queue_s` of work is queued at once (a longer burst is queued in parts), so a stop
     or a yield takes effect within `queue_s`. A new target applies at once; the integral's small steps
-    wait for the next period.
+    wait for the next period. Filling again after a stop waits for the grid's next burst (at once if the stop
+    outlasted it): a burst at every start would pile up under a storm of pauses, since what is queued outlasts
+    a short one.
 
     `launch_s` is the measured length of one kernel at `plan.multiplier` (what the controller sizes it by):
     the Worker learns the seconds per block per SM, which holds whatever the multiplier.
@@ -153,11 +155,13 @@ class Worker:
         busy_log.mark_idle(float("-inf"))  # nothing launched yet: the log is complete until the first launch
         self.queue_s = queue_s
         self.plan = IDLE_PLAN
+        self._multiplier = IDLE_PLAN.multiplier  # the latest filling plan's
         self._rate_s: float | None = None  # measured seconds of kernel per block per SM
         self._guess_launch_s = guess_launch_s
         self._ema_weight = ema_weight
         self._owed_s = 0.0
         self._next_burst_s = float("-inf")
+        self._stopped = False  # a stop since the last burst: the next one starts the grid afresh
         self._in_burst = False  # the period's burst is still being queued (it was longer than queue_s)
         self._retarget_from: float | None = None  # the duty before a new target, until the next step
         self._gap_until_s = float("-inf")
@@ -169,8 +173,9 @@ class Worker:
 
     @property
     def launch_s(self) -> float | None:
-        """Measured length of one kernel at `plan.multiplier`; None until a kernel has been timed."""
-        return None if self._rate_s is None else self._rate_s * self.plan.multiplier
+        """Measured length of one kernel at the multiplier of the latest plan that fills (not a stop's, whose
+        multiplier of 1 would tell the controller to grow the kernels on the next start); None until timed."""
+        return None if self._rate_s is None else self._rate_s * self._multiplier
 
     @property
     def period_s(self) -> float:
@@ -180,9 +185,12 @@ class Worker:
         if plan.duty_ratio <= 0:
             self._owed_s = 0.0
             self._in_burst = False
+            self._stopped = True
         elif abs(plan.duty_ratio - self.plan.duty_ratio) >= RETARGET_RATIO and self.plan.duty_ratio > 0:
             # A new target (not the integral's small steps): the rest of this period follows it at once.
             self._retarget_from = self.plan.duty_ratio if self._retarget_from is None else self._retarget_from
+        if plan.duty_ratio > 0:
+            self._multiplier = plan.multiplier
         self.plan = plan
 
     def step(self, now_s: float) -> float:
@@ -194,7 +202,6 @@ class Worker:
             return self._next_burst_s
         self._collect(now_s)
         if duty <= 0:
-            self._next_burst_s = float("-inf")  # filling again starts with a burst at once
             return self._next_poll_s(now_s, idle_s=IDLE_WAKE_S)
         if self.plan.gap_s > 0:
             return self._step_gap(now_s)
@@ -208,8 +215,11 @@ class Worker:
             # Each period is owed its share; what earlier bursts ran short or long is settled in `_owed_s`.
             # A wake-up a whole period late starts a fresh grid: a stall is not caught up in one flood.
             self._owed_s = min(self._owed_s + duty * period_s, 2.0 * duty * period_s)
-            late = now_s - self._next_burst_s >= period_s
+            # The first burst after a stop starts the grid afresh too: no two bursts then begin less than a period
+            # apart, so a storm of stops and starts cannot fit more than the duty into any stretch of periods.
+            late = self._stopped or now_s - self._next_burst_s >= period_s
             self._next_burst_s = now_s + period_s if late else self._next_burst_s + period_s
+            self._stopped = False
             self._in_burst = True
         if self._in_burst:
             self._launch_owed(now_s)

@@ -11,10 +11,12 @@ the night they go back, an hour that occurs twice is active both times.
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import stat
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import datetime, timezone, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 DAY_NAMES = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # datetime.weekday() order
@@ -22,6 +24,7 @@ MINUTES_PER_DAY = 24 * 60
 _TIME_RANGE_RE = re.compile(r"([0-9]{1,2}):([0-9]{2})-([0-9]{1,2}):([0-9]{2})", re.ASCII)
 _DAYS_RE = re.compile(r"([A-Za-z]{3})(?:-([A-Za-z]{3}))?", re.ASCII)
 MAX_ENTRIES = 64
+MAX_ZONE_FILE_BYTES = 1 << 20
 # A POSIX TZ rule (std offset [dst [offset] [,start,end]]), which the C library reads without any zone file.
 _ABBREVIATION = r"(?:[A-Za-z]{3,}|<[A-Za-z0-9+-]{3,}>)"
 _OFFSET = r"[+-]?[0-9]{1,2}(?::[0-9]{2}){0,2}"
@@ -122,11 +125,21 @@ def from_unix(t_s: float, tz: tzinfo | None = None) -> datetime:
     return datetime.fromtimestamp(t_s, tz) if tz is not None else datetime.fromtimestamp(t_s)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def to_unix(local: datetime, tz: tzinfo | None = None) -> float:
-    """A datetime's Unix time; one without a zone is read as local time (`tz`, or the C library's)."""
+    """A datetime's Unix time; one without a zone is read as local time (`tz`, or the C library's). Any datetime
+    has one: at the ends of the calendar (the years 1 and 9999), where the C library cannot say its offset, a
+    naive time is read as UTC, within a day of the truth."""
     if local.tzinfo is None and tz is not None:
         local = local.replace(tzinfo=tz)
-    return local.timestamp()
+    if local.tzinfo is None:
+        try:
+            return local.timestamp()
+        except (OverflowError, ValueError, OSError):
+            local = local.replace(tzinfo=timezone.utc)
+    return (local - _EPOCH).total_seconds()  # what timestamp() does, without a datetime beyond the calendar
 
 
 def local_zone(tz_value: str | None) -> tzinfo | None:
@@ -141,8 +154,22 @@ def local_zone(tz_value: str | None) -> tzinfo | None:
         return None
     try:
         if os.path.isabs(name):
-            with open(name, "rb") as zone_file:
-                return ZoneInfo.from_file(zone_file, key=name)
+            return ZoneInfo.from_file(io.BytesIO(_zone_file(name)), key=name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ScheduleError(f"{_quoted(name)} is no time zone this system knows") from None
+
+
+def _zone_file(path: str) -> bytes:
+    """A zone file's bytes, read without waiting on a FIFO or a device and at most MAX_ZONE_FILE_BYTES of it
+    (the largest zone files are a few KiB); ValueError for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, MAX_ZONE_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_ZONE_FILE_BYTES:
+        raise ValueError("too large for a zone file")
+    return data

@@ -1,8 +1,9 @@
 """main(): configuration, wiring, the run loop, signals, logging to stdout, exit codes.
 
 Exit codes: 0 stopped normally (a signal, or FORGE_DURATION); 1 internal error (a bug: the line says so);
-2 bad configuration; 3 no usable GPU or NVML (with a hint); 4 the GPU failed while running; 5 the log could
-not be written (stdout closed or full): the fillers stopped as for a signal, and stderr says so in one line.
+2 bad configuration (a setting, or the host's limit on open files below MIN_OPEN_FILES: `ulimit -n`); 3 no
+usable GPU or NVML (with a hint); 4 the GPU failed while running; 5 the log could not be written (stdout closed
+or full): the fillers stopped as for a signal, and stderr says so in one line.
 
 With FORGE_GPUS (several GPUs), each GPU runs its own filler in its own thread and a failing GPU stops only
 its own: the others keep filling and /health reports it. The process exits when every filler has ended:
@@ -47,6 +48,9 @@ from forge_load.service.unix_signals import StopSignals
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
+# The open files the filler needs at least: a GPU's CUDA start took 16 on the virtual GPU (numba's sources, the
+# libraries); the rest is room for the driver's device files, the pause file, the heartbeat and the metrics server.
+MIN_OPEN_FILES = 64
 
 
 class GpuTakenError(Exception):
@@ -101,7 +105,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     pauses = None
     if controls.switch is not None or config.pause_file is not None or config.active_hours is not None:
         pauses = Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock,
-                        tz=local_zone(config.time_zone))
+                        tz=local_zone(config.time_zone), on_host_error=lambda why: say(f"forge-load: warning: {why}"))
     holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
                         controls.board)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
@@ -513,6 +517,12 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         return EXIT_CONFIG
     for warning in unknown_variables(os.environ):
         say(f"forge-load: {warning}")
+    limit = metrics.open_files_limit()
+    if limit is not None and limit < MIN_OPEN_FILES:
+        say(f"forge-load: this process may open {limit} files (the host's or container's limit, RLIMIT_NOFILE: "
+            f"`ulimit -n`), fewer than the {MIN_OPEN_FILES} it needs: raise it (`docker run --ulimit "
+            "nofile=1024`, LimitNOFILE= in a systemd unit)")
+        return EXIT_CONFIG
     # Every line goes through one LogStream: a write that fails stops the fillers instead of raising in them.
     log_stream = LogStream(out, lambda error: request_stop(stop, wake, "stdout could not be written"))
     log_out = cast(TextIO, log_stream)

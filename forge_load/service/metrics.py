@@ -10,6 +10,7 @@ so forge_load runs without it while FORGE_METRICS_PORT is unset.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import platform
@@ -34,6 +35,14 @@ MIB_BYTES = 1024 * 1024
 GPU_LABELS = ["gpu", "UUID"]
 # How often the accept loop looks for a shutdown request: close() returns within this.
 POLL_INTERVAL_S = 0.2
+# Out of descriptors (or kernel memory), accept() fails while the connection waits in the backlog, so the loop
+# would retry at once, for ever: it waits this long between tries instead.
+ACCEPT_BACKOFF_S = 0.2
+# The host's errors, not the client's: accept() is tried again after the back-off.
+HOST_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# The descriptors the server never takes, of the process's limit (RLIMIT_NOFILE): the filler's own work (the
+# pause file, the heartbeat, a GPU's CUDA context at start-up) must find them free whatever clients do.
+MIN_RESERVED_FDS = 64
 
 # name (as exposed) -> (type, help). docs/metrics.md (scripts/gen_docs.py) and the dashboard test read this.
 METRICS: dict[str, tuple[str, str]] = {
@@ -198,6 +207,31 @@ class ServerLimits:
     request_timeout_s: float = 5.0  # to send the whole request head; also for each write of the answer
     max_connections: int = 32  # connections served at once, one thread each
     max_head_bytes: int = 8192  # request line and headers; there is no body to read
+    reserved_fds: int | None = None  # descriptors left to the filler; None: reserved_fds_for(the soft limit)
+
+
+def open_files_limit() -> int | None:
+    """The process's soft limit on open descriptors (RLIMIT_NOFILE); None where there is none."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _open_descriptors() -> int:
+    """How many descriptors the process has open now (Linux's /proc; elsewhere a guess of a fresh process's)."""
+    try:
+        return max(len(os.listdir("/proc/self/fd")) - 1, 0)  # less the one listdir itself held
+    except OSError:
+        return 16
+
+
+def reserved_fds_for(limit: int | None) -> int:
+    """A quarter of the limit, and at least MIN_RESERVED_FDS: as much as a filler of eight GPUs opens at start."""
+    return MIN_RESERVED_FDS if limit is None else max(MIN_RESERVED_FDS, limit // 4)
 
 
 # A request line: a method token, a target of visible characters, an HTTP version; a header: name ":" value.
@@ -263,7 +297,8 @@ def _plain_answer(status: str, text: str) -> bytes:
 
 
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most `limits.max_connections` of them.
+    """A thread per connection, at most `connection_cap` of them: `limits.max_connections`, or fewer where the
+    process's limit on open files leaves room for fewer beside the filler's reserve (set_limits).
 
     At the cap, a new connection takes the place of the one that has waited longest without sending a
     complete request (so silent clients cannot keep a scraper out); when every one is busy answering, the new
@@ -278,11 +313,47 @@ class _Server(ThreadingMixIn, WSGIServer):
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, _Connection] = {}
         self._closing = False
+        self._closed = threading.Event()  # wakes the accept loop's back-off at close()
+        self._host_error: str | None = None  # said once, until accept() works again
+        self.connection_cap = self.limits.max_connections  # lowered by set_limits() to fit the open-files limit
+        self.fd_ceiling: int | None = None  # a connection given a descriptor at or above this is refused
         super().__init__(*args, **kwargs)
+
+    def set_limits(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        limit = open_files_limit()
+        reserved = limits.reserved_fds if limits.reserved_fds is not None else reserved_fds_for(limit)
+        self.connection_cap = limits.max_connections
+        self.fd_ceiling = None
+        if limit is not None:
+            # Each connection costs a descriptor, and an evicted one keeps its own until its thread ends (the
+            # server holds at most twice the cap): the cap leaves the reserve free of what is open now. Should
+            # the filler's own work use more, the last half of the reserve is never handed to a client anyway.
+            room = limit - reserved - _open_descriptors()
+            self.connection_cap = max(1, min(limits.max_connections, room // 2))
+            self.fd_ceiling = limit - reserved // 2
+
+    def _accept(self) -> tuple[socket.socket, Any]:
+        return self.socket.accept()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """The next connection; out of descriptors or memory, one stderr line and a back-off, never a spin."""
+        try:
+            request, address = self._accept()
+        except OSError as error:
+            if error.errno in HOST_ERRNOS:
+                if self._host_error is None:
+                    self._host_error = error.strerror or str(error)
+                    _say(f"forge-load: warning: metrics: cannot accept a connection ({self._host_error}): trying "
+                         f"again every {ACCEPT_BACKOFF_S:g} s, said once")
+                self._closed.wait(ACCEPT_BACKOFF_S)
+            raise  # socketserver drops this round and polls again
+        self._host_error = None
+        return request, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._lock:
-            admitted = self._admit()
+            admitted = (self.fd_ceiling is None or request.fileno() < self.fd_ceiling) and self._admit()
             if admitted:
                 self._connections[request] = _Connection(request, time.monotonic())
         if not admitted:
@@ -301,7 +372,7 @@ class _Server(ThreadingMixIn, WSGIServer):
         """Under the lock: room for one more connection, made by evicting a silent one if need be."""
         if self._closing:
             return False
-        cap = self.limits.max_connections
+        cap = self.connection_cap
         live = [c for c in self._connections.values() if not c.evicted]
         if len(live) < cap:
             return True
@@ -347,6 +418,7 @@ class _Server(ThreadingMixIn, WSGIServer):
         """No new connections from now on; every open one is shut down, so its thread ends at once."""
         with self._lock:
             self._closing = True
+            self._closed.set()
             for connection in self._connections.values():
                 with contextlib.suppress(OSError):
                     connection.sock.shutdown(socket.SHUT_RDWR)
@@ -359,8 +431,12 @@ class _Server6(_Server):
 def _report(error: BaseException | None) -> None:
     """One stderr line for a bug while answering; a client that went away or timed out is not worth one."""
     if error is not None and not isinstance(error, OSError):
-        print(f"forge-load: metrics: error answering a request: {type(error).__name__}: {str(error)!r}",
-              file=sys.stderr)
+        _say(f"forge-load: metrics: error answering a request: {type(error).__name__}: {str(error)!r}")
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # a closed stderr is no reason to stop serving
+        print(line, file=sys.stderr, flush=True)
 
 
 class _ServerHandler(ServerHandler):
@@ -449,7 +525,7 @@ def serve(fleet: Fleet, addr: str, port: int, limits: ServerLimits = ServerLimit
             f"FORGE_METRICS_PORT={port} is not usable: cannot listen on {addr}:{port} ({error.strerror or error}): "
             "expected a free port (or FORGE_METRICS_ADDR an address of this host)"
         ) from None
-    server.limits = limits
+    server.set_limits(limits)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": POLL_INTERVAL_S}, name="metrics",
                               daemon=True)
     thread.start()

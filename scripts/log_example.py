@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""The README's power-cap-and-pause log example, from a run on the simulated GPU (virtual time, seconds): a 0.5
+target under a 300-W cap, SIGUSR1's pause at 44 s and SIGUSR2 at 50 s (sent through the pause switch, as the
+signal handlers do). Prints the lines the README shows, each cut to the fields it names, then where the cap
+settled (the model's 1-s mean power before the pause, as a share of the cap). Nothing in the example is typed.
+
+    python3 scripts/log_example.py
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from forge_load.config import load_config  # noqa: E402
+from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W  # noqa: E402
+from forge_load.operators.pause import PauseSwitch  # noqa: E402
+from forge_load.service.app import Controls, Runtime, run_simulated  # noqa: E402
+
+CAP_W, PAUSE_S, RESUME_S = 300.0, 44.0, 50.0
+FIELD_RE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+HEAD, SHORT = ("t", "event", "state", "target"), ("t", "event", "state")
+# the event and which of its lines, the fields shown ("…" where fields are left out)
+SHOWN: list[tuple[str, int, tuple[str, ...]]] = [
+    ("power_capped", 0, (*HEAD, "…", "capped", "power_w", "max_power_w", "duty_limit")),
+    ("status", 1, (*HEAD, "util", "own", "…", "power_w", "energy_j", "power_capped")),
+    ("pause", 0, (*HEAD, "…", "multiplier", "…", "reason")),
+    ("power_capped", 1, (*SHORT, "…", "capped", "power_w", "max_power_w", "duty_limit")),
+    ("drained", 0, (*SHORT, "…", "last_kernel_end_t")),
+    ("unpause", 0, (*SHORT, "…", "reason")),
+]
+
+
+def main() -> int:
+    config = load_config(f"--simulate --sim-speed 0 --duration 60 --max-power-w {CAP_W:g}".split(), env={})
+    switch = PauseSwitch()
+    pending = {PAUSE_S: lambda: switch.set(True, "SIGUSR1"), RESUME_S: lambda: switch.set(False, "SIGUSR2")}
+    runtime: list[Runtime] = []
+
+    def beat() -> None:  # about once a virtual second
+        for t_s in [t for t in pending if t <= runtime[0].now()]:
+            pending.pop(t_s)()
+
+    out = io.StringIO()
+    run = run_simulated(config, out, heartbeat=beat, on_start=runtime.append, keep_history=True,
+                        controls=Controls(switch))
+    lines = [dict(FIELD_RE.findall(line)) for line in out.getvalue().splitlines()]
+    for event, occurrence, fields in SHOWN:
+        line = [found for found in lines if found["event"] == event][occurrence]
+        print(" ".join(f if f == "…" else f"{f}={line[f]}" for f in fields))
+    busy = run.gpu.busy_ratio(PAUSE_S - 11.0, PAUSE_S - 1.0)  # the 10 s before the pause, by the model's record
+    power_w = IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * busy
+    print(f"# before the pause: {power_w:.1f} W mean, {100 * power_w / CAP_W:.0f} % of the {CAP_W:g}-W cap")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
