@@ -1,7 +1,7 @@
 """The scenarios: tracking (pi against legacy at each target), yield (a foreign job arrives and leaves) and
 footprint (memory, CPU, power), on the simulated GPU in virtual time or on a real GPU (or the virtual one).
 
-On the simulated GPU the filler runs in this process (forge_load.service.app.run_simulated), and the simulator's own
+On the simulated GPU the filler runs in this process (forge_load.service.loop.run_simulated), and the simulator's own
 record is the ground truth. On a real GPU the filler is `python -m forge_load` as users run it, in a child
 process; NVML is read here by the Sampler, and the foreign job is scripts/foreign_job.py.
 """
@@ -51,8 +51,8 @@ from bench.runner import CHILDREN, Child, cpu_percent
 from bench.sampler import Sampler
 
 if TYPE_CHECKING:
-    from forge_load.config import Config
-    from forge_load.service.app import SimRun
+    from forge_load.config.settings import Config
+    from forge_load.service.loop import SimRun
 
 HUGE_MIB = "1000000"  # a foreign-memory threshold no job reaches: turns the memory signal off
 
@@ -81,7 +81,7 @@ REAL_YIELD_PLAN = (("pi", "visible"), ("pi", "hidden"), ("legacy", "visible"), (
 # --- the simulated GPU ------------------------------------------------------------------------------------
 
 def sim_config(argv: list[str]) -> Config:
-    from forge_load.config import load_config
+    from forge_load.config.load import load_config
 
     return load_config(argv, env={})  # the caller's FORGE_* environment must not leak into the runs
 
@@ -94,7 +94,7 @@ def sim_argv(args: argparse.Namespace, target: float, controller: str, duration_
 
 
 def run_sim(argv: list[str]) -> tuple[SimRun, list[dict[str, Any]]]:
-    from forge_load.service.app import run_simulated
+    from forge_load.service.loop import run_simulated
 
     stream = io.StringIO()
     run = run_simulated(sim_config(argv), stream, keep_history=True)  # scored afterwards

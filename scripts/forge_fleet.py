@@ -203,7 +203,8 @@ def check_settings(opts: Options) -> list[str]:
     """Check the containers' settings as the filler will (SettingsError), before anything is created; the
     filler's warnings about FORGE_ variables it does not know."""
     try:
-        from forge_load.config import ConfigError, load_config, unknown_variables
+        from forge_load.config.load import load_config, unknown_variables
+        from forge_load.config.values import ConfigError
     except ImportError as error:
         raise FleetError(f"cannot import forge_load ({error}): run from the repository, or `pip install .`") from error
     env = container_env(Gpu(0, "", ""), opts)

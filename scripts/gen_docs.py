@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the reference pages from the tables in the code: docs/settings.md from forge_load/config.py's
+"""Writes the reference pages from the tables in the code: docs/settings.md from forge_load/config/settings.py's
 SETTINGS, docs/metrics.md from forge_load/service/metrics.py's METRICS (and the label names its collector declares).
 
     python3 scripts/gen_docs.py            # write both pages
@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forge_load import config  # noqa: E402
+from forge_load.config import settings, tools, values  # noqa: E402
 from forge_load.control import status  # noqa: E402
 from forge_load.service import metrics  # noqa: E402
 
@@ -34,15 +34,15 @@ def _cell(text: str) -> str:
 
 
 def settings_page() -> str:
-    out = _header("Settings reference", "forge_load/config.py (SETTINGS)")
+    out = _header("Settings reference", "forge_load/config/settings.py (SETTINGS)")
     out += ["Every setting is an environment variable and a flag; the flag wins. How values are read (ratios, "
             "times, errors) and what the settings do together: [Operating forge_load](operating.md#settings).", ""]
-    groups: list[tuple[str, Callable[[config.Setting], bool]]] = [
+    groups: list[tuple[str, Callable[[values.Setting], bool]]] = [
         ("The filler", lambda s: not s.key.startswith("sim.") and s.key != "simulate"),
         ("The simulated GPU", lambda s: s.key.startswith("sim.") or s.key == "simulate")]
     for title, member in groups:
         out += [f"## {title}", "", "| variable | flag | default | meaning |", "|---|---|---|---|"]
-        for s in config.SETTINGS:
+        for s in settings.SETTINGS:
             if not member(s):
                 continue
             meaning, _, default = s.help.rpartition("; default ")
@@ -53,7 +53,7 @@ def settings_page() -> str:
     out += ["## Not settings", "",
             "These `FORGE_` variables belong to the project's own tools (tests, the container engine, the fleet "
             "script). The filler ignores them without a warning; any other unknown `FORGE_` variable gets one.", "",
-            ", ".join(f"`{name}`" for name in sorted(config.TOOL_VARIABLES)), ""]
+            ", ".join(f"`{name}`" for name in sorted(tools.TOOL_VARIABLES)), ""]
     return "\n".join(out)
 
 

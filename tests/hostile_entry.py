@@ -47,7 +47,7 @@ class SignalOnImport(importlib.abc.MetaPathFinder):
 def wall_clock_sim() -> None:
     import forge_load.gpu.launcher
     import forge_load.gpu.nvml
-    from forge_load.config import SimConfig
+    from forge_load.config.sim import SimConfig
     from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe, WallClock
 
     gpus: dict[int, SimGpu] = {}

@@ -6,8 +6,8 @@ import io
 import json
 from dataclasses import dataclass
 
-from forge_load.config import load_config
-from forge_load.service.app import SimRun, run_simulated
+from forge_load.config.load import load_config
+from forge_load.service.loop import SimRun, run_simulated
 
 
 @dataclass

@@ -378,7 +378,7 @@ def test_make_controller_refuses_a_name_it_does_not_know() -> None:
 
 
 def test_every_controller_the_config_accepts_can_be_made() -> None:
-    from forge_load.config import CONTROLLER_NAMES
+    from forge_load.config.settings import CONTROLLER_NAMES
 
     assert {make_controller(name).name for name in CONTROLLER_NAMES} == set(CONTROLLER_NAMES)
 

@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
-from forge_load.config import ConfigError, load_config
+from forge_load.config.load import load_config
+from forge_load.config.values import ConfigError
 from forge_load.control.status import Fleet
 from forge_load.operators import holds
 from forge_load.service import health, metrics
-from forge_load.service.app import run_simulated
+from forge_load.service.loop import run_simulated
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"

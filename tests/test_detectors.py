@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from forge_load.config import load_config
+from forge_load.config.load import load_config
 from forge_load.control.detectors import (
     SIGNALS,
     Observation,

@@ -57,8 +57,8 @@ def test_launcher_times_its_kernels_with_events() -> None:
 
 
 def test_filler_holds_half_the_gpu_for_real() -> None:
-    from forge_load.config import load_config
-    from forge_load.service.app import run_real
+    from forge_load.config.load import load_config
+    from forge_load.service.loop import run_real
 
     config = load_config("--duration 20 --log-interval 2 --log-format json --target 0.5".split(), env={})
     out = io.StringIO()

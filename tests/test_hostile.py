@@ -29,13 +29,15 @@ from typing import Any
 
 import pytest
 
-from forge_load import config as config_module
-from forge_load.config import SETTINGS, Config, ConfigError, load_config
+from forge_load.config import values as config_values
+from forge_load.config.load import load_config
+from forge_load.config.settings import SETTINGS, Config
+from forge_load.config.values import ConfigError
 from forge_load.control.status import Fleet
 from forge_load.gpu.backend import backend_for
 from forge_load.log import EventLog
 from forge_load.service import health
-from forge_load.service.app import run_simulated
+from forge_load.service.loop import run_simulated
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "tests" / "hostile_entry.py"
@@ -519,7 +521,7 @@ def test_a_full_stdout_stops_cleanly(loop: str) -> None:
 
 def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
     from forge_load.log import LogStream
-    from forge_load.service import app
+    from forge_load.service import gpu_threads, runtime
 
     class Broken(io.StringIO):
         def __init__(self) -> None:
@@ -542,8 +544,8 @@ def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
         wake.set()
 
     fleet = Fleet(30.0, simulated=True)
-    runtimes: list[app.Runtime] = []
-    code = app.run_fleet(config, LogStream(Broken(), lost), stop, wake, fleet, lambda: None,
+    runtimes: list[runtime.Runtime] = []
+    code = gpu_threads.run_fleet(config, LogStream(Broken(), lost), stop, wake, fleet, lambda: None,
                          on_start=lambda _slot, rt: runtimes.append(rt))
     assert code == 0 and len(failures) == 1
     [slot] = fleet.slots
@@ -701,7 +703,7 @@ def test_a_typo_is_warned_about_with_the_closest_name() -> None:
 
 
 def test_unknown_variables_are_warned_about_in_one_clean_line_each() -> None:
-    from forge_load.config import unknown_variables
+    from forge_load.config.load import unknown_variables
 
     warnings = unknown_variables({"FORGE_LOG_INTERVALS": "1", "forge_target": "0.5", "FORGE_X\x1b[2J": "1",
                                   "FORGE_TARGET": "0.5", "PATH": "/bin", "FORGE_IMAGE": "forge-load:latest"})
@@ -784,13 +786,13 @@ def test_fleet_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
 def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import forge_load.gpu.nvml
     from forge_load.control.probe import DeviceInfo
-    from forge_load.service import app
+    from forge_load.service import gpu_threads
 
     infos = [DeviceInfo(index=i, uuid=f"GPU-{i}0000000-0000-4000-8000-000000000000", name="x",
                         memory_total_mib=1.0, driver_version="1", mig_enabled=False) for i in range(2)]
     monkeypatch.setattr(forge_load.gpu.nvml, "list_devices", lambda *a, **k: infos)
     config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
-    assert app.gpu_selectors(config, backend_for(config)) == ["1", "0"]
+    assert gpu_threads.gpu_selectors(config, backend_for(config)) == ["1", "0"]
 
 
 # --- the health command's own help, and the floor its help names ------------------------------------------------
@@ -840,7 +842,7 @@ def _yield_spells(events: list[dict[str, Any]]) -> tuple[int, float]:
 def test_a_job_seen_while_paused_counts_as_a_yield_in_the_stop_line() -> None:
     """Paused from the start, a job at 2-4 s, SIGUSR2 at 6 s: the unpause goes to `yielding` until 9 s."""
     from forge_load.operators.pause import PauseSwitch
-    from forge_load.service.app import Controls
+    from forge_load.service.runtime import Controls
     from tests.test_operators import simulate
 
     switch = PauseSwitch()
@@ -864,7 +866,8 @@ def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, p
     ...; docker kill -s USR2 ...; done` would): every pause takes effect at the step it is seen, the log holds about
     a pause line a second, and its last pause line says the state the storm left."""
     from forge_load.operators.pause import PauseSwitch
-    from forge_load.service.app import Controls, log_start, log_stop, open_simulated
+    from forge_load.service.loop import open_simulated
+    from forge_load.service.runtime import Controls, log_start, log_stop
 
     path = tmp_path / "pause"
     if pause_file:
@@ -953,7 +956,7 @@ def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp
 @pytest.mark.parametrize("case", ["pause file", "SIGUSR1 before start", "a foreign job at start"])
 def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Path, case: str) -> None:
     from forge_load.operators.pause import PauseSwitch
-    from forge_load.service.app import Controls
+    from forge_load.service.runtime import Controls
     from tests.test_operators import simulate
 
     pause, switch = tmp_path / "pause", PauseSwitch()
@@ -1236,7 +1239,7 @@ def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -
 
 # --- a ratio above 1: the percent it suggests is one the setting takes, and only for a whole number (issue 17) ----
 
-RATIO_SETTINGS = [s for s in SETTINGS if getattr(s.parse, "func", None) is config_module._ratio_value]
+RATIO_SETTINGS = [s for s in SETTINGS if getattr(s.parse, "func", None) is config_values.ratio_value]
 
 
 @pytest.mark.parametrize("env", [s.env for s in RATIO_SETTINGS])
@@ -1255,7 +1258,7 @@ def test_a_ratio_above_1_suggests_only_a_percent_that_is_meant_and_taken(env: st
         assert suggested[1] == f"{raw}%"
         setting.parse(suggested[1])  # the setting takes it (another setting may still disagree: a boost below target)
     else:
-        with pytest.raises(config_module._Rejected):
+        with pytest.raises(config_values.Rejected):
             setting.parse(raw + "%")
 
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.config import load_config
+from forge_load.config.load import load_config
 from forge_load.operators.holds import HOLDER_RE, Hold, HoldBoard
 from forge_load.service import kubelet
-from forge_load.service.app import Controls, Runtime, run_simulated
 from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
+from forge_load.service.loop import run_simulated
+from forge_load.service.runtime import Controls, Runtime
 from tests.fake_pynvml import FakeDevice, FakeNvml
 from tests.kubelet_server import TestKubelet
 from tests.test_real_path import ROOT, finish, forge, wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.config import load_config
+from forge_load.config.load import load_config
 from forge_load.control.probe import UtilSample
 from forge_load.control.scoring import one_second_readings, percentile, settle_time_s, tracking
 from forge_load.log import CORE_FIELDS, EventLog

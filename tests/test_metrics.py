@@ -21,10 +21,12 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from forge_load.config import ConfigError, load_config
+from forge_load.config.load import load_config
+from forge_load.config.values import ConfigError
 from forge_load.control.status import Fleet, GpuSlot
 from forge_load.service import metrics
-from forge_load.service.app import Runtime, run_simulated
+from forge_load.service.loop import run_simulated
+from forge_load.service.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024

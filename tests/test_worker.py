@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from forge_load.config import SimConfig
+from forge_load.config.sim import SimConfig
 from forge_load.control.probe import GpuFailedError
 from forge_load.control.worker import IDLE_PLAN, MAX_KERNELS, BusyLog, Completed, Plan, Worker
 from forge_load.gpu.sim import LAUNCH_LATENCY_S, LAUNCH_OVERHEAD_S, WAVE_S, SimGpu, SimLauncher, VirtualClock

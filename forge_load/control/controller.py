@@ -174,7 +174,7 @@ CONTROLLERS: dict[str, Callable[[Quantity], Controller]] = {
 
 
 def make_controller(name: str, quantity: Quantity = UTILIZATION) -> Controller:
-    """A fresh controller of that name (config.py accepts exactly these names), holding `quantity`."""
+    """A fresh controller of that name (config/settings.py accepts exactly these names), holding `quantity`."""
     try:
         return CONTROLLERS[name](quantity)
     except KeyError:

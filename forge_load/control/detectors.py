@@ -1,7 +1,7 @@
 """The foreign-job signals: small pure functions over one poll's facts and the thresholds (docs/design.md §4).
 
 Each signal returns why it fired, or None. Any one is enough to yield. A new signal is a function here and a
-line in SIGNALS; its thresholds, if any, a field of Thresholds and a setting in config.py.
+line in SIGNALS; its thresholds, if any, a field of Thresholds and a setting in config/settings.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from forge_load.config import MAX_FOREIGN_SAMPLES, Config
+from forge_load.config.settings import MAX_FOREIGN_SAMPLES, Config
 
 
 @dataclass(frozen=True)

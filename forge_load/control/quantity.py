@@ -3,7 +3,7 @@
 The policy, the controller and the status speak of "the target" in this quantity's unit, never of a ratio; the
 filler feeds the controller the samples this quantity reads from each Monitor reading. A target in another
 quantity (SM activity, board power) is a new Quantity here, with its samples, its feed-forward duty and its
-units, plus the setting that chooses it (config.py) and, where NVML offers it, the reading it comes from
+units, plus the setting that chooses it (config/settings.py) and, where NVML offers it, the reading it comes from
 (monitor.py, nvml.py, sim.py).
 """
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from forge_load.config import Config, SimConfig
+from forge_load.config.settings import Config
+from forge_load.config.sim import SimConfig
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.worker import Launcher
 from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe, VirtualClock

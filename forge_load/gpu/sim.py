@@ -29,7 +29,7 @@ import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from forge_load.config import SimConfig
+from forge_load.config.sim import SimConfig
 from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
 from forge_load.control.worker import Completed
 

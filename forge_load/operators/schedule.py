@@ -36,7 +36,7 @@ ACCEPTED = ("days and times such as 'Mon-Fri 20:00-08:00, Sat-Sun': comma-separa
 
 
 class ScheduleError(ValueError):
-    """What is wrong with a schedule's text, for config.py's one-line message."""
+    """What is wrong with a schedule's text, for the config's one-line message."""
 
 
 @dataclass(frozen=True)

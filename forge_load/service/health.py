@@ -35,7 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from forge_load.config import Config, ConfigError, load_config
+from forge_load.config.load import load_config
+from forge_load.config.settings import Config
+from forge_load.config.values import ConfigError
 from forge_load.log import escape_controls
 
 DEFAULT_BASE = Path("/tmp")

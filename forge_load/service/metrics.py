@@ -27,7 +27,7 @@ from typing import IO, Any, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from forge_load import __version__
-from forge_load.config import ConfigError
+from forge_load.config.values import ConfigError
 from forge_load.control.status import STATES, Fleet
 
 MIB_BYTES = 1024 * 1024
