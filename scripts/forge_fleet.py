@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = os.environ.get("FORGE_IMAGE", "forge-load:latest")
 DEFAULT_PREFIX = "forge_load_gpu_"
 DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.operators.holds.DEFAULT_HOLD_DIR (tests/test_fleet.py checks)
+FILLER_UID = FILLER_GID = 10001  # the image's user (Dockerfile, USER; tests/test_fleet.py checks)
 LABEL_FLEET = "io.forge_load.fleet"  # value: the name prefix; marks a container as ours
 LABEL_GPU_INDEX = "io.forge_load.gpu.index"
 LABEL_GPU_UUID = "io.forge_load.gpu.uuid"
@@ -287,6 +288,27 @@ def ours(client: Any, prefix: str) -> list[Any]:
     return sorted(found, key=lambda c: int((c.labels or {}).get(LABEL_GPU_INDEX, "0") or 0))
 
 
+def prepare_hold_dir(path: str) -> str | None:
+    """Make a missing hold directory one the image's filler can write its acknowledgement in (0775, group 10001);
+    an existing one is its owner's decision: one warning where the filler cannot write it (`hold --wait` would
+    then return before the drain). Returns that warning, or None."""
+    try:
+        if not os.path.isdir(path):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            os.chmod(path, 0o775)
+            os.chown(path, -1, FILLER_GID)
+        st = os.stat(path)
+    except OSError as error:
+        return f"warning: --hold-dir {path}: {error.strerror or error}; holds need it (docs/holds.md)"
+    writable = (st.st_uid == FILLER_UID and st.st_mode & 0o200 or st.st_gid == FILLER_GID and st.st_mode & 0o020
+                or st.st_mode & 0o002)
+    if writable:
+        return None
+    return (f"warning: --hold-dir {path} is not writable by the fillers (uid {FILLER_UID}): they honour holds but "
+            f"cannot acknowledge a drain, so `forge-load hold --wait` returns at once; make it with "
+            f"`install -d -m 0775 -g {FILLER_GID} {path}` (docs/holds.md)")
+
+
 def cmd_up(args: argparse.Namespace, out: Any) -> int:
     opts = Options(image=args.image, prefix=args.prefix, simulate=args.simulate, target=args.target,
                    env=parse_env(args.env), restart=args.restart, log_max_size=args.log_max_size,
@@ -302,6 +324,8 @@ def cmd_up(args: argparse.Namespace, out: Any) -> int:
         say(f"forge_fleet: {warning}")
     client = connect()
     image = require_image(client, args.image)
+    if opts.hold_dir is not None and (hold_warning := prepare_hold_dir(opts.hold_dir)) is not None:
+        say(f"forge_fleet: {hold_warning}")
     gpus = select_gpus(discover_gpus(args.simulate, args.count), args.gpus)
     for gpu in gpus:
         if gpu.mig_enabled:

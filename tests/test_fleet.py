@@ -105,6 +105,35 @@ def test_up_mounts_the_default_hold_dir_unless_told_none() -> None:
     assert parser.parse_args(["up", "--hold-dir", "none"]).hold_dir == "none"
 
 
+def test_up_makes_a_missing_hold_dir_one_the_fillers_can_acknowledge_in(tmp_path: Any) -> None:
+    # The image's filler is uid/gid 10001: in a 0755 directory of root's (what dockerd makes of a missing bind
+    # source) it could not write its acknowledgement, and `hold --wait` would return before the drain.
+    assert f"USER {fleet.FILLER_UID}:{fleet.FILLER_GID}" in (ROOT / "Dockerfile").read_text()
+    hold_dir = tmp_path / "run" / "holds"
+    assert fleet.prepare_hold_dir(str(hold_dir)) is None
+    mode = hold_dir.stat().st_mode & 0o7777
+    if os.geteuid() == 0:
+        assert (hold_dir.stat().st_gid, mode) == (fleet.FILLER_GID, 0o775)
+    assert os.access(hold_dir, os.W_OK)
+
+
+def test_up_warns_once_about_a_hold_dir_the_fillers_cannot_write_and_leaves_it_alone(tmp_path: Any) -> None:
+    hold_dir = tmp_path / "holds"
+    hold_dir.mkdir(mode=0o755)
+    hold_dir.chmod(0o755)
+    warning = fleet.prepare_hold_dir(str(hold_dir))
+    assert warning is not None and str(hold_dir) in warning and "install -d -m 0775 -g 10001" in warning
+    assert "\n" not in warning
+    assert hold_dir.stat().st_mode & 0o7777 == 0o755  # the owner's decision, not ours
+    for writable in (0o775, 0o1777):
+        hold_dir.chmod(writable)
+        if writable == 0o775 and os.geteuid() == 0:
+            os.chown(hold_dir, -1, fleet.FILLER_GID)
+        if writable == 0o775 and os.geteuid() != 0:
+            continue
+        assert fleet.prepare_hold_dir(str(hold_dir)) is None
+
+
 def test_simulated_spec_has_no_device_request() -> None:
     gpu = fleet.discover_gpus(True, 3)[2]
     kwargs = fleet.run_kwargs(fleet.desired(gpu, _opts(simulate=True), "sha256:1"))
