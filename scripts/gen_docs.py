@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from forge_load.config import settings, tools, values  # noqa: E402
 from forge_load.control import status  # noqa: E402
-from forge_load.service import metrics  # noqa: E402
+from forge_load.service import http_server, metrics  # noqa: E402
 
 COMMAND = "python3 scripts/gen_docs.py"
 
@@ -70,8 +70,9 @@ def _label_names() -> dict[str, list[str]]:
 
 def metrics_page() -> str:
     labels = _label_names()
-    limits = metrics.ServerLimits()
-    out = _header("Metrics reference", "forge_load/service/metrics.py (METRICS, ServerLimits)")
+    limits = http_server.ServerLimits()
+    out = _header("Metrics reference",
+                  "forge_load/service/metrics.py (METRICS) and forge_load/service/http_server.py (ServerLimits)")
     out += ["With `FORGE_METRICS_PORT` set, forge_load serves Prometheus text at `/metrics` and a health verdict "
             "at `/health`. What the numbers mean together, the joins with dcgm-exporter and the queries: "
             "[Operating forge_load](operating.md#metrics-and-health).", "",
@@ -82,13 +83,13 @@ def metrics_page() -> str:
     out += ["", "Values of the `state` label: " + ", ".join(f"`{s}`" for s in status.STATES) + ".", "",
             "## The HTTP server", "",
             "| what | value |", "|---|---|",
-            f"| paths of the exposition | {', '.join(f'`{p}`' for p in metrics.METRICS_PATHS)} |",
-            f"| paths of the health verdict | {', '.join(f'`{p}`' for p in metrics.HEALTH_PATHS)} |",
-            f"| methods answered (others: `405`) | {', '.join(f'`{m}`' for m in metrics.ALLOWED_METHODS)} |",
+            f"| paths of the exposition | {', '.join(f'`{p}`' for p in http_server.METRICS_PATHS)} |",
+            f"| paths of the health verdict | {', '.join(f'`{p}`' for p in http_server.HEALTH_PATHS)} |",
+            f"| methods answered (others: `405`) | {', '.join(f'`{m}`' for m in http_server.ALLOWED_METHODS)} |",
             f"| time to send the whole request head, and to write each answer | {limits.request_timeout_s:g} s |",
             f"| connections served at once | {limits.max_connections} |",
             f"| largest request head (beyond it: `431`) | {limits.max_head_bytes // 1024} KiB |",
-            f"| shutdown: the accept loop's poll | {metrics.POLL_INTERVAL_S:g} s |", ""]
+            f"| shutdown: the accept loop's poll | {http_server.POLL_INTERVAL_S:g} s |", ""]
     return "\n".join(out)
 
 

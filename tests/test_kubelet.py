@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from forge_load.config.load import load_config
-from forge_load.operators.holds import HOLDER_RE, Hold, HoldBoard
+from forge_load.operators.hold_watch import HoldBoard
+from forge_load.operators.holds import HOLDER_RE, Hold
 from forge_load.service import kubelet
 from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
 from forge_load.service.loop import run_simulated

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from forge_load.config.load import load_config
 from forge_load.config.values import ConfigError
 from forge_load.control.status import Fleet, GpuSlot
-from forge_load.service import metrics
+from forge_load.service import http_server, metrics
 from forge_load.service.loop import run_simulated
 from forge_load.service.runtime import Runtime
 
@@ -258,7 +258,7 @@ def test_server_answers_metrics_health_and_404() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     slot = fleet.add("0")
-    server = metrics.serve(fleet, "127.0.0.1", 0)
+    server = http_server.serve(fleet, "127.0.0.1", 0)
     try:
         base = f"http://127.0.0.1:{server.port}"
         status, kind, body = get(base + "/health")
@@ -280,7 +280,7 @@ def test_a_taken_port_is_a_config_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError) as info:
-            metrics.serve(Fleet(), "127.0.0.1", port)
+            http_server.serve(Fleet(), "127.0.0.1", port)
     message = str(info.value)
     assert f"FORGE_METRICS_PORT={port}" in message and "\n" not in message
 

@@ -15,7 +15,7 @@ from forge_load.control.quantity import UTILIZATION, Quantity
 from forge_load.control.status import GpuStatus
 from forge_load.control.worker import IDLE_PLAN, Worker
 from forge_load.log import EventLog
-from forge_load.operators.holds import FillerHolds
+from forge_load.operators.hold_watch import FillerHolds
 from forge_load.operators.pause import Pauses, shown_time
 
 # Lines a signal storm can repeat (SIGUSR1/SIGUSR2 by turns: each change of the pause's reasons): each kind is

@@ -44,8 +44,10 @@ class GpuProcess:
 
 class Probe(Protocol):
     info: DeviceInfo
-    # The clock sample stamps were found on (unix, boot, ...; "pending" until a sample is seen), for the log.
-    sample_clock: str
+
+    @property
+    def sample_clock(self) -> str:
+        """The clock sample stamps were found on (unix, boot, ...; "pending" until a sample is seen), for the log."""
 
     def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
         """Buffered samples newer than `since_s`, oldest first; None where not supported."""

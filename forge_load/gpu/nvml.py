@@ -16,17 +16,12 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
-
-MIB: int = 1024 * 1024
-
-# NVML's "not available" value for 64-bit fields (e.g. usedGpuMemory under WDDM or without permission).
-# Current pynvml already turns it into None; older ones pass it through.
-NVML_VALUE_NOT_AVAILABLE_ULL: int = 2**64 - 1
+from forge_load.gpu.nvml_values import MIB, StampClock, boot_clock, merge_processes, sample_value
 
 INIT_HINT: str = (
     "is the NVIDIA driver installed and loaded (does `nvidia-smi` work)? "
@@ -37,22 +32,6 @@ INSTALL_HINT: str = (
     "the NVML Python bindings are missing: `pip install nvidia-ml-py` (module pynvml), "
     "or run with --simulate to try forge_load without a GPU"
 )
-# A sample stamp is on a clock when it is at most this far behind it (an idle GPU may add no samples for a
-# long while) and at most this far ahead of it (clock reads race the driver).
-STAMP_MAX_AGE_S: float = 7 * 86400.0
-STAMP_AHEAD_S: float = 1.0
-
-
-# sampleValType -> the field of the c_nvmlValue_t union that holds the value (nvmlValueType_t).
-_UNION_FIELD_BY_VALUE_TYPE: dict[int, str] = {
-    0: "dVal",
-    1: "uiVal",
-    2: "ulVal",
-    3: "ullVal",
-    4: "sllVal",
-    5: "siVal",
-    6: "usVal",
-}
 
 
 class _Unavailable(Exception):
@@ -65,11 +44,6 @@ class _NeverRaised(Exception):
 
 _NOT_GIVEN: Any = object()  # `_call` without a value for NOT_FOUND: NOT_FOUND is an error
 _NO_SAMPLES: Any = object()  # nvmlDeviceGetSamples answered NOT_FOUND: nothing new in the buffer
-
-
-def _boot_clock() -> float:
-    """Seconds since boot, suspend included (Linux); elsewhere the monotonic clock stands in."""
-    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
 
 
 def _load_nvml(nvml: ModuleType | None) -> ModuleType:
@@ -323,19 +297,11 @@ class NvmlProbe:
         *,
         wall_clock: Callable[[], float] = time.time,
         mono_clock: Callable[[], float] = time.monotonic,
-        boot_clock: Callable[[], float] = _boot_clock,
+        boot_clock: Callable[[], float] = boot_clock,
     ) -> None:
         self._nvml: ModuleType = _load_nvml(nvml)
-        self._mono_clock = mono_clock
-        # The clocks NVML may stamp samples with, in the order preferred when two fit equally well.
-        self._stamp_clocks: dict[str, Callable[[], float]] = {
-            "unix": wall_clock, "boot": boot_clock, "monotonic": mono_clock}
-        self._stamp_clock: Callable[[], float] | None = None
-        self._relative_offset_s = 0.0
+        self._stamps = StampClock(wall_clock, mono_clock, boot_clock)
         self._last_stamp_us = -1
-        # Which clock the sample stamps are on: unix, boot, monotonic, relative (none fits: anchored on
-        # the newest sample), or pending (no sample seen yet).
-        self.sample_clock = "pending"
         self._close_lock = threading.Lock()
         self._closed = False
         _nvml_init(self._nvml)
@@ -348,7 +314,7 @@ class NvmlProbe:
         with contextlib.suppress(GpuFailedError):  # the first poll reports a failing GPU
             buffered = self._raw_samples(0)
             if buffered:
-                self._calibrate(stamp_us for stamp_us, _ in buffered)
+                self._stamps.calibrate(stamp_us for stamp_us, _ in buffered)
 
     def _open(self, gpu: str) -> tuple[Any, DeviceInfo]:
         lib = self._nvml
@@ -371,6 +337,12 @@ class NvmlProbe:
             raise NoGpuError(f"GPU {gpu!r} is neither an index (0, 1, ...) nor a UUID (GPU-..., MIG-...)")
         return handle, _describe(lib, handle, index)
 
+    @property
+    def sample_clock(self) -> str:
+        """Which clock the sample stamps are on: unix, boot, monotonic, relative (none fits: anchored on the newest
+        sample), or pending (no sample seen yet)."""
+        return self._stamps.name
+
     # --- the one error-mapping path for every query ---
 
     def _fail(self, message: str, lost: bool) -> Exception:
@@ -390,28 +362,6 @@ class NvmlProbe:
 
     # --- Probe ---
 
-    def _stamp_offset_s(self) -> float:
-        """Seconds to subtract from a sample stamp to land on the monotonic clock.
-
-        Recomputed per call: the wall clock can be stepped (NTP) while monotonic time cannot.
-        """
-        if self._stamp_clock is None:
-            return self._relative_offset_s
-        return self._stamp_clock() - self._mono_clock()
-
-    def _calibrate(self, stamps_us: Iterable[int]) -> None:
-        """Find which CPU clock NVML stamps its samples with (docs/design.md §2): the one the newest stamp is
-        a little behind of. Where none fits, anchor the newest sample at now."""
-        newest_s = max(stamps_us) / 1e6
-        ages = {name: clock() - newest_s for name, clock in self._stamp_clocks.items()}
-        fitting = [(age_s, name) for name, age_s in ages.items() if -STAMP_AHEAD_S <= age_s <= STAMP_MAX_AGE_S]
-        if fitting:
-            self.sample_clock = min(fitting)[1]
-            self._stamp_clock = self._stamp_clocks[self.sample_clock]
-        else:
-            self.sample_clock = "relative"
-            self._relative_offset_s = newest_s - self._mono_clock()
-
     def _raw_samples(self, last_seen_us: int) -> list[tuple[int, float]] | None:
         """(stamp in µs, percent) of the buffered samples stamped after `last_seen_us`; None: unsupported."""
         result = self._query(
@@ -426,14 +376,14 @@ class NvmlProbe:
         if result is _NO_SAMPLES:
             return []
         value_type, raw_samples = result
-        return [(int(raw.timeStamp), _sample_value(raw.sampleValue, value_type)) for raw in raw_samples]
+        return [(int(raw.timeStamp), sample_value(raw.sampleValue, value_type)) for raw in raw_samples]
 
     def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
         # The cursor is NVML's own stamp of the newest sample returned, never a stamp rebuilt from
         # converted times: a rebuilt one jitters below it, and NVML hands the same sample back.
         since_us = -1
-        if self.sample_clock != "pending" and math.isfinite(since_s):
-            since_us = math.floor((since_s + self._stamp_offset_s()) * 1e6)
+        if self._stamps.name != "pending" and math.isfinite(since_s):
+            since_us = math.floor((since_s + self._stamps.offset_s()) * 1e6)
         last_seen_us = max(self._last_stamp_us, since_us, 0)
         raw = self._raw_samples(last_seen_us)
         if raw is None:
@@ -441,10 +391,10 @@ class NvmlProbe:
         fresh = [(stamp_us, percent) for stamp_us, percent in raw if stamp_us > self._last_stamp_us]
         if not fresh:
             return []
-        if self.sample_clock == "pending":
-            self._calibrate(stamp_us for stamp_us, _ in fresh)
+        if self._stamps.name == "pending":
+            self._stamps.calibrate(stamp_us for stamp_us, _ in fresh)
         self._last_stamp_us = max(stamp_us for stamp_us, _ in fresh)
-        offset_s = self._stamp_offset_s()
+        offset_s = self._stamps.offset_s()
         samples = [UtilSample(t_s=stamp_us / 1e6 - offset_s, ratio=min(1.0, max(0.0, percent / 100.0)))
                    for stamp_us, percent in fresh]
         return sorted((s for s in samples if s.t_s > since_s), key=lambda s: s.t_s)
@@ -490,7 +440,7 @@ class NvmlProbe:
         )
         if compute is None and graphics is None:
             return None
-        return _merge_processes((compute or []), (graphics or []))
+        return merge_processes((compute or []), (graphics or []))
 
     def power_w(self) -> float | None:
         milliwatts = self._query("nvmlDeviceGetPowerUsage", self._handle)
@@ -525,33 +475,3 @@ class NvmlProbe:
         self.close()
 
 
-def _sample_value(value: Any, value_type: int) -> float:
-    """The number in a c_nvmlValue_t union, read through the field that sampleValType names."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    field = _UNION_FIELD_BY_VALUE_TYPE.get(int(value_type), "uiVal")
-    number = getattr(value, field, None)
-    if number is None:
-        number = getattr(value, "uiVal", 0)  # utilization samples are unsigned ints on every driver seen
-    return float(cast(float, number))
-
-
-def _used_mib(used_bytes: int | None) -> float | None:
-    if used_bytes is None or int(used_bytes) == NVML_VALUE_NOT_AVAILABLE_ULL:
-        return None
-    return int(used_bytes) / MIB
-
-
-def _merge_processes(*lists: Iterable[Any]) -> list[GpuProcess]:
-    """One entry per pid; a process in both lists (compute + graphics) keeps the larger known memory."""
-    by_pid: dict[int, float | None] = {}
-    for processes in lists:
-        for process in processes:
-            pid = int(process.pid)
-            used = _used_mib(getattr(process, "usedGpuMemory", None))
-            if pid not in by_pid:
-                by_pid[pid] = used
-            elif used is not None:
-                known = by_pid[pid]
-                by_pid[pid] = used if known is None else max(known, used)
-    return [GpuProcess(pid=pid, used_mib=used) for pid, used in sorted(by_pid.items())]

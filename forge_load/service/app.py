@@ -25,9 +25,9 @@ from forge_load.config.values import ConfigError
 from forge_load.control.probe import NoGpuError
 from forge_load.control.status import Fleet
 from forge_load.log import EventLog, LogStream, escape_controls
-from forge_load.operators.holds import HoldBoard
+from forge_load.operators.hold_watch import HoldBoard
 from forge_load.operators.pause import PauseSwitch
-from forge_load.service import health, metrics
+from forge_load.service import health, http_server
 from forge_load.service.gpu_threads import run_fleet
 from forge_load.service.runtime import (
     EXIT_CONFIG,
@@ -86,7 +86,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         return EXIT_CONFIG
     for warning in unknown_variables(os.environ):
         say(f"forge-load: {warning}")
-    limit = metrics.open_files_limit()
+    limit = http_server.open_files_limit()
     if limit is not None and limit < MIN_OPEN_FILES:
         say(f"forge-load: this process may open {limit} files (the host's or container's limit, RLIMIT_NOFILE: "
             f"`ulimit -n`), fewer than the {MIN_OPEN_FILES} it needs: raise it (`docker run --ulimit "
@@ -121,10 +121,10 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
     if config.pause_file is not None and not os.path.isdir(os.path.dirname(config.pause_file)):
         say(f"forge-load: warning: FORGE_PAUSE_FILE={config.pause_file}: its directory does not exist (yet), so "
             "the file cannot appear: is the directory mounted?")
-    server: metrics.MetricsServer | None = None
+    server: http_server.MetricsServer | None = None
     if config.metrics_port is not None:
         try:
-            server = metrics.serve(fleet, config.metrics_addr, config.metrics_port)
+            server = http_server.serve(fleet, config.metrics_addr, config.metrics_port)
         except ConfigError as error:
             say(f"forge-load: {error}")
             return EXIT_CONFIG

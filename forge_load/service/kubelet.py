@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from forge_load.operators.holds import GPU_UUID_RE, Hold, HoldBoard, valid_holder
+from forge_load.operators.hold_watch import HoldBoard
+from forge_load.operators.holds import GPU_UUID_RE, Hold, valid_holder
 
 POLL_S = 0.25  # List every quarter second: a quarter of the 0.5-s goal, a few calls a second the kubelet allows
 BACKOFF_MAX_S = 8.0  # after failures, List at least this often: a restarted kubelet is found again soon

@@ -24,7 +24,7 @@ from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.log import EventLog, escape_controls
-from forge_load.operators.holds import FillerHolds, HoldBoard
+from forge_load.operators.hold_watch import FillerHolds, HoldBoard
 from forge_load.operators.pause import Pauses, PauseSwitch
 from forge_load.operators.schedule import local_zone
 
