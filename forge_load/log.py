@@ -28,12 +28,16 @@ class EventLog:
         self.clock = clock
         self.start_s = start_s
         self.static = dict(static or {})
+        # Added to every `t`: a child process logs on its parent's timeline (exclusive compute mode).
+        self.t_offset_s = 0.0
 
     def emit(self, event: str, **fields: object) -> dict[str, object]:
         t_s = fields.pop("t", None)
         if t_s is None and self.clock is not None:
             t_s = self.clock() - self.start_s
-        record: dict[str, object] = {"t": round(float(t_s), 3) if isinstance(t_s, (int, float)) else None,
+        if isinstance(t_s, (int, float)):
+            t_s = float(t_s) + self.t_offset_s
+        record: dict[str, object] = {"t": round(t_s, 3) if isinstance(t_s, float) else None,
                                      "event": event}
         record.update(self.static)
         record.update(fields)

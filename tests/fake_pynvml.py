@@ -51,6 +51,7 @@ class FakeDevice:
     temperature_c: int = 35
     mig_mode: int | None = None  # None: GetMigMode raises NotSupported (a GPU without MIG)
     migs: list[FakeDevice] = field(default_factory=list)  # its MIG devices (found by UUID, not by GPU index)
+    compute_mode: int = 0  # nvmlComputeMode_t: 0 default, 1 exclusive thread, 2 prohibited, 3 exclusive process
     errors: dict[str, ErrorSpec] = field(default_factory=dict)
 
 
@@ -72,6 +73,7 @@ class FakeNvml:
         "nvmlDeviceGetMemoryInfo",
         "nvmlSystemGetDriverVersion",
         "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetComputeMode",
         "nvmlDeviceGetSamples",
         "nvmlDeviceGetUtilizationRates",
         "nvmlDeviceGetComputeRunningProcesses",
@@ -228,6 +230,9 @@ class FakeNvml:
         if handle.mig_mode is None:
             raise pynvml.NVMLError_NotSupported()
         return [handle.mig_mode, handle.mig_mode]
+
+    def _nvmlDeviceGetComputeMode(self, handle: FakeDevice) -> int:
+        return handle.compute_mode
 
     def _nvmlDeviceGetSamples(self, handle: FakeDevice, sampling_type: int, last_seen_us: int) -> Any:
         assert sampling_type == pynvml.NVML_GPU_UTILIZATION_SAMPLES, sampling_type

@@ -13,7 +13,7 @@ import pynvml
 import pytest
 from fake_pynvml import MIB, FakeDevice, FakeNvml, FakeProcess
 
-from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.control.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
 from forge_load.gpu.backend import NvidiaBackend
 from forge_load.gpu.nvml import NvmlProbe, list_devices
 
@@ -125,6 +125,22 @@ def test_mig_mode_disabled_or_unsupported_is_not_mig() -> None:
     info = NvmlProbe("1", nvml=fake.module).info  # GetMigMode: NotSupported
     assert info.mig_enabled is False
     assert NvidiaBackend().start_fields(info).get("note") is None
+
+
+@pytest.mark.parametrize("value, mode", [(0, ComputeMode.DEFAULT), (1, ComputeMode.EXCLUSIVE_THREAD),
+                                         (2, ComputeMode.PROHIBITED), (3, ComputeMode.EXCLUSIVE_PROCESS),
+                                         (7, ComputeMode.UNKNOWN)])
+def test_the_compute_mode_is_read_when_the_gpu_is_opened(value: int, mode: ComputeMode) -> None:
+    fake = FakeNvml([FakeDevice(uuid=UUID_A, compute_mode=value)])
+    assert NvmlProbe("0", nvml=fake.module).info.compute_mode is mode
+    assert [d.compute_mode for d in list_devices(fake.module)] == [mode]
+
+
+def test_a_compute_mode_nvml_does_not_report_is_unknown() -> None:
+    fake = FakeNvml([FakeDevice(uuid=UUID_A, errors={"nvmlDeviceGetComputeMode": pynvml.NVMLError_NotSupported})])
+    assert NvmlProbe("0", nvml=fake.module).info.compute_mode is ComputeMode.UNKNOWN
+    old = FakeNvml([FakeDevice(uuid=UUID_A)], without=["nvmlDeviceGetComputeMode"])
+    assert NvmlProbe("0", nvml=old.module).info.compute_mode is ComputeMode.UNKNOWN
 
 
 def test_a_mig_instance_uuid_is_mig() -> None:

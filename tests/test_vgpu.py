@@ -150,7 +150,8 @@ def test_two_builds_at_once_make_one_build_and_a_third_reuses_it(tmp_path: Path,
 def test_bad_options_are_one_line_errors(vgpu: VgpuFactory, tmp_path: Path) -> None:
     for kwargs, words in (({"gpus": 9}, "gpus=9"), ({"window_s": 0.05}, "window_s=0.05"),
                           ({"timestamps": "tai"}, "timestamps='tai'"), ({"fail_gpu": [(3, 1.0)]}, "device 3"),
-                          ({"not_supported": ["cuInit"]}, "cuInit")):
+                          ({"not_supported": ["cuInit"]}, "cuInit"),
+                          ({"compute_mode": "exclusive_thread"}, "compute_mode='exclusive_thread'")):
         with pytest.raises(VgpuError, match=words):
             VirtualGpu(tmp_path / "bad", lib_dir=vgpu.lib_dir, **kwargs)  # type: ignore[arg-type]
 
@@ -517,6 +518,78 @@ def test_a_process_that_dies_releases_its_context(vgpu: VgpuFactory) -> None:
     assert gpu.contexts() == [] and gpu.memory_used_mib() == 0
 
 
+# A first retain's error code on device DEV, without failing (the driver call a job's context creation makes).
+TRY_CONTEXT = r"""
+import json, os
+from cuda.bindings import driver as d
+assert int(d.cuInit(0)[0]) == 0
+dev = d.cuDeviceGet(int(os.environ.get("DEV", "0")))[1]
+mode = d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev)[1]
+err = d.cuDevicePrimaryCtxRetain(dev)[0]
+print(json.dumps({"err": int(err), "name": err.name, "mode": int(mode)}))
+"""
+
+
+def compute_modes(gpu: VirtualGpu) -> list[int]:
+    code = NVML + "print(json.dumps({'modes': [n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByIndex(i)) " \
+                  "for i in range(n.nvmlDeviceGetCount())]}))"
+    return list(run_py(gpu, "import json, os\n" + code)["modes"])
+
+
+def test_exclusive_process_mode_takes_one_process_context_per_device(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(gpus=2, compute_mode="exclusive_process")
+    assert compute_modes(gpu) == [3, 3]  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert gpu.show()["devices"][0]["compute_mode"] == 3
+    holder = start_py(gpu, HOLD)  # an idle context on device 0, no kernel at all
+    try:
+        pid = ready(holder)["pid"]
+        refused = run_py(gpu, TRY_CONTEXT)
+        assert (refused["name"], refused["mode"]) == ("CUDA_ERROR_DEVICE_UNAVAILABLE", 3)
+        assert run_py(gpu, TRY_CONTEXT, env={"DEV": "1"})["name"] == "CUDA_SUCCESS"  # the other device is free
+        assert [(c.pid, c.device) for c in gpu.contexts()] == [(pid, 0)]  # the refused ones hold nothing
+    finally:
+        finish(holder)  # released at exit: the device takes a context again
+    assert run_py(gpu, TRY_CONTEXT)["name"] == "CUDA_SUCCESS"
+
+
+def test_exclusive_process_frees_the_device_when_the_holder_dies_or_resets(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(compute_mode="exclusive_process")
+    holder = start_py(gpu, HOLD)
+    ready(holder)
+    holder.kill()  # no clean-up: the per-slot liveness says it is gone
+    holder.wait()
+    assert run_py(gpu, TRY_CONTEXT)["name"] == "CUDA_SUCCESS"
+    # One process may retain its own context again after a reset (numba resets at close).
+    again = run_py(gpu, DRIVER + "ok(d.cuDevicePrimaryCtxReset(dev))\nctx = ok(d.cuDevicePrimaryCtxRetain(dev))\n"
+                   "say(ok=1)\n")
+    assert again == {"ok": 1}
+
+
+def test_default_mode_shares_and_prohibited_mode_refuses_every_context(vgpu: VgpuFactory) -> None:
+    shared = vgpu()
+    assert compute_modes(shared) == [0]
+    holder = start_py(shared, HOLD)
+    try:
+        ready(holder)
+        assert run_py(shared, TRY_CONTEXT) == {"err": 0, "name": "CUDA_SUCCESS", "mode": 0}
+    finally:
+        finish(holder)
+    prohibited = vgpu(compute_mode="prohibited")
+    assert compute_modes(prohibited) == [2]
+    # cuda.h: "Retaining the primary context for the first time will fail with CUDA_ERROR_UNKNOWN if the
+    # compute mode of the device is CU_COMPUTEMODE_PROHIBITED"
+    assert run_py(prohibited, TRY_CONTEXT) == {"err": 999, "name": "CUDA_ERROR_UNKNOWN", "mode": 2}
+    assert prohibited.contexts() == []
+
+
+def test_cli_exclusive_puts_every_device_in_exclusive_process_mode(vgpu: VgpuFactory) -> None:
+    code = NVML + "print([n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByIndex(i)) for i in range(2)])"
+    for args, want in ((["--exclusive"], "[3, 3]"), (["--compute-mode", "prohibited"], "[2, 2]"), ([], "[0, 0]")):
+        proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", "--gpus", "2", *args, "--", sys.executable,
+                               "-c", "import os\n" + code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert (proc.returncode, proc.stdout.strip()) == (0, want), proc.stderr
+
+
 def test_an_unimplemented_entry_point_fails_loudly(vgpu: VgpuFactory) -> None:
     gpu = vgpu()
     vgpu.expect_unimplemented("cuMemAllocManaged")
@@ -546,7 +619,8 @@ def test_cli_runs_a_command_on_a_fresh_gpu_and_records_its_kernels(tmp_path: Pat
 @pytest.mark.parametrize("args, words", [
     (["--gpus", "0"], "gpus=0"), (["--window", "0.01"], "window_s=0.01"), (["--timestamps", "x"], "timestamps"),
     (["--fail-gpu", "1"], "--fail-gpu '1'"), (["--fail-gpu", "1@2"], "device 1"), (["--nope"], "--nope"),
-    ([], "no command"),
+    ([], "no command"), (["--compute-mode", "exclusive_thread"], "--compute-mode"),
+    (["--exclusive", "--compute-mode", "default"], "--compute-mode"),
 ])
 def test_cli_bad_options_exit_2_with_one_line(args: list[str], words: str, vgpu: VgpuFactory) -> None:
     proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", *args, "--", "true"] if args else

@@ -29,6 +29,8 @@ __all__ = ["STATE_ENV", "BuildError", "Context", "Kernel", "VirtualGpu", "VgpuEr
 STATE_ENV = "VGPU_STATE"
 WINDOW_MIN_S, WINDOW_MAX_S = 1 / 6, 1.0
 MAX_GPUS = 8  # VGPU_MAX_GPUS in src/state.h
+# NVML's and CUDA's compute modes the virtual GPU models (EXCLUSIVE_THREAD is gone from both: "Support Removed")
+COMPUTE_MODES = ("default", "prohibited", "exclusive_process")
 
 
 class VgpuError(Exception):
@@ -88,7 +90,7 @@ class VirtualGpu:
                  context_mib: float = 512.0, reserved_mib: float = 541.0, total_mib: float = 81559.0,
                  wave_s: float = 1e-4, overhead_s: float = 8e-6, latency_s: float = 5e-6,
                  history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
-                 lib_dir: str | os.PathLike[str] | None = None) -> None:
+                 compute_mode: str = "default", lib_dir: str | os.PathLike[str] | None = None) -> None:
         if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
             raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
         if not (isinstance(window_s, (int, float)) and WINDOW_MIN_S - 1e-9 <= window_s <= WINDOW_MAX_S):
@@ -97,6 +99,8 @@ class VirtualGpu:
             raise VgpuError(f"timestamps={timestamps!r}: expected unix or boot")
         if not (isinstance(sms, int) and 1 <= sms <= 1024):
             raise VgpuError(f"sms={sms!r}: expected 1 to 1024")
+        if compute_mode not in COMPUTE_MODES:
+            raise VgpuError(f"compute_mode={compute_mode!r}: expected one of {', '.join(COMPUTE_MODES)}")
         for name in not_supported:
             if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
                 raise VgpuError(f"not_supported: {name!r} is not an NVML function name (nvml...)")
@@ -109,7 +113,7 @@ class VirtualGpu:
             "gpus": gpus, "sms": sms, "window_s": repr(float(window_s)), "timestamps": timestamps,
             "hide_processes": int(bool(hide_processes)), "context_mib": context_mib, "reserved_mib": reserved_mib,
             "total_mib": total_mib, "wave_s": repr(float(wave_s)), "overhead_s": repr(float(overhead_s)),
-            "latency_s": repr(float(latency_s)), "history_s": history_s,
+            "latency_s": repr(float(latency_s)), "history_s": history_s, "compute_mode": compute_mode,
         }
         if fail_gpu:
             config["fail_gpu"] = _pairs("fail_gpu", fail_gpu, gpus, integer=False)

@@ -7,6 +7,7 @@ GPU or the driver does not support it, so the Monitor degrades to the signals th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 
@@ -18,6 +19,20 @@ class GpuFailedError(Exception):
     """The GPU was lost or a driver call failed while running: the process exits 4."""
 
 
+class ComputeMode(str, Enum):
+    """Who may create a CUDA context on the GPU (`nvidia-smi -c`; docs/exclusive.md says what the filler does)."""
+
+    DEFAULT = "default"  # any number of processes' contexts at once
+    EXCLUSIVE_THREAD = "exclusive_thread"  # NVML still names it ("Support Removed"); treated as exclusive_process
+    PROHIBITED = "prohibited"  # no context at all
+    EXCLUSIVE_PROCESS = "exclusive_process"  # one process's context at a time, idle or not
+    UNKNOWN = "unknown"  # NVML does not say (not supported, or a value it did not know when this was written)
+
+    @property
+    def exclusive(self) -> bool:
+        return self in (ComputeMode.EXCLUSIVE_PROCESS, ComputeMode.EXCLUSIVE_THREAD)
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     index: int
@@ -26,6 +41,7 @@ class DeviceInfo:
     memory_total_mib: float
     driver_version: str
     mig_enabled: bool
+    compute_mode: ComputeMode = ComputeMode.DEFAULT  # read once, when the GPU is opened
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.control.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
 from forge_load.gpu.nvml_values import MIB, StampClock, boot_clock, merge_processes, sample_value
 
 INIT_HINT: str = (
@@ -188,7 +188,22 @@ def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
         memory_total_mib=int(memory.total) / MIB,
         driver_version=driver,
         mig_enabled=mig_enabled,
+        compute_mode=_compute_mode(nvml, handle),
     )
+
+
+# nvmlComputeMode_t (nvml.h): 0 default, 1 exclusive thread ("Support Removed"), 2 prohibited, 3 exclusive process
+_COMPUTE_MODES = {0: ComputeMode.DEFAULT, 1: ComputeMode.EXCLUSIVE_THREAD, 2: ComputeMode.PROHIBITED,
+                  3: ComputeMode.EXCLUSIVE_PROCESS}
+
+
+def _compute_mode(nvml: ModuleType, handle: Any) -> ComputeMode:
+    """The GPU's compute mode; UNKNOWN where NVML does not say (a MIG instance, an old driver)."""
+    try:
+        value = _call(nvml, "nvmlDeviceGetComputeMode", handle, fail=_setup_fail)
+    except (_Unavailable, NoGpuError):
+        return ComputeMode.UNKNOWN
+    return _COMPUTE_MODES.get(int(value), ComputeMode.UNKNOWN)
 
 
 def _index_of(nvml: ModuleType, handle: Any, uuid: str, count: int) -> int:

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from typing import TextIO, cast
 
 from forge_load.config.settings import Config
-from forge_load.control.probe import GpuFailedError, NoGpuError
-from forge_load.control.status import Fleet, GpuSlot
+from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
+from forge_load.control.status import Fleet, GpuSlot, GpuStatus
 from forge_load.gpu.backend import Backend, backend_for
 from forge_load.log import EventLog
+from forge_load.service.exclusive import supervise as run_exclusive
 from forge_load.service.loop import run_real, run_simulated
 from forge_load.service.runtime import (
     DRAIN_LIMIT_S,
@@ -26,6 +27,7 @@ from forge_load.service.runtime import (
     Controls,
     GpuTakenError,
     Runtime,
+    pauses_for,
     say,
     stop_reason,
 )
@@ -78,8 +80,9 @@ OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools a
 
 def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
             wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None,
-            controls: Controls = NO_CONTROLS) -> None:
-    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised."""
+            controls: Controls = NO_CONTROLS, supervise: bool = True) -> None:
+    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised. `supervise`:
+    a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child)."""
     started: list[Runtime] = []
 
     def beat() -> None:
@@ -94,11 +97,21 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
         if on_start is not None:
             on_start(slot, rt)
 
+    def exclusive(probe: Probe) -> None:
+        def attach_status(snapshot: Callable[[], GpuStatus]) -> None:
+            slot.attach(probe.info, snapshot)
+            if controls.on_transition is not None:
+                controls.on_transition()
+
+        run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls),
+                      on_change=controls.on_transition)
+
     try:
         if backend.virtual_time:
             run_simulated(config, stream, stop, heartbeat=beat, on_start=attach, controls=controls)
         else:
-            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls)
+            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls,
+                     exclusive=exclusive if supervise else None)
         slot.stopped()
         return
     except NoGpuError as error:

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from forge_load.config.settings import Config
+from forge_load.control.probe import ComputeMode, Probe
 from forge_load.gpu.backend import Backend, NvidiaBackend, SimBackend
 from forge_load.gpu.sim import SimGpu, VirtualClock
 from forge_load.service import health
+from forge_load.service.exclusive import prohibited_error
 from forge_load.service.runtime import (
     DRAIN_LIMIT_S,
     MONITOR_JOIN_S,
@@ -103,14 +105,29 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
 
 def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
              heartbeat: Callable[[], None] | None = None, backend: Backend | None = None,
-             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS) -> None:
-    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker."""
+             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS,
+             exclusive: Callable[[Probe], None] | None = None) -> None:
+    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker.
+
+    A GPU in an exclusive compute mode is handed to `exclusive` (docs/exclusive.md) with its probe, before any
+    context exists; without it (the exclusive mode's own child) it is filled here as any other."""
     backend = backend or NvidiaBackend()
     if controls.switch is not None:
         controls.switch.add_listener(wake.set)  # a pause signal is acted on at once, not at the next poll
     if controls.board is not None:
         controls.board.add_listener(wake.set)  # and so is a hold the kubelet gave
     probe = backend.open_probe(config.gpu)
+    mode = probe.info.compute_mode
+    if mode is ComputeMode.PROHIBITED or (exclusive is not None and mode.exclusive):
+        try:
+            if mode is ComputeMode.PROHIBITED:
+                raise prohibited_error(probe.info)
+            assert exclusive is not None
+            exclusive(probe)
+        finally:
+            with contextlib.suppress(Exception):
+                probe.close()
+        return
     rt: Runtime | None = None
     monitor_thread: threading.Thread | None = None
     claim_fd: int | None = None

@@ -82,12 +82,11 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid})
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
-    pauses = None
-    if controls.switch is not None or config.pause_file is not None or config.active_hours is not None:
-        pauses = Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock,
-                        tz=local_zone(config.time_zone), on_host_error=lambda why: say(f"forge-load: warning: {why}"))
-    holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
-                        controls.board)
+    pauses = pauses_for(config, controls, wall_clock)
+    holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
+    if config.hold_dir:
+        holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
+                            controls.board)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
                     log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
                     heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition,
@@ -95,9 +94,18 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
 
 
+def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], float] = time.time) -> Pauses | None:
+    """Every reason to pause that is configured; None when none is."""
+    if controls.switch is None and config.pause_file is None and config.active_hours is None:
+        return None
+    return Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock, tz=local_zone(config.time_zone),
+                  on_host_error=lambda why: say(f"forge-load: warning: {why}"))
+
+
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     """The first poll happens before any launch, so a foreign job already there is seen first."""
-    wall_start_s = time.time() - (rt.now() - rt.start_s)  # the unix time of t=0, for lining logs up
+    # the unix time of t=0, for lining logs up (t=0 is a parent's start where the log is offset to its timeline)
+    wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
@@ -112,6 +120,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
                   driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
                   nvml_clock=rt.probe.sample_clock, energy_source=rt.filler.energy_source_of(reading),
+                  compute_mode=rt.info.compute_mode.value,
                   **rt.launcher.describe(), **extra)
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w

@@ -12,7 +12,10 @@
  *   `latency` after the launch call, or when its stream's previous kernel ends, and starts when the device is
  *   free: kernels of all contexts on a device run one at a time, first come first served;
  * - events complete when their stream reaches them: on an idle stream at record time;
- * - a device lost (fault injection) makes every call in its context fail with CUDA_ERROR_LAUNCH_FAILED.
+ * - a device lost (fault injection) makes every call in its context fail with CUDA_ERROR_LAUNCH_FAILED;
+ * - compute modes (all devices alike): in EXCLUSIVE_PROCESS a process's first retain of a primary context fails
+ *   with CUDA_ERROR_DEVICE_UNAVAILABLE while another live process holds one on the device, idle or not; in
+ *   PROHIBITED every first retain fails with CUDA_ERROR_UNKNOWN (as cuda.h documents).
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -353,7 +356,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = CU_COMPUTEMODE_DEFAULT; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = st->dev[d].compute_mode; break;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = (int)st->dev[d].pci_bus; break;
@@ -420,13 +423,28 @@ static void free_allocs(vctx *ctx) {
     ctx->allocs = NULL;
 }
 
+/* Under the state lock: may this process create a context on `dev` in its compute mode? cuda.h documents
+ * CUDA_ERROR_UNKNOWN for a PROHIBITED device and CUDA_ERROR_DEVICE_UNAVAILABLE for a device unavailable
+ * "due to use of CU_COMPUTEMODE_EXCLUSIVE_PROCESS": another live process holds a context there, idle or not. */
+static CUresult compute_mode_allows(int dev) {
+    vgpu_state *st = g_view.st;
+    if (st->dev[dev].compute_mode == CU_COMPUTEMODE_PROHIBITED) return CUDA_ERROR_UNKNOWN;
+    if (st->dev[dev].compute_mode != CU_COMPUTEMODE_EXCLUSIVE_PROCESS) return CUDA_SUCCESS;
+    vgpu_reap(&g_view);  /* a dead process's context is gone: its slot lock is free */
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        if (i != g_view.slot && st->proc[i].in_use && st->proc[i].ctx_open[dev]) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    return CUDA_SUCCESS;
+}
+
 /* Under g_mu: create the primary context's resources and charge them. */
 static CUresult open_primary(vctx *ctx) {
     vgpu_state *st = g_view.st;
     vgpu_lock(&g_view);
-    int slot = vgpu_own_slot(&g_view);
-    CUresult rc = CUDA_SUCCESS;
-    if (slot < 0) {
+    CUresult rc = compute_mode_allows(ctx->dev);
+    int slot = rc == CUDA_SUCCESS ? vgpu_own_slot(&g_view) : -1;
+    if (rc != CUDA_SUCCESS) {
+        /* refused by the compute mode */
+    } else if (slot < 0) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;  /* more processes than the virtual GPU keeps track of */
     } else if (vgpu_used_bytes(st, ctx->dev) + st->context_bytes > st->total_bytes - st->reserved_bytes) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;

@@ -14,7 +14,8 @@
  *   with hide_processes, only the caller itself;
  * - power: idle + (max - idle) x the busy share of the last second; energy: the integral of the
  *   instantaneous power (idle, or max while a kernel runs) since the state was created;
- * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED.
+ * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED;
+ * - the compute mode is the configured one (cuda.c enforces it).
  */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
@@ -306,7 +307,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur
 nvmlReturn_t DECLDIR nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
     ENTER(device);
     if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *mode = NVML_COMPUTEMODE_DEFAULT;
+    *mode = (nvmlComputeMode_t)g_view.st->dev[dev_].compute_mode;
     return NVML_SUCCESS;
 }
 

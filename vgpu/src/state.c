@@ -367,6 +367,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
     int have_order = 0;
     for (int i = 0; i < VGPU_MAX_GPUS; i++) fail_s[i] = fail_calls[i] = -1;
     char pending_fail_s[1024] = "", pending_fail_calls[1024] = "", pending_order[256] = "";
+    int32_t compute_mode = 0;
 
     char *text = strdup(config ? config : "");
     char *save = NULL;
@@ -423,6 +424,18 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
             snprintf(pending_fail_s, sizeof pending_fail_s, "%s", val);
         } else if (strcmp(key, "fail_gpu_calls") == 0) {
             snprintf(pending_fail_calls, sizeof pending_fail_calls, "%s", val);
+        } else if (strcmp(key, "compute_mode") == 0) {
+            /* every device, as `nvidia-smi -c` without -i sets them; NVML's and CUDA's values agree */
+            if (strcmp(val, "default") == 0)
+                compute_mode = 0;
+            else if (strcmp(val, "prohibited") == 0)
+                compute_mode = 2;
+            else if (strcmp(val, "exclusive_process") == 0)
+                compute_mode = 3;
+            else {
+                say(why, why_len, "compute_mode=%s: expected default, prohibited or exclusive_process", val);
+                goto out;
+            }
         } else if (strcmp(key, "fastest_first") == 0) {
             snprintf(pending_order, sizeof pending_order, "%s", val);
         } else if (strcmp(key, "not_supported") == 0) {
@@ -491,6 +504,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         d->lost_at_ns = fail_s[i] >= 0 ? st->created_ns + fail_s[i] : VGPU_NEVER;
         d->lost_after_calls = fail_calls[i];
         st->fastest_first[i] = have_order ? order[i] : i;
+        d->compute_mode = compute_mode;
     }
 
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {

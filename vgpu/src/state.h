@@ -17,7 +17,7 @@
 #pragma GCC visibility push(hidden)
 
 #define VGPU_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_LAYOUT 1u
+#define VGPU_LAYOUT 2u
 #define VGPU_MAX_GPUS 8
 #define VGPU_MAX_PROCS 64
 #define VGPU_RING 65536 /* busy intervals kept per device (merged when back to back) */
@@ -37,6 +37,8 @@ typedef struct {
     int64_t lost_at_ns;          /* lost from this time on (VGPU_NEVER: never) */
     int64_t lost_after_calls;    /* lost once NVML was asked this many device queries (-1: never) */
     uint64_t nvml_calls;         /* NVML device queries so far (atomic) */
+    int32_t compute_mode;        /* NVML's and CUDA's value: 0 default, 2 prohibited, 3 exclusive process */
+    int32_t pad;
     int64_t tail_ns;             /* end of the last kernel queued on the device (FIFO across contexts) */
     int64_t busy_queued_ns;      /* sum of the durations of every kernel ever queued */
     uint64_t kernels;            /* kernels ever queued */

@@ -52,10 +52,10 @@ static int show(const char *dir) {
         printf("%s{\"index\":%d,\"uuid\":\"%s\",\"name\":", i ? "," : "", i, uuid);
         json_string(d->name);
         printf(",\"pci_bus_id\":\"%s\",\"lost\":%s,\"used_mib\":%.3f,\"kernels\":%llu,\"busy_s\":%.9f,"
-               "\"nvml_calls\":%llu}",
+               "\"nvml_calls\":%llu,\"compute_mode\":%d}",
                d->pci_bus_id, d->lost_at_ns <= now ? "true" : "false",
                (double)vgpu_used_bytes(st, i) / 1048576.0, (unsigned long long)d->kernels,
-               (double)d->busy_queued_ns / 1e9, (unsigned long long)d->nvml_calls);
+               (double)d->busy_queued_ns / 1e9, (unsigned long long)d->nvml_calls, (int)d->compute_mode);
     }
     printf("],\"processes\":[");
     int first = 1;
