@@ -32,9 +32,9 @@ def main() -> int:
 
         return run(signals=signals, title=ProcessTitle())
     except Exception as error:  # noqa: BLE001 - a bug outside the run loops: one line, no traceback
-        from forge_load.log import escape_controls
+        from forge_load.log import escape_controls, internal_error
 
-        print(escape_controls(f"forge-load: internal error, please report: {type(error).__name__}: {error}"),
+        print(escape_controls(f"forge-load: {internal_error(error)}"),
               file=sys.stderr)
         return 1
     finally:

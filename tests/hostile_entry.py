@@ -45,10 +45,12 @@ class SignalOnImport(importlib.abc.MetaPathFinder):
 
 
 def wall_clock_sim() -> None:
+    from simrun import WallClock  # tests/, this script's folder
+
     import forge_load.gpu.launcher
     import forge_load.gpu.nvml
     from forge_load.config.sim import SimConfig
-    from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe, WallClock
+    from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
 
     gpus: dict[int, SimGpu] = {}
 

@@ -27,6 +27,7 @@ from forge_load.config.values import (
     power_value,
     ratio_value,
     seconds_value,
+    url_host,
 )
 from forge_load.operators.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
 from forge_load.operators.schedule import ActiveHours
@@ -189,6 +190,6 @@ def describe(config: Config) -> dict[str, object]:
     if config.time_zone is not None:
         out["tz"] = config.time_zone
     if config.metrics_port is not None:
-        host = f"[{config.metrics_addr}]" if ":" in config.metrics_addr else config.metrics_addr
-        out.update(metrics=f"{host}:{config.metrics_port}", health_max_age_s=config.health_max_age_s)
+        out.update(metrics=f"{url_host(config.metrics_addr)}:{config.metrics_port}",
+                   health_max_age_s=config.health_max_age_s)
     return out

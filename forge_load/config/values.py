@@ -276,6 +276,11 @@ def addr_value(raw: str) -> str:
         raise Rejected(accepted) from None
 
 
+def url_host(addr: str) -> str:
+    """An IP address as the host part of `host:port` and of a URL: an IPv6 address in brackets."""
+    return f"[{addr}]" if ":" in addr else addr
+
+
 def path_value(raw: str, example: str = "/run/forge_load/heartbeat") -> str:
     accepted = f"an absolute path, such as {example}"
     text = _stripped(raw, accepted)

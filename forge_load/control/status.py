@@ -7,12 +7,11 @@ loop's heartbeat); the Fleet holds them and answers /health.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from forge_load.control.probe import DeviceInfo, NoGpuError
+from forge_load.control.probe import DeviceInfo
 
 # Every state a GPU's slot can report; exactly one holds at a time.
 STATES = ("starting", "filling", "yielding", "boosted", "paused", "held", "stopped", "failed")
@@ -46,11 +45,9 @@ class GpuStatus:
 class GpuSlot:
     """One GPU's filler as seen from outside its thread."""
 
-    def __init__(self, requested: str, clock: Callable[[], float] = time.monotonic,
-                 fleet: Fleet | None = None) -> None:
+    def __init__(self, requested: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.requested = requested  # the index or UUID asked for, until the GPU is open
         self.clock = clock
-        self.fleet = fleet
         self.index: int | None = int(requested) if requested.isdigit() else None
         self.uuid = "" if requested.isdigit() else requested
         self.model = ""
@@ -61,9 +58,7 @@ class GpuSlot:
         self._snapshot: Callable[[], GpuStatus] | None = None
 
     def attach(self, info: DeviceInfo, snapshot: Callable[[], GpuStatus]) -> None:
-        """The GPU is open and its filler built. NoGpuError if another slot already fills this GPU."""
-        if self.fleet is not None:
-            self.fleet.claim(self, info.uuid)
+        """The GPU is open and its filler built (gpu_threads.gpu_selectors named each GPU once)."""
         self._snapshot = snapshot
         self.index, self.uuid, self.model = info.index, info.uuid, info.name
         self.status = "running"
@@ -121,21 +116,11 @@ class Fleet:
         self.clock = clock
         self.simulated = simulated
         self.slots: list[GpuSlot] = []
-        self._owners: dict[str, GpuSlot] = {}
-        self._lock = threading.Lock()
 
     def add(self, requested: str) -> GpuSlot:
-        slot = GpuSlot(requested, self.clock, self)
+        slot = GpuSlot(requested, self.clock)
         self.slots = [*self.slots, slot]  # replaced, not appended, so readers iterate a stable list
         return slot
-
-    def claim(self, slot: GpuSlot, uuid: str) -> None:
-        """One filler per GPU: an index and a UUID naming the same GPU would each take the other for a job."""
-        with self._lock:
-            owner = self._owners.setdefault(uuid, slot)
-        if owner is not slot:
-            raise NoGpuError(f"{uuid} is named twice ({owner.requested!r} and {slot.requested!r} in "
-                             "FORGE_GPUS): it is filled once, by the first")
 
     def health(self) -> tuple[bool, str]:
         """(every filler alive and fresh, the /health body: a verdict line, then one line per GPU)."""

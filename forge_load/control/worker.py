@@ -73,6 +73,19 @@ class Launcher(Protocol):
         """Fields for the start line (e.g. the stack limit on a real GPU)."""
 
 
+class BlockRate:
+    """Seconds of kernel per block per SM, measured: a moving average of timed kernels' lengths over their sizes
+    (the Worker's, from what it was told; the CUDA launcher's, from its events)."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self.weight = weight
+        self.rate_s: float | None = None  # None until a kernel was timed
+
+    def add(self, kernel_s: float, multiplier: int) -> None:
+        rate_s = kernel_s / multiplier
+        self.rate_s = rate_s if self.rate_s is None else (1 - self.weight) * self.rate_s + self.weight * rate_s
+
+
 class BusyLog:
     """When our kernels ran, shared between the Worker (writer) and the Monitor (reader)."""
 
@@ -156,9 +169,8 @@ class Worker:
         self.queue_s = queue_s
         self.plan = IDLE_PLAN
         self._multiplier = IDLE_PLAN.multiplier  # the latest filling plan's
-        self._rate_s: float | None = None  # measured seconds of kernel per block per SM
+        self._rate = BlockRate(ema_weight)
         self._guess_launch_s = guess_launch_s
-        self._ema_weight = ema_weight
         self._owed_s = 0.0
         self._next_burst_s = float("-inf")
         self._stopped = False  # a stop since the last burst: the next one starts the grid afresh
@@ -175,7 +187,7 @@ class Worker:
     def launch_s(self) -> float | None:
         """Measured length of one kernel at the multiplier of the latest plan that fills (not a stop's, whose
         multiplier of 1 would tell the controller to grow the kernels on the next start); None until timed."""
-        return None if self._rate_s is None else self._rate_s * self._multiplier
+        return None if self._rate.rate_s is None else self._rate.rate_s * self._multiplier
 
     @property
     def period_s(self) -> float:
@@ -225,7 +237,7 @@ class Worker:
             self._launch_owed(now_s)
         if not self._in_burst:
             return self._next_burst_s
-        if self._rate_s is None:  # the first kernel is being timed
+        if self._rate.rate_s is None:  # the first kernel is being timed
             return max(self._queue[0][0], now_s + 0.001)
         # The queue is full: wake while its last kernel runs, to queue the rest behind it.
         return max(self._queue[-1][0] - self._tail_kernel_s(), now_s + 0.0002)
@@ -239,7 +251,7 @@ class Worker:
     def _launch_owed(self, now_s: float) -> None:
         """Queue the owed busy time, up to `queue_s` queued; `_in_burst` stays set while some is left."""
         multiplier = self.plan.multiplier
-        if self._rate_s is None:
+        if self._rate.rate_s is None:
             # Until kernels have been timed, two at the plan's size alone (they may be longer than the guess):
             # the second, queued behind the first, is timed exactly. The burst's rest follows at once.
             if not self._queue:
@@ -249,15 +261,15 @@ class Worker:
         room_s = self.queue_s - self._queued_s(now_s)
         burst_s = min(self._owed_s, room_s)
         self._in_burst = room_s < self._owed_s
-        if burst_s < 0.5 * self._rate_s:  # less than half a block per SM: not worth a launch
+        if burst_s < 0.5 * self._rate.rate_s:  # less than half a block per SM: not worth a launch
             return
-        nominal_s = self._rate_s * multiplier
+        nominal_s = self._rate.rate_s * multiplier
         count = min(max(1, math.ceil(burst_s / nominal_s - 1e-9)), MAX_KERNELS)
-        size = max(1, round(burst_s / (count * self._rate_s)))
-        self._launch(now_s, size, count, count * size * self._rate_s)
+        size = max(1, round(burst_s / (count * self._rate.rate_s)))
+        self._launch(now_s, size, count, count * size * self._rate.rate_s)
 
     def _tail_kernel_s(self) -> float:
-        return self._rate_s * self.plan.multiplier if self._rate_s is not None else self._guess_launch_s
+        return self._rate.rate_s * self.plan.multiplier if self._rate.rate_s is not None else self._guess_launch_s
 
     def _step_gap(self, now_s: float) -> float:
         if not self._queue and now_s >= self._gap_until_s:
@@ -302,9 +314,7 @@ class Worker:
             if kernel_s is None and self.plan.gap_s > 0:
                 kernel_s = busy_s / kernel.count
             if kernel_s is not None and kernel_s > 0:
-                rate_s = kernel_s / kernel.multiplier
-                w = self._ema_weight
-                self._rate_s = rate_s if self._rate_s is None else (1 - w) * self._rate_s + w * rate_s
+                self._rate.add(kernel_s, kernel.multiplier)
         if not self._queue:
             self.busy_log.mark_idle(now_s)
         elif done:

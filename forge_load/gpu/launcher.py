@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_load.control.probe import GpuFailedError, NoGpuError
-from forge_load.control.worker import Completed
+from forge_load.control.worker import BlockRate, Completed
 
 STACK_BYTES = 1024  # per thread; our kernels use no local memory at all (ptxas proves it in the tests)
 ANCHOR_EVERY_S = 1.0  # float32 milliseconds keep ~0.1 µs of precision up to here
@@ -58,10 +58,14 @@ class EventTimeline:
                  rate_weight: float = 0.2) -> None:
         self._elapsed_ms = elapsed_ms
         self._anchor_every_s = anchor_every_s
-        self._rate_weight = rate_weight
+        self._rate = BlockRate(rate_weight)
         self.current: Anchor | None = None
         self._last_end_s = float("-inf")
-        self.rate_s: float | None = None  # measured seconds of kernel per block per SM
+
+    @property
+    def rate_s(self) -> float | None:
+        """Measured seconds of kernel per block per SM; None until a burst of two kernels was timed."""
+        return self._rate.rate_s
 
     def wants_anchor(self, host_s: float) -> bool:
         return self.current is None or host_s - self.current.host_s >= self._anchor_every_s
@@ -99,9 +103,7 @@ class EventTimeline:
             measured_s = self._elapsed_ms(first_event, last_event) / 1e3 / (count - 1)
             first_end_s = min(self._at(anchor, first_event), end_s)
             length_s = measured_s
-            rate_s = length_s / multiplier
-            w = self._rate_weight
-            self.rate_s = rate_s if self.rate_s is None else (1 - w) * self.rate_s + w * rate_s
+            self._rate.add(length_s, multiplier)
         elif self.rate_s is not None:
             length_s = self.rate_s * multiplier
         if self._last_end_s >= returned_s:  # queued behind the burst before

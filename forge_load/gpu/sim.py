@@ -25,9 +25,9 @@ import math
 import os
 import random
 import threading
-import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from typing import Protocol
 
 from forge_load.config.sim import SimConfig
 from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
@@ -39,7 +39,6 @@ LAUNCH_OVERHEAD_S = 0.000008
 LAUNCH_LATENCY_S = 0.000005
 JITTER_RATIO = 0.02
 CONTEXT_MIB = 512.0  # a CUDA 12 context on a Hopper-class GPU is of this order
-DRIVER_FLOOR_MIB = 0.0  # memory_info v2 `used` excludes the driver's reservation
 FOREIGN_PERIOD_S = 0.020
 FOREIGN_PID_BASE = 40000
 BUFFERED_SAMPLES = 100
@@ -49,11 +48,10 @@ IDLE_POWER_W = 70.0
 MAX_POWER_W = 700.0
 
 
-class WallClock:
-    """Drives the simulated GPU in real time (to exercise the threaded run loop without a GPU)."""
+class Clock(Protocol):
+    """What the simulated GPU reads its time from: a VirtualClock, or in tests the wall clock."""
 
-    def now(self) -> float:
-        return time.monotonic()
+    def now(self) -> float: ...
 
 
 class VirtualClock:
@@ -95,7 +93,7 @@ class JobTimeline:
 
 
 class SimGpu:
-    def __init__(self, config: SimConfig, clock: VirtualClock | WallClock, index: int = 0,
+    def __init__(self, config: SimConfig, clock: Clock, index: int = 0,
                  keep_history: bool = False) -> None:
         self.config = config
         self.clock = clock
@@ -233,7 +231,8 @@ class SimGpu:
 
     def memory_used_mib(self, t_s: float) -> float:
         own_mib = CONTEXT_MIB if self.context_open else 0.0
-        return DRIVER_FLOOR_MIB + own_mib + self.config.foreign_mem_mib * len(self.active_jobs(t_s))
+        # memory_info v2's `used`, which excludes the driver's reservation: contexts and allocations only
+        return own_mib + self.config.foreign_mem_mib * len(self.active_jobs(t_s))
 
 
 class SimProbe:

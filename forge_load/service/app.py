@@ -21,10 +21,10 @@ from typing import TextIO, cast
 
 from forge_load.config.load import load_config, unknown_variables
 from forge_load.config.settings import Config
-from forge_load.config.values import ConfigError
+from forge_load.config.values import ConfigError, url_host
 from forge_load.control.probe import NoGpuError
 from forge_load.control.status import Fleet
-from forge_load.log import EventLog, LogStream, escape_controls
+from forge_load.log import EventLog, LogStream, escape_controls, internal_error
 from forge_load.operators.hold_watch import HoldBoard
 from forge_load.operators.pause import PauseSwitch
 from forge_load.service import health, http_server
@@ -128,8 +128,8 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         except ConfigError as error:
             say(f"forge-load: {error}")
             return EXIT_CONFIG
-        host = f"[{server.addr}]" if ":" in server.addr else server.addr
-        error_log.emit("metrics", listen=f"{host}:{server.port}", port=server.port, paths="/metrics,/health")
+        error_log.emit("metrics", listen=f"{url_host(server.addr)}:{server.port}", port=server.port,
+                       paths="/metrics,/health")
     try:
         if stop.is_set():  # a signal (or a dead stdout) during start-up: no GPU is opened at all
             error_log.emit("stop", state="starting", reason=stop_reason(stop))
@@ -142,7 +142,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
         say(f"forge-load: no usable GPU: {error}")
         code = EXIT_NO_GPU
     except Exception as error:  # noqa: BLE001 - a bug: one line, not a traceback in docker logs
-        error_log.emit("error", reason=f"internal error, please report: {type(error).__name__}: {error}",
+        error_log.emit("error", reason=internal_error(error),
                        exit_code=EXIT_INTERNAL)
         code = EXIT_INTERNAL
     finally:

@@ -17,6 +17,7 @@ from forge_load.config.settings import Config
 from forge_load.control.policy import FILLING_STATES
 from forge_load.control.status import GpuSlot
 from forge_load.gpu.backend import Backend, NvidiaBackend
+from forge_load.log import internal_error
 from forge_load.service import gpu_threads, runtime
 from forge_load.service.title import ProcessTitle
 
@@ -68,8 +69,7 @@ if __name__ == "__main__":
     try:
         code = child_main(sys.stdin.buffer, sys.stdout, title=ProcessTitle().set)
     except Exception as error:  # noqa: BLE001 - one line in docker logs, not a traceback
-        print(f"forge-load: exclusive-mode child: internal error, please report: {type(error).__name__}: {error}",
-              file=sys.stderr, flush=True)
+        print(f"forge-load: exclusive-mode child: {internal_error(error)}", file=sys.stderr, flush=True)
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     os._exit(code)  # as forge_load.cli: everything is logged and the context closed; skip numba's teardown

@@ -13,7 +13,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
 from forge_load.control.status import Fleet, GpuSlot, GpuStatus
 from forge_load.gpu.backend import Backend, backend_for
-from forge_load.log import EventLog
+from forge_load.log import EventLog, internal_error
 from forge_load.service.exclusive import supervise as run_exclusive
 from forge_load.service.loop import run_real, run_simulated
 from forge_load.service.runtime import (
@@ -121,7 +121,7 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
     except GpuFailedError as error:
         reason, code = str(error), EXIT_GPU_FAILED
     except Exception as error:  # noqa: BLE001 - a bug, but one GPU's: the others go on
-        reason, code = f"internal error, please report: {type(error).__name__}: {error}", EXIT_INTERNAL
+        reason, code = internal_error(error), EXIT_INTERNAL
     slot.failed(reason, code)
     if started:  # on the filler's own clock, like its other lines
         started[0].log.emit("error", reason=reason, exit_code=code)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from forge_load.config.load import load_config
 from forge_load.config.settings import Config
-from forge_load.config.values import ConfigError
+from forge_load.config.values import ConfigError, url_host
 from forge_load.log import escape_controls
 
 DEFAULT_BASE = Path("/tmp")
@@ -272,7 +272,7 @@ def health_address(config: Config) -> tuple[str, int] | None:
 
 
 def check_server(host: str, port: int, timeout_s: float = 4.0) -> tuple[bool, str]:
-    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/health"
+    where = f"http://{url_host(host)}:{port}/health"
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         connection.request("GET", "/health")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from forge_load.log import internal_error
 from forge_load.operators.hold_watch import HoldBoard
 from forge_load.operators.holds import GPU_UUID_RE, Hold, valid_holder
 
@@ -193,7 +194,7 @@ class KubeletHolds:
                     ok = False
                     if not said_bug:
                         said_bug = True
-                        self.say(f"internal error, please report: {type(error).__name__}: {error}")
+                        self.say(internal_error(error))
                 wait_s = self.poll_s if ok else min(max(wait_s * 2, self.poll_s), BACKOFF_MAX_S)
                 stop.wait(wait_s)
         finally:

@@ -57,10 +57,6 @@ class ProcessTitle:
         self._lock = threading.Lock()
         self.title = ""
 
-    @property
-    def rewrites_cmdline(self) -> bool:
-        return self._set is not None
-
     def set(self, title: str) -> None:
         with self._lock:
             if title == self.title:
