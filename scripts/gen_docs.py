@@ -58,9 +58,9 @@ def settings_page() -> str:
 
 
 def _label_names() -> dict[str, list[str]]:
-    """The label names each metric family declares, from the collector itself (no GPU needed: an empty fleet
+    """The label names each metric family declares, from the collector itself (no GPU needed: an empty GpuSlots
     still yields every family)."""
-    collector = metrics.FillerCollector(status.Fleet(), hostname="-")
+    collector = metrics.FillerCollector(status.GpuSlots(), hostname="-")
     found: dict[str, list[str]] = {}
     for family in collector.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

@@ -33,7 +33,7 @@ from forge_load.config import values as config_values
 from forge_load.config.load import load_config
 from forge_load.config.settings import SETTINGS, Config
 from forge_load.config.values import ConfigError
-from forge_load.control.status import Fleet
+from forge_load.control.status import GpuSlots
 from forge_load.gpu.backend import backend_for
 from forge_load.log import EventLog
 from forge_load.service import health
@@ -543,12 +543,12 @@ def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
         stop.set()
         wake.set()
 
-    fleet = Fleet(30.0, simulated=True)
+    gpu_slots = GpuSlots(30.0, simulated=True)
     runtimes: list[runtime.Runtime] = []
-    code = gpu_threads.run_fleet(config, LogStream(Broken(), lost), stop, wake, fleet, lambda: None,
+    code = gpu_threads.run_gpus(config, LogStream(Broken(), lost), stop, wake, gpu_slots, lambda: None,
                          on_start=lambda _slot, rt: runtimes.append(rt))
     assert code == 0 and len(failures) == 1
-    [slot] = fleet.slots
+    [slot] = gpu_slots.slots
     assert slot.status == "stopped"
     [rt] = runtimes
     assert not rt.worker.in_flight

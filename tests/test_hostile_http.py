@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.control.status import Fleet
+from forge_load.control.status import GpuSlots
 from forge_load.service import http_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,11 +34,11 @@ class FakeClock:
 
 @contextmanager
 def server(limits: http_server.ServerLimits = QUICK,
-           fleet: Fleet | None = None) -> Iterator[http_server.MetricsServer]:
-    fleet = fleet or Fleet(clock=FakeClock())
-    if not fleet.slots:
-        fleet.add("0").beat()
-    running = http_server.serve(fleet, "127.0.0.1", 0, limits=limits)
+           gpu_slots: GpuSlots | None = None) -> Iterator[http_server.MetricsServer]:
+    gpu_slots = gpu_slots or GpuSlots(clock=FakeClock())
+    if not gpu_slots.slots:
+        gpu_slots.add("0").beat()
+    running = http_server.serve(gpu_slots, "127.0.0.1", 0, limits=limits)
     try:
         yield running
     finally:
@@ -258,19 +258,19 @@ def test_connections_beyond_the_cap_cost_no_thread_and_metrics_still_answer() ->
 
 
 def test_when_every_connection_is_busy_a_new_one_is_refused_at_once() -> None:
-    fleet = Fleet(clock=FakeClock())
-    fleet.add("0").beat()
+    gpu_slots = GpuSlots(clock=FakeClock())
+    gpu_slots.add("0").beat()
     release = threading.Event()
-    real_health = fleet.health
+    real_health = gpu_slots.health
 
     def slow_health() -> tuple[bool, str]:
         release.wait(5.0)
         return real_health()
 
-    fleet.health = slow_health  # type: ignore[method-assign]
+    gpu_slots.health = slow_health  # type: ignore[method-assign]
     limits = http_server.ServerLimits(request_timeout_s=5.0, max_connections=4)
     busy: list[socket.socket] = []
-    with server(limits, fleet) as running:
+    with server(limits, gpu_slots) as running:
         try:
             for _ in range(limits.max_connections):
                 sock = connect(running.port)
@@ -293,9 +293,9 @@ def test_when_every_connection_is_busy_a_new_one_is_refused_at_once() -> None:
 
 
 def test_close_is_fast_with_connections_open_and_ends_them() -> None:
-    fleet = Fleet(clock=FakeClock())
-    fleet.add("0").beat()
-    running = http_server.serve(fleet, "127.0.0.1", 0, limits=http_server.ServerLimits(max_connections=64))
+    gpu_slots = GpuSlots(clock=FakeClock())
+    gpu_slots.add("0").beat()
+    running = http_server.serve(gpu_slots, "127.0.0.1", 0, limits=http_server.ServerLimits(max_connections=64))
     held: list[socket.socket] = []
     try:
         for i in range(60):
@@ -346,13 +346,13 @@ def test_out_of_descriptors_the_accept_loop_backs_off_and_says_so_once(capsys: p
 _RESERVE_CHILD = r"""
 import os, resource, socket, sys, time
 from forge_load.service import http_server
-from forge_load.control.status import Fleet
+from forge_load.control.status import GpuSlots
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, hard))
-fleet = Fleet()
-fleet.add("0").beat()
+gpu_slots = GpuSlots()
+gpu_slots.add("0").beat()
 limits = http_server.ServerLimits(request_timeout_s=30.0, max_connections=1000)
-running = http_server.serve(fleet, "127.0.0.1", 0, limits)
+running = http_server.serve(gpu_slots, "127.0.0.1", 0, limits)
 print(running.port, flush=True)
 sys.stdin.readline()  # the clients are connected
 opened = []

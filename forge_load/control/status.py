@@ -1,8 +1,8 @@
-"""Each GPU's filler as the rest of the process sees it: a frozen status snapshot, and the fleet's health.
+"""Each GPU's filler as the rest of the process sees it: a frozen status snapshot; the process's GPU slots, health.
 
 The filler makes a GpuStatus when asked (filler.py); its log lines and the Prometheus metrics both read that
 one snapshot. A GpuSlot is one GPU's place in the process (starting, running, stopped or failed, with its
-loop's heartbeat); the Fleet holds them and answers /health.
+loop's heartbeat); the GpuSlots holds them and answers /health.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class GpuSlot:
         return True, f"{self.name}: {self.state}, loop heartbeat {age_s:.1f} s ago"
 
 
-class Fleet:
+class GpuSlots:
     """The process's GPU slots; a process with one GPU has one."""
 
     def __init__(self, max_age_s: float = 30.0, clock: Callable[[], float] = time.monotonic,

@@ -23,12 +23,12 @@ from forge_load.config.load import load_config, unknown_variables
 from forge_load.config.settings import Config
 from forge_load.config.values import ConfigError, url_host
 from forge_load.control.probe import NoGpuError
-from forge_load.control.status import Fleet
+from forge_load.control.status import GpuSlots
 from forge_load.log import EventLog, LogStream, escape_controls, internal_error
 from forge_load.operators.hold_watch import HoldBoard
 from forge_load.operators.pause import PauseSwitch
 from forge_load.service import health, http_server
-from forge_load.service.gpu_threads import run_fleet
+from forge_load.service.gpu_threads import run_gpus
 from forge_load.service.runtime import (
     EXIT_CONFIG,
     EXIT_INTERNAL,
@@ -111,20 +111,20 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
             "heartbeat, and `python -m forge_load.health` with these settings judges that one")
         beat.writes = False
     error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
-    fleet = Fleet(config.health_max_age_s, simulated=config.simulate)
+    gpu_slots = GpuSlots(config.health_max_age_s, simulated=config.simulate)
     try:
         board = start_kubelet(config, error_log, stop)
     except ConfigError as error:
         say(f"forge-load: {error}")
         return EXIT_CONFIG
-    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(fleet.slots)), board)
+    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(gpu_slots.slots)), board)
     if config.pause_file is not None and not os.path.isdir(os.path.dirname(config.pause_file)):
         say(f"forge-load: warning: FORGE_PAUSE_FILE={config.pause_file}: its directory does not exist (yet), so "
             "the file cannot appear: is the directory mounted?")
     server: http_server.MetricsServer | None = None
     if config.metrics_port is not None:
         try:
-            server = http_server.serve(fleet, config.metrics_addr, config.metrics_port)
+            server = http_server.serve(gpu_slots, config.metrics_addr, config.metrics_port)
         except ConfigError as error:
             say(f"forge-load: {error}")
             return EXIT_CONFIG
@@ -135,7 +135,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: thre
             error_log.emit("stop", state="starting", reason=stop_reason(stop))
             code = EXIT_OK
         else:
-            code = run_fleet(config, log_out, stop, wake, fleet, beat, controls=controls)  # one GPU: a fleet of one
+            code = run_gpus(config, log_out, stop, wake, gpu_slots, beat, controls=controls)  # one GPU: one slot
             if controls.on_transition is not None:
                 controls.on_transition()  # stopped or failed, for the last moments
     except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none

@@ -1,4 +1,4 @@
-"""One filler thread per GPU (FORGE_GPUS; one GPU is a fleet of one): which GPUs, each one's thread, its failure
+"""One filler thread per GPU (FORGE_GPUS; one GPU is one thread too): which GPUs, each one's thread, its failure
 kept in its slot, and the process's exit code when every one has ended."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TextIO, cast
 
 from forge_load.config.settings import Config
 from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
-from forge_load.control.status import Fleet, GpuSlot, GpuStatus
+from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
 from forge_load.gpu.backend import Backend, backend_for
 from forge_load.log import EventLog, internal_error
 from forge_load.service.exclusive import supervise as run_exclusive
@@ -130,8 +130,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
         EventLog(config.log_format, stream, static=static).emit("error", t=0.0, reason=reason, exit_code=code)
 
 
-def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
-              fleet: Fleet, heartbeat: Callable[[], None], on_start: OnStart | None = None,
+def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
+              gpu_slots: GpuSlots, heartbeat: Callable[[], None], on_start: OnStart | None = None,
               controls: Controls = NO_CONTROLS) -> int:
     """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
     stream = cast(TextIO, LockedStream(out))  # EventLog needs only write() and flush()
@@ -141,7 +141,7 @@ def run_fleet(config: Config, out: TextIO, stop: threading.Event, wake: threadin
     stops: list[tuple[threading.Event, threading.Event]] = []
     ended: list[threading.Event] = []
     for selector in gpu_selectors(config, backend):
-        slot = fleet.add(selector)
+        slot = gpu_slots.add(selector)
         gpu_stop, gpu_wake, gpu_ended = threading.Event(), threading.Event(), threading.Event()
 
         def body(selector: str = selector, slot: GpuSlot = slot, gpu_stop: threading.Event = gpu_stop,

@@ -20,7 +20,7 @@ from typing import IO, Any, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from forge_load.config.values import ConfigError
-from forge_load.control.status import Fleet
+from forge_load.control.status import GpuSlots
 from forge_load.service.metrics import make_registry
 
 # How often the accept loop looks for a shutdown request: close() returns within this.
@@ -40,7 +40,7 @@ HEALTH_PATHS = ("/health", "/healthz")
 METRICS_PATHS = ("/metrics", "/")
 
 
-def make_app(registry: Any, fleet: Fleet) -> Callable[..., Iterable[bytes]]:
+def make_app(registry: Any, gpu_slots: GpuSlots) -> Callable[..., Iterable[bytes]]:
     """WSGI app: /metrics (and /) the exposition, /health 200 or 503 with one line per GPU; GET and HEAD only."""
     from prometheus_client import make_wsgi_app
 
@@ -57,7 +57,7 @@ def make_app(registry: Any, fleet: Fleet) -> Callable[..., Iterable[bytes]]:
             start_response("405 Method Not Allowed", [("Allow", ", ".join(ALLOWED_METHODS)), *text])
             return [b"method not allowed: GET and HEAD only\n"]
         if path in HEALTH_PATHS:
-            ok, body = fleet.health()
+            ok, body = gpu_slots.health()
             status = "200 OK" if ok else "503 Service Unavailable"
             headers, data = [*text, ("Cache-Control", "no-store")], body.encode()
         else:
@@ -386,12 +386,12 @@ class MetricsServer:
         self.server.server_close()
 
 
-def serve(fleet: Fleet, addr: str, port: int, limits: ServerLimits = ServerLimits()) -> MetricsServer:
+def serve(gpu_slots: GpuSlots, addr: str, port: int, limits: ServerLimits = ServerLimits()) -> MetricsServer:
     """Start serving in a daemon thread. ConfigError (exit 2) when the client is missing or the port is taken."""
-    registry = make_registry(fleet)
+    registry = make_registry(gpu_slots)
     server_class = _Server6 if ":" in addr else _Server
     try:
-        server = make_server(addr, port, make_app(registry, fleet), server_class=server_class,
+        server = make_server(addr, port, make_app(registry, gpu_slots), server_class=server_class,
                              handler_class=_QuietHandler)
     except OSError as error:
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""Prometheus metrics from the fleet's status (status.py); http_server.py serves them, and `/health`.
+"""Prometheus metrics from the GPU slots' status (status.py); http_server.py serves them, and `/health`.
 
 Metrics are read from each filler's status snapshot at scrape time (a custom collector), so the run loops do
 no metrics work at all.
@@ -18,7 +18,7 @@ from typing import Any
 
 from forge_load import __version__
 from forge_load.config.values import ConfigError
-from forge_load.control.status import STATES, Fleet
+from forge_load.control.status import STATES, GpuSlots
 
 MIB_BYTES = 1024 * 1024
 # dcgm-exporter's label names (case included), so `on(UUID)` joins our series with DCGM_FI_* ones.
@@ -53,10 +53,10 @@ METRICS: dict[str, tuple[str, str]] = {
 
 
 class FillerCollector:
-    """A prometheus_client collector over a Fleet, read at scrape time."""
+    """A prometheus_client collector over a GpuSlots, read at scrape time."""
 
-    def __init__(self, fleet: Fleet, hostname: str | None = None) -> None:
-        self.fleet = fleet
+    def __init__(self, gpu_slots: GpuSlots, hostname: str | None = None) -> None:
+        self.gpu_slots = gpu_slots
         # dcgm-exporter's hostname (lowercase since its #655): the node (NODE_NAME, the downward API, in a pod).
         self.hostname = hostname or os.environ.get("NODE_NAME") or socket.gethostname()
 
@@ -71,7 +71,7 @@ class FillerCollector:
 
         build = GaugeMetricFamily("forge_load_build_info", METRICS["forge_load_build_info"][1],
                                   labels=["version", "python_version", "simulated"])
-        build.add_metric([__version__, platform.python_version(), str(self.fleet.simulated).lower()], 1.0)
+        build.add_metric([__version__, platform.python_version(), str(self.gpu_slots.simulated).lower()], 1.0)
         info = family("forge_load_gpu_info", ["modelName", "hostname"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
@@ -83,11 +83,11 @@ class FillerCollector:
         capped, energy = family("forge_load_power_capped"), family("forge_load_energy_joules_total")
         held, begun = family("forge_load_holds"), family("forge_load_holds_begun_total")
 
-        for slot in self.fleet.slots:
+        for slot in self.gpu_slots.slots:
             labels = slot.labels
             snapshot = slot.snapshot()
             current = snapshot.state if snapshot is not None and slot.status == "running" else slot.status
-            up.add_metric(labels, 1.0 if slot.health(self.fleet.max_age_s)[0] else 0.0)
+            up.add_metric(labels, 1.0 if slot.health(self.gpu_slots.max_age_s)[0] else 0.0)
             for name in STATES:
                 state.add_metric([*labels, name], 1.0 if name == current else 0.0)
             if snapshot is None:
@@ -133,9 +133,9 @@ def require_prometheus_client() -> ModuleType:
     return module
 
 
-def make_registry(fleet: Fleet) -> Any:
+def make_registry(gpu_slots: GpuSlots) -> Any:
     """A registry of our own (not prometheus_client's global one) holding only forge_load's metrics."""
     prometheus_client = require_prometheus_client()
     registry = prometheus_client.CollectorRegistry(auto_describe=False)
-    registry.register(FillerCollector(fleet))
+    registry.register(FillerCollector(gpu_slots))
     return registry
