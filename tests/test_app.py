@@ -175,13 +175,16 @@ def test_threaded_loop_pauses_at_once_on_the_switch_and_resumes() -> None:
     started: list[float] = []
 
     def flipper() -> None:
+        give_up_s = time.monotonic() + 30.0  # a run that never starts must not keep pytest from exiting
         for paused, at_s in ((True, 1.0), (False, 2.0)):
             while not started or time.monotonic() < started[0] + at_s:
+                if time.monotonic() > give_up_s:
+                    return
                 time.sleep(0.005)
             flips.append(time.monotonic())
             switch.set(paused, "SIGUSR1" if paused else "SIGUSR2")
 
-    thread = threading.Thread(target=flipper)
+    thread = threading.Thread(target=flipper, daemon=True)
     thread.start()
     out = io.StringIO()
     runtimes: list[Runtime] = []
