@@ -8,7 +8,8 @@ SIGTERM, SIGINT and SIGHUP all mean "stop": the kernels in flight finish, a `sto
 SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: stopsignals.py. The process names
 itself after its GPUs and their states (title.py).
 
-`forge-load hold|release|holds ...` are commands (holdcmd.py), dispatched before anything else.
+`forge-load hold|release|holds ...` (service/holdcmd.py) and `forge-load health` (service/health.py) are commands,
+dispatched before anything else.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def main() -> int:
         from forge_load.service.holdcmd import main as command
 
         return command(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] == "health":
+        # The health check (exit 0 healthy, 1 not; never 2, which Docker reserves), as `python -m forge_load.health`.
+        from forge_load.service.health import main as check
+
+        return check(sys.argv[2:])
     signals = StopSignals.install()  # before the imports below: they take a while
     try:
         from forge_load.service.app import main as run

@@ -1311,6 +1311,23 @@ def test_tz_naming_a_fifo_or_a_device_exits_2_at_once(launcher: Path, tmp_path: 
     assert_config_exit(result, "TZ=")
 
 
+def test_forge_load_health_through_the_launcher_is_unhealthy_never_2(launcher: Path, tmp_path: Path) -> None:
+    """`forge-load health` keeps the health check's exit codes: a TZ the launcher refuses is 1, as Docker reserves 2;
+    a good TZ and a fresh heartbeat are 0."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    beat = tmp_path / "hb"
+    health.Heartbeat(beat)()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k not in ("TZ", "TZDIR")}
+    env["FORGE_HEARTBEAT_FILE"] = str(beat)
+    refused = subprocess.run([str(launcher), "health"], env={**env, "TZ": str(fifo)}, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "TZ=" in refused.stderr, refused.stderr
+    fine = subprocess.run([str(launcher), "health"], env={**env, "TZ": "UTC"}, capture_output=True, text=True,
+                          timeout=60)
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+
+
 @pytest.mark.parametrize("tz", ["Europe/Berlin", "", "CET-1CEST,M3.5.0,M10.5.0/3", "UTC"])
 def test_the_launcher_runs_the_filler_for_a_good_tz(launcher: Path, tz: str) -> None:
     result = _through_launcher(launcher, tz)

@@ -42,7 +42,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="forge-load",
         description="Keep a GPU at a target utilization; step aside while other jobs use it.",
-        epilog="Holds: `forge-load hold|release|holds --help` (docs/holds.md).",
+        epilog="Holds: `forge-load hold|release|holds --help` (docs/holds.md). Health: `forge-load health --help`.",
         allow_abbrev=False,  # --foreign-* and --sim-* share prefixes; abbreviations would be guesses
     )
     parser.add_argument("--version", action="version", version=f"forge-load {__version__}")
