@@ -36,6 +36,7 @@ from forge_load.service.runtime import (
     EXIT_NO_GPU,
     EXIT_OK,
     Controls,
+    StopEvent,
     request_stop,
     say,
     stop_reason,
@@ -50,7 +51,7 @@ from forge_load.service.unix_signals import StopSignals
 MIN_OPEN_FILES = 64
 
 
-def install_signals(stop: threading.Event, wake: threading.Event,
+def install_signals(stop: StopEvent, wake: threading.Event,
                     signals: StopSignals | None = None, switch: PauseSwitch | None = None) -> StopSignals:
     """SIGTERM, SIGINT and SIGHUP stop the fillers (see forge_load.cli), SIGUSR1 and SIGUSR2 pause and resume them;
     `signals` when already installed."""
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, signals: S
     """The process: `signals` are the stop and pause signals forge_load.cli caught first; without them (main()
     called on its own) they are installed here and put back on return. `title` names the process after its
     GPUs and their states (the forge-load command's; left alone when None)."""
-    stop, wake = threading.Event(), threading.Event()
+    stop, wake = StopEvent(), threading.Event()
     switch = PauseSwitch()
     installed = install_signals(stop, wake, signals, switch)
     try:
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None, stream: TextIO | None = None, signals: S
             installed.restore()
 
 
-def _main(argv: list[str] | None, out: TextIO, stop: threading.Event, wake: threading.Event,
+def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.Event,
           switch: PauseSwitch | None = None, title: ProcessTitle | None = None) -> int:
     if title is not None:
         title.set(describe_title([]))

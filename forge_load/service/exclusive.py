@@ -33,6 +33,7 @@ from forge_load.control.status import GpuStatus
 from forge_load.log import EventLog
 from forge_load.operators.hold_watch import FillerHolds
 from forge_load.operators.pause import Pauses, shown_time
+from forge_load.service.runtime import stop_reason
 
 CHILD_MODULE = "forge_load.service.exclusive_child"  # its main
 END_WAIT_S = 5.0  # a child not gone this long after SIGTERM is killed (its context goes either way)
@@ -314,5 +315,5 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
 
 
 def _stop_reason(stop: threading.Event, end_s: float) -> str:
-    return str(getattr(stop, "reason", "signal")) if stop.is_set() else "duration reached"
+    return stop_reason(stop) if stop.is_set() else "duration reached"
 

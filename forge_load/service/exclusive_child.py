@@ -33,7 +33,7 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     # Named in ps and in the GPU's process list like its parent (docs/design.md §10); it lives only while filling.
     if title is not None:
         title(f"forge-load: exclusive-mode child of {os.getppid()}, filling {config.gpu}")
-    stop, wake = threading.Event(), threading.Event()
+    stop, wake = runtime.StopEvent(), threading.Event()
 
     def asked(signum: int, _frame: object) -> None:
         runtime.request_stop(stop, wake, f"asked to end by the supervisor ({signal.Signals(signum).name})")

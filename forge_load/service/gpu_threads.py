@@ -27,6 +27,7 @@ from forge_load.service.runtime import (
     Controls,
     GpuTakenError,
     Runtime,
+    StopEvent,
     pauses_for,
     say,
     stop_reason,
@@ -138,13 +139,13 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
     backend = backend_for(config)
     slots: list[GpuSlot] = []
     threads: list[threading.Thread] = []
-    stops: list[tuple[threading.Event, threading.Event]] = []
+    stops: list[tuple[StopEvent, threading.Event]] = []
     ended: list[threading.Event] = []
     for selector in gpu_selectors(config, backend):
         slot = gpu_slots.add(selector)
-        gpu_stop, gpu_wake, gpu_ended = threading.Event(), threading.Event(), threading.Event()
+        gpu_stop, gpu_wake, gpu_ended = StopEvent(), threading.Event(), threading.Event()
 
-        def body(selector: str = selector, slot: GpuSlot = slot, gpu_stop: threading.Event = gpu_stop,
+        def body(selector: str = selector, slot: GpuSlot = slot, gpu_stop: StopEvent = gpu_stop,
                  gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
             try:
                 run_gpu(dataclasses.replace(config, gpu=selector), backend, slot, stream, gpu_stop, gpu_wake,
@@ -164,8 +165,7 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
         wake.clear()
         if stop.is_set():
             for gpu_stop, gpu_wake in stops:
-                gpu_stop.reason = stop_reason(stop)  # type: ignore[attr-defined]
-                gpu_stop.set()
+                gpu_stop.request(stop_reason(stop))
                 gpu_wake.set()
             for thread in threads:
                 thread.join(timeout=DRAIN_LIMIT_S + 2.0)

@@ -286,8 +286,7 @@ def check_server(host: str, port: int, timeout_s: float = 4.0) -> tuple[bool, st
 
 
 HELP = """\
-usage: forge-load health [FORGE-LOAD SETTINGS...]
-   or: python -m forge_load.health [FORGE-LOAD SETTINGS...]
+usage: python -m forge_load.health [FORGE-LOAD SETTINGS...]   (or: forge-load health ...)
 
 Says whether the forge-load filler these settings name is alive: for Docker's HEALTHCHECK, Kubernetes probes
 and operators. It takes the filler's own settings (the same FORGE_* variables and flags, checked the same way;

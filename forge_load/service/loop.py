@@ -37,6 +37,7 @@ class SimRun:
     runtime: Runtime
     gpu: SimGpu
     clock: VirtualClock
+    backend: SimBackend  # the one that opened the GPU (its start fields)
 
 
 def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
@@ -50,7 +51,7 @@ def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None]
     wall0_s = time.time() if wall_start_s is None else wall_start_s
     rt = open_runtime(config, backend, probe, clock.now, stream, heartbeat=heartbeat, controls=controls,
                       wall_clock=lambda: wall0_s + clock.now())
-    return SimRun(rt, probe.gpu, clock)
+    return SimRun(rt, probe.gpu, clock, backend)
 
 
 def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
@@ -69,7 +70,7 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
     if on_start is not None:
         on_start(rt)
     stop = stop or threading.Event()
-    log_start(rt, SimBackend(config.sim).start_fields(rt.info))
+    log_start(rt, run.backend.start_fields(rt.info))
     speed = config.sim.speed
     end_s = config.duration_s if config.duration_s > 0 else float("inf")
     monitor_due_s = rt.monitor.step(0.0)

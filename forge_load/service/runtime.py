@@ -155,19 +155,29 @@ def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[
                  on_reading=on_reading, heartbeat=heartbeat, controls=controls, wall_clock=wall_clock)
 
 
+class StopEvent(threading.Event):
+    """A stop, and why: the first reason given is the one logged (a second signal changes nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason = "signal"
+        self._lock = threading.Lock()
+
+    def request(self, reason: str) -> None:
+        with self._lock:
+            if not self.is_set():
+                self.reason = reason
+                self.set()
+
+
 def stop_reason(stop: threading.Event) -> str:
-    return getattr(stop, "reason", "signal")
+    """Why `stop` was set: its reason where it is a StopEvent (a plain Event, as tests pass, says "signal")."""
+    return stop.reason if isinstance(stop, StopEvent) else "signal"
 
 
-_stop_lock = threading.Lock()
-
-
-def request_stop(stop: threading.Event, wake: threading.Event, reason: str) -> None:
-    """Stop every filler; the first reason is the one logged (a second signal changes nothing)."""
-    with _stop_lock:
-        if not stop.is_set():
-            stop.reason = reason  # type: ignore[attr-defined]
-            stop.set()
+def request_stop(stop: StopEvent, wake: threading.Event, reason: str) -> None:
+    """Stop every filler, and wake the thread that waits for them."""
+    stop.request(reason)
     wake.set()
 
 
