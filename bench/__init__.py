@@ -8,6 +8,7 @@ shipped package or the image. What every number means: docs/benchmarks/README.md
   runner.py     child processes (own process group, timeouts, all ended on exit) and their CPU time
   sampler.py    the NVML sampling thread of a real run, reading samples as the Monitor does
   scenarios.py  tracking, yield and footprint, on the simulated GPU and on a real one
+  kubelet.py    a test kubelet (the pod-resources API on a unix socket): the announced scenario's and the tests'
   cpu.py        the cpu scenario: the filler's CPU per GPU, start-up and tracking (virtual or real GPU)
   render.py     results.md, the generated blocks of docs/benchmarks.md, the plots
 """

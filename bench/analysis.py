@@ -109,26 +109,41 @@ def marks(events: list[Event], a: float, b: float) -> dict[str, Any]:
             "resume": resumed["t"] if resumed else None}
 
 
-def announced_job(events: Sequence[Event], hold_began_t: float, hold_answered_t: float, hold_code: int,
-                  context_begin_t: float, release_t: float,
-                  own_kernels_while_held: int | None) -> AnnouncedJob:
-    """One announced job from the filler's log, on its clock (t = seconds since its start).
+def announced_job(events: Sequence[Event], hold_began_t: float, hold_answered_t: float | None,
+                  hold_code: int | None, context_begin_t: float, release_t: float,
+                  own_kernels_while_held: int | None, path: str = "hold",
+                  own_kernels_while_ran: int | None = None) -> AnnouncedJob:
+    """One foreign job from the filler's log, on its clock (t = seconds since its start).
 
-    Our last kernel is the one the `drained` line after the filler's `hold` line names (the filler's CUDA events,
-    as the yield scenario's); the lead time is the job's context creation beginning minus its end: > 0 when the
-    filler had drained before the job touched the GPU."""
-    held = first(events, "hold", after_t=hold_began_t - YIELD_SLACK_S)
+    `hold_began_t` is the announcement: the hold command's start (path hold), the kubelet's assignment, the
+    `docker run`; for `nvml`, which nobody announces, the job's context creation. Our last kernel is the one the
+    `drained` line after the filler's `hold` line (its `yield` line for nvml) names (the filler's CUDA events, as
+    the yield scenario's); the lead time is the job's context creation beginning minus its end: > 0 when the
+    filler had drained before the job touched the GPU. `release_t`: the release, or the job's end where nothing
+    is released. The hold command's answer and exit code are path hold's only (None elsewhere)."""
+    announced = path != "nvml"
+    trigger = "hold" if announced else "yield"
+    held = first(events, trigger, after_t=hold_began_t - YIELD_SLACK_S)
     drained = first(events, "drained", after_t=held["t"]) if held else None
     resumed = first(events, "resume", after_t=release_t)
     last_end_t = drained.get("last_kernel_end_t") if drained else None
-    why = "the filler logged no hold" if held is None else "the filler logged no drain after its hold"
+    why = f"the filler logged no {trigger}" if held is None else f"the filler logged no drain after its {trigger}"
+    command = path == "hold" and hold_answered_t is not None
+    no_kernels = "n/a: only the virtual GPU records every kernel"
     return AnnouncedJob(
-        hold_s=Quantity.of(hold_answered_t - hold_began_t, "s"),
-        acknowledged=hold_code == 0 and drained is not None and drained["t"] <= hold_answered_t + YIELD_SLACK_S,
+        hold_s=Quantity.of(hold_answered_t - hold_began_t if command and hold_answered_t is not None else None, "s",
+                           None if command else "n/a: no command to answer on this path"),
+        acknowledged=(hold_code == 0 and drained is not None and hold_answered_t is not None
+                      and drained["t"] <= hold_answered_t + YIELD_SLACK_S) if command else None,
+        held_after_s=Quantity.of(held["t"] - hold_began_t if held else None, "s",
+                                 None if held else f"the filler logged no {trigger}"),
         lead_s=Quantity.of(context_begin_t - last_end_t if last_end_t is not None else None, "s",
                            None if last_end_t is not None else why),
-        own_kernels_while_held=Quantity.of(own_kernels_while_held, "count", None if own_kernels_while_held is not None
-                                           else "n/a: only the virtual GPU records every kernel"),
+        own_kernels_while_held=Quantity.of(own_kernels_while_held, "count",
+                                           None if own_kernels_while_held is not None else
+                                           no_kernels if command else "n/a: path hold only"),
+        own_kernels_while_ran=Quantity.of(own_kernels_while_ran, "count",
+                                          None if own_kernels_while_ran is not None else no_kernels),
         resume_s=Quantity.of(resumed["t"] - release_t if resumed else None, "s",
                              None if resumed else "no resume line after the release"),
     )

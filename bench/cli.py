@@ -27,8 +27,15 @@ from bench import (
     cpu,
     log,
 )
-from bench.render import render_cpu_section, render_section, write_cpu_outputs, write_outputs, write_section
-from bench.results import CONTROLLERS, JUDGE_FROM_S, SCHEMA, TARGETS, YIELD_TARGET, Json, q, slug
+from bench.render import (
+    render_announced_section,
+    render_cpu_section,
+    render_section,
+    write_cpu_outputs,
+    write_outputs,
+    write_section,
+)
+from bench.results import ANNOUNCED_PATHS, CONTROLLERS, JUDGE_FROM_S, SCHEMA, TARGETS, YIELD_TARGET, Json, q, slug
 from bench.runner import CHILDREN
 from bench.scenarios import REAL_VARIANTS, SIM_VARIANTS, real_plan, run_real_bench, run_simulated_bench
 from forge_load import __version__ as forge_version
@@ -82,8 +89,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--foreign-args", default="",
                         help="extra flags for scripts/foreign_job.py, one string (e.g. '--backend cupy')")
     parser.add_argument("--announced-jobs", type=int, default=3,
-                        help="announced scenario: foreign jobs, each announced by `forge-load hold --wait 2` as the "
-                             "Slurm prolog does and released after it; default 3")
+                        help="announced scenario: foreign jobs per path; default 3")
+    parser.add_argument("--announced-by", default=None, metavar="PATHS",
+                        help="announced scenario: how each job is announced, comma separated, of "
+                             f"{','.join(ANNOUNCED_PATHS)}: hold (`forge-load hold --wait 2`, as the Slurm prolog), "
+                             "kubelet (a test kubelet's pod-resources assignment), docker (`forge_fleet.py watch` "
+                             "on a container's create event; needs a Docker engine with the nvidia driver, "
+                             "scripts/docker_engine.sh), nvml (nobody announces it: the reactive baseline); "
+                             "default: those that can run here")
     parser.add_argument("--cpu-s", type=float, default=cpu.RUN_S,
                         help=f"cpu scenario: seconds per run; default {cpu.RUN_S:g}")
     parser.add_argument("--cpu-gpus", default=",".join(map(str, cpu.GPU_COUNTS)),
@@ -118,6 +131,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      "commands processes, in real time")
     if not 1 <= args.announced_jobs <= 100:
         parser.error(f"--announced-jobs {args.announced_jobs}: expected 1 to 100")
+    args.announced_by_default = args.announced_by is None
+    paths = [p.strip() for p in (args.announced_by or ",".join(ANNOUNCED_PATHS)).split(",") if p.strip()]
+    if not paths or any(p not in ANNOUNCED_PATHS for p in paths) or len(set(paths)) != len(paths):
+        parser.error(f"--announced-by {args.announced_by!r}: expected some of {','.join(ANNOUNCED_PATHS)}, "
+                     "each once")
+    args.announced_by = paths
     try:
         args.cpu_gpus = sorted({int(n) for n in args.cpu_gpus.split(",") if n.strip()})
     except ValueError:
@@ -185,6 +204,8 @@ def new_results(args: argparse.Namespace, argv: list[str], today: str) -> Json:
             "judge_from_s": q(JUDGE_FROM_S, "s"), "variants": args.variants,
             "filler_args": args.filler_args, "foreign_args": args.foreign_args,
             "budget_s": q(args.budget_s or None, "s", None if args.budget_s else "no limit"),
+            **({"announced_by": args.announced_by, "announced_jobs": q(args.announced_jobs, "count")}
+               if "announced" in args.scenarios else {}),
         },
         "gpu": {"name": "unknown", "driver": "unknown"},
         "tracking": {}, "yield": {}, "announced": {}, "footprint": {}, "notes": [], "failures": [], "skipped": [],
@@ -294,7 +315,10 @@ def finish_outputs(results: Json | None, cpu_results: Json | None, out_dir: Path
         markdown = write_outputs(results, out_dir, final=True)
         print(markdown)
         log(f"wrote {out_dir}/results.json, results.md" + (", plots" if results.get("plots") else ""))
-        section.append(render_section(results, out_dir, args.section))
+        if set(results["settings"]["scenarios"]) != {"announced"}:  # else no tracking, yield or footprint to show
+            section.append(render_section(results, out_dir, args.section))
+        if results.get("announced"):
+            section.append(render_announced_section(results, out_dir, args.section))
         goals += results["goals"]
     if cpu_results is not None:
         markdown = write_cpu_outputs(cpu_results, out_dir)

@@ -153,25 +153,47 @@ class YieldMetrics:
     target: Quantity | None = optional()
 
 
+# The announced scenario's paths: how a job's GPU is announced to the filler before the job runs, and `nvml`,
+# the baseline nobody announces (the filler finds the job by its NVML signals).
+ANNOUNCED_PATHS = ("hold", "kubelet", "docker", "nvml")
+ANNOUNCED_LABELS = {
+    "hold": "`forge-load hold --wait 2` (the Slurm prolog's call)",
+    "kubelet": "the kubelet's pod-resources List (a test kubelet assigns the GPU just before the job's process "
+               "starts; the filler polls it)",
+    "docker": "`forge_fleet.py watch`, from the container's create event (the job opens its context 0.5 s after "
+              "the container's first instruction)",
+    "nvml": "not announced: found by the filler's NVML signals",
+}
+
+
 @dataclass
 class AnnouncedJob:
-    """One job announced by a hold (`forge-load hold --wait`, as the Slurm prolog calls it), on wall time."""
+    """One foreign job, announced by its path (or by none, `nvml`), on wall time."""
 
-    hold_s: Quantity  # the hold command, from its start to its exit: what a prolog pays for it
-    acknowledged: bool  # it exited 0 with the filler's drain acknowledged, not by its wait running out
+    hold_s: Quantity  # the hold command, from its start to its exit: what a prolog pays for it (path hold)
+    acknowledged: bool | None  # exit 0 with the drain acknowledged (path hold); None where nothing answers
+    held_after_s: Quantity  # from the announcement to the filler's hold line (its yield line for nvml)
     lead_s: Quantity  # the job's context creation began, minus the end of our last kernel before it
     own_kernels_while_held: Quantity  # ours on the GPU from the hold's answer to the release (virtual GPU)
-    resume_s: Quantity  # from the release to the filler's resume line
+    own_kernels_while_ran: Quantity  # ours on the job's GPU from its context creation to its exit (virtual GPU)
+    resume_s: Quantity  # from the release (the job's end where nothing is released) to the filler's resume line
 
 
 @dataclass
 class AnnouncedMetrics:
-    """Jobs announced by a hold against the filler at the yield target; each job's lead time should be > 0."""
+    """Jobs on one path against the filler at the yield target; for an announced path each job's lead time
+    should be > 0 and none of our kernels should run on its GPU while it runs."""
 
     jobs: list[AnnouncedJob]
     min_lead_s: Quantity
     every_lead_positive: bool
     mean_hold_s: Quantity
+    path: str = "hold"
+    label: str | None = optional()
+    announced: bool = True  # False for nvml: the goal is not judged on it
+    median_lead_s: Quantity | None = optional()
+    max_lead_s: Quantity | None = optional()
+    own_kernels_while_ran: Quantity | None = optional()  # the sum over its jobs
     controller: str | None = optional()
     target: Quantity | None = optional()
 

@@ -19,27 +19,34 @@ status=0
 
 say() { printf '[install_test_tools] %s\n' "$*" >&2; }
 
-if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
-    say "prometheus already installed: $(prometheus --version 2>&1 | head -n 1)"
-elif [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    say "WARNING: prometheus is missing and this is not root with apt-get; its tests will skip"
-    status=1
-else
-    say "installing prometheus (Debian package)"
-    # The package's post-install would start a system Prometheus on :9090 where an init system runs; the
-    # tests start their own on a free port, so keep the package's service from starting (only if no
-    # policy is in place already).
-    policy=/usr/sbin/policy-rc.d
-    added_policy=0
+# apt_install WHAT PACKAGE...: Debian's packages, where this is root with apt-get. Their post-install scripts would
+# start system services (a Prometheus on :9090, slurmd) where an init system runs; the tests start their own, so
+# a policy keeps the packages' services from starting (only if no policy is in place already).
+apt_install() {
+    local what=$1 policy=/usr/sbin/policy-rc.d added_policy=0 ok=0
+    shift
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        say "WARNING: $what is missing and this is not root with apt-get; its tests will skip"
+        return 1
+    fi
+    say "installing $what (Debian packages: $*)"
     if [[ ! -e $policy ]]; then
         printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && added_policy=1
     fi
-    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            prometheus >/dev/null; }; then
-        say "WARNING: apt-get could not install prometheus; its tests will skip"
-        status=1
+    if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "$@" >/dev/null; then
+        ok=1
+    else
+        say "WARNING: apt-get could not install $what; its tests will skip"
     fi
     if [[ $added_policy -eq 1 ]]; then rm -f "$policy"; fi
+    [[ $ok -eq 1 ]]
+}
+
+if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+    say "prometheus already installed: $(prometheus --version 2>&1 | head -n 1)"
+else
+    apt_install prometheus prometheus || status=1
 fi
 
 have_slurm() {
@@ -50,23 +57,8 @@ have_slurm() {
 }
 if have_slurm; then
     say "slurm already installed: $(/usr/sbin/slurmd -V 2>&1 | head -n 1)"
-elif [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    say "WARNING: slurm, munge or shellcheck is missing and this is not root with apt-get; their tests will skip"
-    status=1
 else
-    say "installing slurmctld, slurmd, slurm-client, munge and shellcheck (Debian packages)"
-    # As for Prometheus: the packages' services must not start (the tests run their own daemons).
-    policy=/usr/sbin/policy-rc.d
-    added_policy=0
-    if [[ ! -e $policy ]]; then
-        printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && added_policy=1
-    fi
-    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            slurmctld slurmd slurm-client munge shellcheck >/dev/null; }; then
-        say "WARNING: apt-get could not install slurm, munge or shellcheck; their tests will skip"
-        status=1
-    fi
-    if [[ $added_policy -eq 1 ]]; then rm -f "$policy"; fi
+    apt_install "slurm, munge and shellcheck" slurmctld slurmd slurm-client munge shellcheck || status=1
 fi
 
 if [[ ! -x "$VENV/bin/python" ]]; then

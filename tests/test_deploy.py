@@ -22,7 +22,7 @@ import pytest
 
 from forge_load.config.load import load_config
 from forge_load.config.values import ConfigError
-from forge_load.control.status import Fleet
+from forge_load.control.status import GpuSlots
 from forge_load.operators import holds
 from forge_load.service import health, metrics
 from forge_load.service.loop import run_simulated
@@ -431,11 +431,11 @@ def exported_names() -> set[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     config = load_config("--simulate --sim-speed 0 --duration 3 --sim-foreign 1-2 --max-power-w 650".split(), env={})
-    fleet = Fleet(simulated=True)
-    slot = fleet.add("0")
+    gpu_slots = GpuSlots(simulated=True)
+    slot = gpu_slots.add("0")
     run_simulated(config, io.StringIO(), heartbeat=slot.beat,
                   on_start=lambda rt: slot.attach(rt.info, lambda: rt.filler.status(rt.now())))
-    text = generate_latest(metrics.make_registry(fleet)).decode()
+    text = generate_latest(metrics.make_registry(gpu_slots)).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 

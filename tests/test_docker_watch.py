@@ -385,7 +385,7 @@ def test_watch_bad_input_is_one_line_and_exit_2(args: list[str], flag: str) -> N
 
 BASE_IMAGE = os.environ.get("FORGE_BASE_IMAGE", "forge-base:bookworm")  # python3, nothing else (docker_engine.sh)
 DRIVER_DIR = "/usr/lib/x86_64-linux-gnu"  # where the NVIDIA toolkit mounts the driver's libraries
-DRIVER_JOB = ROOT / "tests" / "driver_job.py"
+DRIVER_JOB = ROOT / "scripts" / "driver_job.py"
 FOREIGN_JOB = ROOT / "scripts" / "foreign_job.py"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.kubelet import TestKubelet
 from forge_load.config.load import load_config
 from forge_load.operators.hold_watch import HoldBoard
 from forge_load.operators.holds import HOLDER_RE, Hold
@@ -24,7 +25,6 @@ from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nv
 from forge_load.service.loop import run_simulated
 from forge_load.service.runtime import Controls, Runtime
 from tests.fake_pynvml import FakeDevice, FakeNvml
-from tests.kubelet_server import TestKubelet
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory
 

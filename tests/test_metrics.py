@@ -102,7 +102,7 @@ def simulated_slots(flags: str) -> tuple[GpuSlots, GpuSlot, Runtime]:
 
 
 def attach(slot: GpuSlot, rt: Runtime) -> None:
-    """As app.run_gpu does: the slot reads the filler's status snapshot."""
+    """As gpu_threads.run_gpu does: the slot reads the filler's status snapshot."""
     slot.attach(rt.info, lambda: rt.filler.status(rt.now()))
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A CUDA job through the driver API alone (ctypes, libcuda.so.1; no framework, so it starts in milliseconds), for
-tests/test_docker_watch.py: it opens its context on the GPU with a given UUID a set time after its container's
-first instruction, launches kernels for a while, and prints one JSON line:
+tests/test_docker_watch.py and the benchmark's announced scenario: it opens its context on the GPU with a given
+UUID a set time after its container's first instruction, launches kernels for a while, and prints one JSON line:
 
   {"event": "context", "process_start": T0, "wall_time_begin": ..., "wall_time": ..., "device": N}
 

@@ -1,5 +1,6 @@
 """A test kubelet: the pod-resources API (forge_load/podresources/api.proto, v1.PodResourcesLister.List) served by
-grpcio on a unix socket, answering with whatever assignments the test sets.
+grpcio on a unix socket, answering with whatever assignments the caller sets: the kubelet of the tests
+(tests/test_kubelet.py) and of the `announced` scenario (bench/scenarios.py).
 
     with TestKubelet(tmp_path / "kubelet.sock") as kubelet:
         kubelet.assign("default", "train", "main", "nvidia.com/gpu", ["GPU-..."])
@@ -36,7 +37,7 @@ class TestKubelet(api_pb2_grpc.PodResourcesListerServicer):
         with self._lock:
             self._pods.pop((namespace, pod), None)
 
-    def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the servicer's name
+    def List(self, request: object, context: object) -> Any:  # noqa: N802 - the servicer's name
         with self._lock:
             self.calls += 1
             pods = [api_pb2.PodResources(
@@ -49,7 +50,7 @@ class TestKubelet(api_pb2_grpc.PodResourcesListerServicer):
 
     def start(self) -> TestKubelet:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, self._server)
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, self._server)  # type: ignore[no-untyped-call]
         self._server.add_insecure_port(f"unix://{self.socket_path}")
         self._server.start()
         return self
