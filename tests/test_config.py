@@ -847,7 +847,7 @@ def test_config_module_imports_no_gpu_libraries() -> None:
     import sys
 
     code = (
-        "import sys, forge_load.config; "
+        "import sys, forge_load.config.load; "
         "bad = [m for m in ('numba', 'pynvml') if m in sys.modules]; "
         "sys.exit(1 if bad else 0)"
     )
