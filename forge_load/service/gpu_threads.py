@@ -13,7 +13,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
 from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
 from forge_load.gpu.backend import Backend, backend_for
-from forge_load.log import EventLog, internal_error
+from forge_load.log import EventLog, LogStream, internal_error
 from forge_load.service.exclusive import supervise as run_exclusive
 from forge_load.service.loop import run_real, run_simulated
 from forge_load.service.runtime import (
@@ -35,20 +35,17 @@ from forge_load.service.runtime import (
 
 # --- several GPUs in one process -------------------------------------------------------------------------------
 
-class LockedStream:
-    """One line per write from several GPU threads, never two interleaved."""
+def shared_stream(out: TextIO, stop: threading.Event, wake: threading.Event) -> TextIO:
+    """`out` for every GPU thread at once: a LogStream (main()'s) already writes one whole line at a time; any other
+    stream is put behind one, whose failed write stops the fillers as main()'s does."""
+    if isinstance(out, LogStream):
+        return out
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
+    def failed(_error: OSError) -> None:
+        stop.set()
+        wake.set()
 
-    def write(self, text: str) -> int:
-        with self._lock:
-            return self._stream.write(text)
-
-    def flush(self) -> None:
-        with self._lock:
-            self._stream.flush()
+    return cast(TextIO, LogStream(out, failed))
 
 
 def gpu_selectors(config: Config, backend: Backend) -> list[str]:
@@ -135,7 +132,7 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
               gpu_slots: GpuSlots, heartbeat: Callable[[], None], on_start: OnStart | None = None,
               controls: Controls = NO_CONTROLS) -> int:
     """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
-    stream = cast(TextIO, LockedStream(out))  # EventLog needs only write() and flush()
+    stream = shared_stream(out, stop, wake)
     backend = backend_for(config)
     slots: list[GpuSlot] = []
     threads: list[threading.Thread] = []
