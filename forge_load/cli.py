@@ -5,7 +5,7 @@ kernel drops a signal to PID 1 that has no handler: a `docker stop` in that wind
 would kill the filler 10 s later. So this module, which imports nothing heavy, installs the handlers first.
 
 SIGTERM, SIGINT and SIGHUP all mean "stop": the kernels in flight finish, a `stop` line is logged, exit 0.
-SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: stopsignals.py. The process names
+SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: service/unix_signals.py. The process names
 itself after its GPUs and their states (title.py).
 
 `forge-load hold|release|holds ...` (service/holdcmd.py) and `forge-load health` (service/health.py) are commands,

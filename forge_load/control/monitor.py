@@ -1,6 +1,6 @@
 """Monitor: reads the probe on a monotonic schedule and publishes a Reading with the foreign verdict.
 
-Each poll gathers what the signals judge (signals.py): the processes on the GPU, device memory beyond ours
+Each poll gathers what the signals judge (detectors.py): the processes on the GPU, device memory beyond ours
 and the baseline, and each new sample window split into our own share and the rest.
 """
 

@@ -2,7 +2,7 @@
 
 A backend lists the devices, opens a GPU's probe, and opens its launcher once the probe has read the device's
 memory before our context exists. The virtual GPU (vgpu/) stands in for the driver's libraries, so to
-forge_load it is simply the machine's own GPU. The run loop that drives a GPU is app.py's: in wall-clock time
+forge_load it is simply the machine's own GPU. The run loop that drives a GPU is service/loop.py's: in wall-clock time
 with a Monitor thread for a real GPU, in virtual time in one thread for the simulated one.
 """
 
