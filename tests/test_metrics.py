@@ -165,7 +165,8 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     assert states == {s: float(s == "filling") for s in metrics.STATES}
     assert one["forge_load_power_cap_watts"] == 650.0 and one["forge_load_power_capped"] == 0.0  # 0.5 is ~385 W
     assert one["forge_load_power_watts"] == pytest.approx(70 + 630 * 0.5, abs=15)  # the simulated GPU's model
-    assert one["forge_load_energy_joules_total"] == pytest.approx(rt.filler.energy_j) and rt.filler.energy_j > 0
+    energy_j = rt.filler.energy.energy_j
+    assert one["forge_load_energy_joules_total"] == pytest.approx(energy_j) and energy_j > 0
 
 
 def test_a_capped_gpu_says_so() -> None:

@@ -1,5 +1,5 @@
 """The control loop of one GPU: Monitor readings and pauses -> policy -> controller (under the power cap's
-duty limit) -> Worker; the energy it accounts for, and the log lines."""
+duty limit) -> Worker, and the log lines; the energy is counted by energy.py's EnergyMeter."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from forge_load.control.controller import Controller
 from forge_load.control.detectors import ShareSample
+from forge_load.control.energy import EnergyMeter
 from forge_load.control.monitor import Monitor, Reading
 from forge_load.control.policy import FILLING_STATES, Policy, State, Transition
 from forge_load.control.powercap import CapChange, PowerCap
@@ -92,10 +93,7 @@ class Filler:
         self._written_s: dict[str, float] = {}  # kind -> when its last line was written
         self._holds_generation = 0  # and at once when the in-process holds change (HoldBoard)
         # Energy: the device's, over the time between two readings that began while we were filling.
-        self.energy_j = 0.0
-        self.energy_source = "none"  # counter (NVML's energy counter), power (integrated readings) or none
-        self._energy_prev: tuple[float, float | None, float | None] | None = None  # (t_s, energy_j, power_w)
-        self._counting_energy = False
+        self.energy = EnergyMeter()  # the device's energy while we fill
         controller.start(start_s)
 
     @property
@@ -172,12 +170,12 @@ class Filler:
             self._stats.own_sum += share.own_ratio
             self._stats.foreign_sum += share.foreign_ratio
             self._stats.count += 1
-        self._account_energy(reading)
+        self.energy.add(reading)
         self._decide(now_s, reading.reason, reading)
         self._observe_power(now_s, reading)
         if self.policy.state in FILLING_STATES:
             self._plan(now_s, reading)
-        self._counting_energy = self.policy.state in FILLING_STATES
+        self.energy.counting = self.policy.state in FILLING_STATES
 
     def _plan(self, now_s: float, reading: Reading | None) -> None:
         """The controller's plan for the Worker, under the power cap's duty limit; without a reading (an unpause
@@ -299,28 +297,6 @@ class Filler:
                       max_power_w=change.cap_w, duty_limit=round(change.duty_limit, 4))
         self._emit(now_s, "power_capped", fields)
 
-    @staticmethod
-    def energy_source_of(reading: Reading | None) -> str:
-        """How this GPU's energy is counted: NVML's energy counter, integrated power readings, or not at all."""
-        if reading is not None and reading.energy_j is not None:
-            return "counter"
-        return "power" if reading is not None and reading.power_w is not None else "none"
-
-    def _account_energy(self, reading: Reading) -> None:
-        """The device's energy between the previous reading and this one, if we were filling at the previous one:
-        from NVML's energy counter where it has one, else the power readings integrated (trapezoids)."""
-        previous = self._energy_prev
-        self._energy_prev = (reading.t_s, reading.energy_j, reading.power_w)
-        self.energy_source = self.energy_source_of(reading)
-        if previous is None or not self._counting_energy:
-            return
-        then_s, then_j, then_w = previous
-        if reading.energy_j is not None and then_j is not None:
-            if reading.energy_j >= then_j:  # a counter that went back (the driver reloaded) loses this interval
-                self.energy_j += reading.energy_j - then_j
-        elif reading.power_w is not None and then_w is not None:
-            self.energy_j += (then_w + reading.power_w) / 2 * max(reading.t_s - then_s, 0.0)
-
     def seconds_yielding(self, now_s: float) -> float:
         open_s = now_s - self._yield_since_s if self._yield_since_s is not None else 0.0
         return self.yielding_s + open_s
@@ -330,7 +306,7 @@ class Filler:
         extra: dict[str, object] = {}
         if self.last is not None and self.last.power_w is not None:
             extra["power_w"] = round(self.last.power_w, 1)
-        extra["energy_j"] = round(self.energy_j, 1)
+        extra["energy_j"] = round(self.energy.energy_j, 1)
         if self.power_cap is not None:
             extra["power_capped"] = self.power_cap.binding
         fields = self.fields(now_s)
@@ -360,7 +336,7 @@ class Filler:
             yields=self.yields,
             yielding_s=self.seconds_yielding(now_s),
             own_busy_s=self.worker.busy_log.total_busy_s,
-            energy_j=self.energy_j,
+            energy_j=self.energy.energy_j,
             power_cap_w=self.power_cap.cap_w if self.power_cap is not None else None,
             power_capped=self.power_cap is not None and self.power_cap.binding and filling,
             holds=len(self.holds.watch.honoured) if self.holds is not None else 0,

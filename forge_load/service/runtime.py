@@ -16,6 +16,7 @@ from forge_load import __version__
 from forge_load.config.settings import Config, describe
 from forge_load.control.controller import make_controller
 from forge_load.control.detectors import Thresholds
+from forge_load.control.energy import EnergyMeter
 from forge_load.control.filler import Filler, line_fields
 from forge_load.control.monitor import Monitor
 from forge_load.control.policy import Policy
@@ -119,7 +120,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   gpu_mem_process_mib=reading.own_mem_process_mib if reading else None,
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
                   driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
-                  nvml_clock=rt.probe.sample_clock, energy_source=rt.filler.energy_source_of(reading),
+                  nvml_clock=rt.probe.sample_clock, energy_source=EnergyMeter.source_of(reading),
                   compute_mode=rt.info.compute_mode.value,
                   **rt.launcher.describe(), **extra)
     if rt.filler.power_cap is not None:
@@ -138,7 +139,7 @@ def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
     status = rt.filler.status(now_s)
     rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
                 yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),
-                energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy_source)
+                energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy.source)
     if rt.filler.holds is not None:
         rt.filler.holds.close()
 
