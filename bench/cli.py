@@ -102,6 +102,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cpu-gpus", default=",".join(map(str, cpu.GPU_COUNTS)),
                         help="cpu scenario: GPUs per filler process, comma separated; default 1,8 (on the virtual "
                              "GPU each run gets as many; on a real one, those there are)")
+    parser.add_argument("--cpu-nvml-costs", default=",".join(f"{c:g}" for c in cpu.NVML_COSTS_MS),
+                        help="cpu scenario on the virtual GPU: run each (GPUs, target) with each process-list query "
+                             "costing these ms of CPU, comma separated; default 0,4.5")
+    parser.add_argument("--cpu-repeats", type=int, default=1,
+                        help="cpu scenario: runs of each (GPUs, target, cost); tables and goals take the median; "
+                             "default 1")
     parser.add_argument("--sim-window", type=float, default=1 / 6, help="simulated NVML window; default 1/6 s")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed; default 0")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
@@ -143,6 +149,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--cpu-gpus {args.cpu_gpus!r}: expected GPU counts such as 1,8")
     if not args.cpu_gpus or not all(1 <= n <= 8 for n in args.cpu_gpus):
         parser.error("--cpu-gpus: each must be 1 to 8")
+    try:
+        args.cpu_nvml_costs = sorted({float(c) for c in args.cpu_nvml_costs.split(",") if c.strip()})
+    except ValueError:
+        parser.error(f"--cpu-nvml-costs {args.cpu_nvml_costs!r}: expected milliseconds such as 0,4.5")
+    if not args.cpu_nvml_costs or not all(0 <= c <= 1000 for c in args.cpu_nvml_costs):
+        parser.error("--cpu-nvml-costs: each must be 0 to 1000 ms")
+    if not 1 <= args.cpu_repeats <= 20:
+        parser.error(f"--cpu-repeats {args.cpu_repeats}: expected 1 to 20")
     if args.cpu_s < cpu.STEADY_FROM_S + 2:
         parser.error(f"--cpu-s must be >= {cpu.STEADY_FROM_S + 2:g}: the steady state begins "
                      f"{cpu.STEADY_FROM_S:g} s after the start line")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO, log
-from bench.cpu import judge_cpu_goals
+from bench.cpu import PROCESS_LIST_FUNCTIONS, judge_cpu_goals, summaries
 from bench.results import CONTROLLERS, FOOTPRINT_TARGET, YIELD_TARGET, judge_goals
 from forge_load.control.probe import UtilSample
 from forge_load.control.scoring import one_second_readings
@@ -341,7 +341,34 @@ def cpu_where(results: dict[str, Any]) -> str:
 
 
 def cpu_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    return sorted(results["runs"], key=lambda r: (r["gpus"]["value"], r["target"]["value"]))
+    """One row per (GPUs, target, process-list cost), the median of its repeats."""
+    return summaries(results)
+
+
+def cost_label(r: dict[str, Any]) -> str:
+    cost = (r.get("nvml_cost_ms") or {}).get("value") or 0
+    return f"{cost:g} ms" if cost else "as is"
+
+
+def nvml_calls_text(r: dict[str, Any]) -> str:
+    """NVML calls per s per GPU by function, the process lists summed, the busiest first."""
+    calls = {k.removeprefix("nvmlDevice"): v["value"] for k, v in (r.get("nvml_calls_per_s_per_gpu") or {}).items()
+             if v.get("value") and k not in PROCESS_LIST_FUNCTIONS}
+    lists = (r.get("process_list_calls_per_s_per_gpu") or {}).get("value")
+    if lists:
+        calls["process lists"] = lists
+    if not calls:
+        return "n/a"
+    return ", ".join(f"{k} {v:.2g}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]))
+
+
+def wakeups_text(r: dict[str, Any]) -> str:
+    threads = [w["value"] for w in r.get("wakeups_per_s_by_thread") or [] if w.get("value") is not None]
+    total = (r.get("wakeups_per_s") or {}).get("value")
+    if total is None:
+        return "n/a"
+    busy = [f"{w:.0f}" for w in threads if w >= 0.5]
+    return f"{total:.0f} ({', '.join(busy) if busy else 'none'} by thread; {len(threads)} threads)"
 
 
 def render_cpu_markdown(results: dict[str, Any]) -> str:
@@ -360,28 +387,41 @@ def render_cpu_markdown(results: dict[str, Any]) -> str:
             f"({box['usable_cpus']['value']} usable{load}) · "
             f"GPU {gpu['name']} · driver {gpu['driver']} · forge_load {results['software']['forge_load']} · "
             f"Python {results['software']['python']}" + (" · incomplete run" if not results.get("complete") else ""),
-            "", f"`{results['command']}`", "", "### Goals (issue 12)", ""]
+            "", f"`{results['command']}`", "", "### Goals (issues 12 and 20)", ""]
     out += goal_rows(results["goals"])
     rows = cpu_rows(results)
     if rows:
         out += ["", f"### Steady state: from {steady_from_s:g} s after the start line to the end of each "
                 f"{run_s:g}-s run", "",
-                "| GPUs | target | CPU per GPU (% of one core) | whole process (% of one core) | CPU per launch (µs) "
-                "| launches/s per GPU | settle (s) | mean abs error | p95 abs error | yields |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "| GPUs | target | process lists cost | runs | CPU per GPU (% of one core) "
+                "| whole process (% of one core) "
+                "| CPU per launch (µs) | launches/s per GPU | settle (s) | mean abs error | p95 abs error | yields |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            out.append(f"| {r['gpus']['value']} | {r['target']['value']:g} | {fmt(r['cpu_pct_per_gpu'], 2)} "
+            out.append(f"| {r['gpus']['value']} | {r['target']['value']:g} | {cost_label(r)} | {r['repeats']} "
+                       f"| {fmt(r['cpu_pct_per_gpu'], 2)} "
                        f"| {fmt(r['cpu_pct_one_core'], 2)} | {fmt(r['cpu_us_per_launch'], 0)} "
                        f"| {fmt(r['launches_per_s_per_gpu'], 0)} | {fmt(r['settle_s'], 1)} | {fmt(r['mae'], 4)} "
                        f"| {fmt(r['p95_error'], 4)} | {fmt(r['yields'])} |")
         sources = sorted({r["tracking_from"] for r in rows})
         out += ["", f"Tracking from {'; '.join(sources)}: 1-s readings from each filler's start, the worst GPU of "
-                "each run. CPU is the process's user + system time (every thread) over wall time."]
-        out += ["", "### Start-up", "",
-                "| GPUs | target | to the first kernel (s) | to the start line (s) | CPU used by then (s) |",
-                "|---|---|---|---|---|"]
+                "each run. CPU is the process's user + system time (every thread) over wall time. Each number is "
+                "the median of the runs (cpu.json lists every run)."]
+        out += ["", "### NVML, wake-ups and memory (steady state)", "",
+                "| GPUs | target | process lists cost | NVML calls per s per GPU | wake-ups per s: process (by thread) "
+                "| RSS (MiB) |", "|---|---|---|---|---|---|"]
         for r in rows:
-            out.append(f"| {r['gpus']['value']} | {r['target']['value']:g} | {fmt(r['startup_s'], 2)} "
+            out.append(f"| {r['gpus']['value']} | {r['target']['value']:g} | {cost_label(r)} | {nvml_calls_text(r)} "
+                       f"| {wakeups_text(r)} | {fmt(r.get('rss_mib'), 0)} |")
+        out += ["", "NVML calls as the virtual GPU counted them (every C call; a process-list refresh is three: "
+                "compute count and fill, graphics count). Wake-ups are voluntary context switches "
+                "(/proc/<pid>/task/*/status), threads waking at least every 2 s listed."]
+        out += ["", "### Start-up", "",
+                "| GPUs | target | process lists cost | to the first kernel (s) | to the start line (s) "
+                "| CPU used by then (s) |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['gpus']['value']} | {r['target']['value']:g} | {cost_label(r)} "
+                       f"| {fmt(r['startup_s'], 2)} "
                        f"| {fmt(r['startup_to_start_line_s'], 2)} | {fmt(r['startup_cpu_s'], 2)} |")
         out += ["", "From the process's start; with several GPUs, to the first kernel on each of them (the last)."]
     for title, key in (("Skipped", "skipped"), ("Failures", "failures"), ("Notes", "notes")):
@@ -405,13 +445,15 @@ def render_cpu_section(results: dict[str, Any], out_dir: Path, page: Path | None
            "of one core; start-up is from the process's start to its first kernel.", ""]
     if results["virtual_gpu"]:
         out += [VIRTUAL_CPU_NOTE, ""]
-    out += ["| GPUs in the process | target | CPU per GPU | whole process | CPU per launch | launches/s per GPU "
-            "| start-up to the first kernel | CPU used by then |", "|---|---|---|---|---|---|---|---|"]
+    out += ["| GPUs in the process | target | process lists cost | CPU per GPU | whole process "
+            "| process-list calls/s per GPU | wake-ups/s | RSS | launches/s per GPU "
+            "| start-up to the first kernel | CPU used by then |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in cpu_rows(results):
-        out.append(f"| {r['gpus']['value']} | {r['target']['value']:g} | {fmt(r['cpu_pct_per_gpu'], 2)} % "
-                   f"| {fmt(r['cpu_pct_one_core'], 2)} % | {fmt(r['cpu_us_per_launch'], 0)} µs "
-                   f"| {fmt(r['launches_per_s_per_gpu'], 0)} | {fmt(r['startup_s'], 2)} s "
-                   f"| {fmt(r['startup_cpu_s'], 2)} s |")
+        out.append(f"| {r['gpus']['value']} | {r['target']['value']:g} | {cost_label(r)} "
+                   f"| {fmt(r['cpu_pct_per_gpu'], 2)} % | {fmt(r['cpu_pct_one_core'], 2)} % "
+                   f"| {fmt(r.get('process_list_calls_per_s_per_gpu'), 1)} | {fmt(r.get('wakeups_per_s'), 0)} "
+                   f"| {fmt(r.get('rss_mib'), 0)} MiB | {fmt(r['launches_per_s_per_gpu'], 0)} "
+                   f"| {fmt(r['startup_s'], 2)} s | {fmt(r['startup_cpu_s'], 2)} s |")
     out += [""] + goal_rows(results["goals"])
     out += ["", f"All numbers, tracking and start-up: [{rel}/cpu.md]({here}/cpu.md).", "", "<!-- /BENCH-CPU -->"]
     return "\n".join(out) + "\n"

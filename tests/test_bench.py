@@ -516,12 +516,14 @@ def test_without_matplotlib_the_rest_is_written_and_it_says_so(tmp_path: Path, m
 
 # --- the cpu scenario ----------------------------------------------------------------------------------------
 
-CPU_UNITS = {"s", "ratio", "count", "% of one core", "launches/s", "us", "MiB"}
+CPU_UNITS = {"s", "ratio", "count", "% of one core", "launches/s", "us", "MiB", "ms", "calls/s", "wake-ups/s"}
 CPU_RUN_KEYS = {"label", "gpus", "target", "duration_s", "cpu_pct_one_core", "cpu_pct_per_gpu", "steady_s",
                 "launches_per_s_per_gpu", "cpu_us_per_launch", "startup_s", "startup_to_start_line_s",
                 "startup_cpu_s", "settle_s", "mae", "p95_error", "mae_from_5s", "p95_error_from_5s", "mean_util",
-                "yields", "tracking_from"}
-CPU_GOALS = ["cpu_1gpu_0.5", "cpu_1gpu_0.8", "cpu_8gpus_0.5", "settle", "mae", "p95"]
+                "yields", "tracking_from", "nvml_cost_ms", "repeat", "nvml_calls_per_s_per_gpu",
+                "process_list_calls_per_s_per_gpu", "wakeups_per_s", "wakeups_per_s_by_thread", "threads", "rss_mib"}
+CPU_GOALS = ["cpu_1gpu_0.5", "cpu_1gpu_0.8", "cpu_8gpus_0.5", "settle", "mae", "p95", "cpu20_1gpu_0.5",
+             "cpu20_8gpus_0.5", "cpu20_1gpu_0.5_slow", "proc_lists"]
 
 
 def check_cpu_results(r: dict[str, Any]) -> None:
@@ -557,7 +559,7 @@ def test_cpu_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Path,
     out = tmp_path / "cpu"
     section = tmp_path / "section.md"
     code = cli.main(["--vgpu", "--scenarios", "cpu", "--cpu-s", "7", "--targets", "0.5", "--cpu-gpus", "1,2",
-                     "--out", str(out), "--section", str(section)])
+                     "--cpu-nvml-costs", "0,4.5", "--out", str(out), "--section", str(section)])
     printed = capsys.readouterr()
     r = json.loads((out / "cpu.json").read_text())
     assert code == 0, r["failures"]
@@ -565,17 +567,25 @@ def test_cpu_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Path,
     check_cpu_results(r)
     assert r["virtual_gpu"] is True and r["failures"] == [] and r["skipped"] == []
     assert r["gpu"]["name"] == "Virtual GPU (H100-like)" and r["gpu"]["driver"].endswith("-virtual")
-    assert [(x["gpus"]["value"], x["target"]["value"], x["label"]) for x in r["runs"]] == [
-        (1, 0.5, "1 GPU"), (2, 0.5, "2 GPUs in one process")]
+    assert [(x["gpus"]["value"], x["target"]["value"], x["label"], x["nvml_cost_ms"]["value"])
+            for x in r["runs"]] == [(1, 0.5, "1 GPU", 0.0), (2, 0.5, "2 GPUs in one process", 0.0),
+                                    (1, 0.5, "1 GPU", 4.5), (2, 0.5, "2 GPUs in one process", 4.5)]
     for run in r["runs"]:  # the virtual GPU's record gives the first kernel and the launches
         assert run["tracking_from"] == "the virtual GPU's kernel record, 1/6-s windows"
-        for key in ("startup_s", "launches_per_s_per_gpu", "cpu_us_per_launch"):
+        for key in ("startup_s", "launches_per_s_per_gpu", "cpu_us_per_launch", "wakeups_per_s", "rss_mib",
+                    "process_list_calls_per_s_per_gpu"):
             assert run[key]["value"] is not None, (key, run[key])
         assert run["yields"]["value"] == 0
+        assert run["nvml_calls_per_s_per_gpu"]["nvmlDeviceGetMemoryInfo_v2"]["value"] > 0  # the virtual GPU counts
+        assert run["rss_mib"]["value"] > 10 and run["threads"]["value"] == len(run["wakeups_per_s_by_thread"])
+        assert run["wakeups_per_s"]["value"] == pytest.approx(sum(w["value"] for w in run["wakeups_per_s_by_thread"]),
+                                                              abs=1e-3)
     goals = {g["key"]: g for g in r["goals"]}
     assert goals["cpu_1gpu_0.5"]["measured"]["value"] == r["runs"][0]["cpu_pct_per_gpu"]["value"]
     assert goals["cpu_1gpu_0.8"]["pass"] is False and goals["cpu_1gpu_0.8"]["note"] == "no run of 1 GPU at 0.8"
     assert goals["cpu_8gpus_0.5"]["pass"] is False  # the virtual GPU has 8: a run left out is a goal missed
+    assert goals["cpu20_1gpu_0.5_slow"]["measured"]["value"] == r["runs"][2]["cpu_pct_per_gpu"]["value"]
+    assert goals["proc_lists"]["measured"]["value"] == r["runs"][0]["process_list_calls_per_s_per_gpu"]["value"]
     md = (out / "cpu.md").read_text()
     assert "(virtual GPU)" in md.splitlines()[0] and "Virtual GPU: not a GPU measurement" in md
     assert printed.out.strip() == md.strip()
@@ -612,6 +622,8 @@ def test_cpu_scenario_real_path_on_fakes(tmp_path: Path, monkeypatch: pytest.Mon
     assert r["skipped"] == ["cpu: 8 GPUs in one process at 0.5 (7 s): this machine has 1 GPU(s)"]
     goals = {g["key"]: g for g in r["goals"]}
     assert goals["cpu_8gpus_0.5"]["pass"] is None and goals["cpu_8gpus_0.5"]["note"] == "n/a: this machine has 1 GPU(s)"
+    for key in ("cpu20_1gpu_0.5_slow", "proc_lists"):  # a real driver neither takes a cost nor counts calls
+        assert goals[key]["pass"] is None and goals[key]["note"].startswith("n/a"), goals[key]
     assert "Virtual GPU" not in (out / "cpu.md").read_text()
     assert runner.CHILDREN.alive == []
 

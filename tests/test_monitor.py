@@ -519,3 +519,32 @@ def test_the_sample_buffer_is_asked_about_once_per_window_and_no_sample_is_late(
     assert all(seen_at[t] - t < 0.1 + 1e-9 for t in stamps if t > 2 * window_s)  # none waits past one poll
     learning = 2 * window_s / 0.1  # every poll asks until two samples have taught the window
     assert probe.samples_calls <= 30 / window_s + learning + 5, probe.samples_calls  # not one per poll (300)
+
+
+# --- waking the reader (issue 20) ---------------------------------------------------------------------------------
+
+
+def test_while_the_reader_fills_only_a_changed_verdict_wakes_it_and_take_keeps_every_sample() -> None:
+    woken: list[int] = []
+    probe = FakeProbe(memory_mib=OWN_MIB, procs=[own_proc()])
+    m = monitor(probe, on_reading=lambda: woken.append(1))
+    poll(m, 0.0)
+    assert m.woke and len(woken) == 1  # the first reading always
+    m.wake_every_reading = False  # the filler says so while it fills
+    probe.samples = [UtilSample(0.05, 0.0)]
+    poll(m, 0.1)
+    probe.samples = [UtilSample(0.05, 0.0), UtilSample(0.2167, 0.0)]
+    poll(m, 0.3)
+    assert len(woken) == 1 and not m.woke  # new samples, same verdict: no wake-up
+    taken = m.take()
+    assert taken is not None and [s.t_s for s in taken.samples] == [0.05, 0.2167]  # both readings' samples
+    assert m.take() is taken  # taken once: the same reading again, no sample twice
+    probe.procs = [own_proc(), GpuProcess(999, 300.0)]
+    probe.memory_mib = OWN_MIB + 300.0
+    reading = poll(m, 0.4)
+    assert m.woke and len(woken) == 2 and reading.foreign  # a job: at once
+    poll(m, 0.5)
+    assert len(woken) == 2  # still foreign: nothing new
+    m.wake_every_reading = True  # yielding: every reading may end the wait
+    poll(m, 0.6)
+    assert len(woken) == 3

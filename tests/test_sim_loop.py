@@ -124,3 +124,52 @@ def test_same_seed_same_run() -> None:
     again = simulate("--duration 15 --sim-foreign 5-8 --resume-after 2 --sim-seed 7")
     strip = lambda events: [{k: v for k, v in e.items() if k != "wall_time"} for e in events]  # noqa: E731
     assert strip(first.events) == strip(again.events)
+
+
+# --- wake-ups (issue 20) ----------------------------------------------------------------------------------------
+
+def test_a_foreign_context_is_yielded_to_at_the_poll_that_sees_it_on_memory_and_processes() -> None:
+    """The GPU's loop is no longer woken by every reading, but a reading whose verdict changes wakes it at once:
+    the yield line is at the first poll after the job's context appears, and both signals fired."""
+    scenario = simulate("--duration 30 --sim-foreign 20.03-25 --resume-after 5")
+    yielded = scenario.first("yield")
+    assert 20.03 <= float(yielded["t"]) <= 20.03 + 0.1 + 1e-9  # type: ignore[arg-type]
+    assert {"process", "memory"} <= set(str(yielded["signals"]).split(","))
+
+
+def test_while_filling_the_loop_wakes_for_its_bursts_not_for_every_poll() -> None:
+    """At 0.5 a burst is due 6 times a second and the Monitor polls 10 times: the loop steps about as often as the
+    bursts (plus status lines), not once per poll on top; every sample still reaches the controller once."""
+    import io
+
+    from forge_load.config.load import load_config
+    from forge_load.service.loop import run_simulated
+    from forge_load.service.runtime import Runtime
+
+    config = load_config("--simulate --sim-speed 0 --log-format json --duration 20 --target 0.5".split(), env={})
+    steps: list[float] = []
+    taken: list[float] = []
+
+    def wrap(rt: Runtime) -> None:
+        step, take = rt.filler.step, rt.monitor.take
+
+        def counted_step(now_s: float) -> float:
+            steps.append(now_s)
+            return step(now_s)
+
+        def counted_take():  # type: ignore[no-untyped-def]
+            reading = take()
+            if reading is not None and reading.seq != getattr(counted_take, "seq", None):
+                counted_take.seq = reading.seq  # type: ignore[attr-defined]
+                taken.extend(s.t_s for s in reading.samples)
+            return reading
+
+        rt.filler.step = counted_step  # type: ignore[method-assign]
+        rt.monitor.take = counted_take  # type: ignore[method-assign]
+
+    run = run_simulated(config, io.StringIO(), keep_history=True, on_start=wrap)
+    steady = [t for t in steps if 5.0 <= t < 20.0]
+    assert len(steady) <= 15 * 8, len(steady)  # ~6 bursts a second and status lines, not 16 steps a second
+    assert len(taken) == len(set(taken))  # no sample twice
+    assert sorted(taken) == taken and len([t for t in taken if 5.0 <= t < 19.5]) >= 14.5 * 6 - 1  # none lost
+    assert_tracks(run.gpu, 0.5, 5.0, 20.0)

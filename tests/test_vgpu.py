@@ -151,6 +151,8 @@ def test_bad_options_are_one_line_errors(vgpu: VgpuFactory, tmp_path: Path) -> N
     for kwargs, words in (({"gpus": 9}, "gpus=9"), ({"window_s": 0.05}, "window_s=0.05"),
                           ({"timestamps": "tai"}, "timestamps='tai'"), ({"fail_gpu": [(3, 1.0)]}, "device 3"),
                           ({"not_supported": ["cuInit"]}, "cuInit"),
+                          ({"nvml_cost": {"nvmlNoSuch": 1.0}}, "nvmlNoSuch"),
+                          ({"nvml_cost": {"nvmlDeviceGetSamples": -1.0}}, "nvmlDeviceGetSamples=-1.0"),
                           ({"compute_mode": "exclusive_thread"}, "compute_mode='exclusive_thread'")):
         with pytest.raises(VgpuError, match=words):
             VirtualGpu(tmp_path / "bad", lib_dir=vgpu.lib_dir, **kwargs)  # type: ignore[arg-type]
@@ -434,6 +436,91 @@ print(json.dumps({"answers": answers}))
     assert r["answers"] == ["ok", "ok", "lost", "lost", "lost"]  # the handle lookup was the first call
 
 
+COUNT_CALLS = NVML.replace("import pynvml", "import json, os, sys, time\nimport pynvml") + r'''
+def cpu_s(f):
+    t = time.thread_time(); f(); return time.thread_time() - t
+mem = [cpu_s(lambda: n.nvmlDeviceGetMemoryInfo(h)) for _ in range(5)]
+procs = [cpu_s(lambda: n.nvmlDeviceGetComputeRunningProcesses(h)) for _ in range(3)]
+print(json.dumps({"pid": os.getpid(), "mem_cpu_s": mem, "procs_cpu_s": procs}), flush=True)
+sys.stdin.readline()
+'''
+
+
+def test_nvml_calls_are_counted_per_process_and_function_and_cost_cpu(vgpu: VgpuFactory) -> None:
+    """Each C call is counted (pynvml's process list is a count call, then a fill call when there is one) and
+    a configured cost is CPU burnt in the caller, not a sleep; the counts are there while the process runs."""
+    gpu = vgpu(nvml_cost={"nvmlDeviceGetComputeRunningProcesses_v3": 20.0})
+    proc = start_py(gpu, COUNT_CALLS)
+    r = ready(proc)
+    rows = [p for p in gpu.nvml_calls()["processes"] if p["pid"] == r["pid"]]
+    finish(proc)
+    assert len(rows) == 1, rows
+    calls = rows[0]["calls"]
+    assert calls["nvmlDeviceGetMemoryInfo"] == 5 and calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 3
+    assert calls["nvmlDeviceGetHandleByIndex_v2"] == 1 and calls["nvmlInitWithFlags"] == 1
+    assert gpu.nvml_calls()["cost_ms"] == {"nvmlDeviceGetComputeRunningProcesses_v3": 20.0}
+    assert all(t >= 0.020 for t in r["procs_cpu_s"]), r  # no process: one C call each, 20 ms of CPU
+    assert all(t < 0.010 for t in r["mem_cpu_s"]), r  # what costs nothing stays cheap
+
+
+def test_cli_keeps_the_nvml_calls_file_current_while_the_command_runs(tmp_path: Path, vgpu: VgpuFactory) -> None:
+    calls = tmp_path / "calls.json"
+    code = COUNT_CALLS.replace("sys.stdin.readline()", "time.sleep(1.5)")
+    code = code.replace("print(json.dumps({", f"open({str(tmp_path / 'said')!r}, 'w').write(json.dumps({{")
+    code = code.replace(", flush=True)\ntime.sleep", ")\ntime.sleep")
+    proc = subprocess.Popen([sys.executable, str(VGPU_CLI), "run", "--nvml-calls", str(calls), "--nvml-cost",
+                             "nvmlDeviceGetComputeRunningProcesses_v3=1,nvmlDeviceGetMemoryInfo=0", "--",
+                             sys.executable, "-c", code], cwd=ROOT, text=True, stderr=subprocess.PIPE)
+    during = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (tmp_path / "said").exists() and calls.exists():
+            data = json.loads(calls.read_text())
+            if data["processes"] and data["processes"][0]["calls"].get("nvmlDeviceGetComputeRunningProcesses_v3"):
+                during = data
+                break
+        time.sleep(0.1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert during is not None, "the file was not current while the command ran"
+    final = json.loads(calls.read_text())
+    pid = json.loads((tmp_path / "said").read_text())["pid"]
+    (row,) = [p for p in final["processes"] if p["pid"] == pid]
+    assert row["calls"]["nvmlDeviceGetMemoryInfo"] == 5
+    assert row["calls"]["nvmlDeviceGetComputeRunningProcesses_v3"] == 3
+    assert final["cost_ms"] == {"nvmlDeviceGetComputeRunningProcesses_v3": 1.0}
+
+
+BURST = r'''
+import json, os, time
+import pynvml
+from forge_load.gpu.launcher import CudaLauncher
+pynvml.nvmlInit()
+uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+launcher = CudaLauncher(uuid if isinstance(uuid, str) else uuid.decode())
+done = []
+launcher.launch(16, time.monotonic(), count=7)  # two waves a kernel
+while not done:
+    time.sleep(0.005)
+    done += launcher.poll(time.monotonic())
+launcher.close()
+(k,) = done
+print(json.dumps({"pid": os.getpid(), "count": k.count, "kernel_s": k.kernel_s, "busy_s": k.end_s - k.start_s}))
+'''
+
+
+def test_a_burst_is_two_driver_launches_and_still_timed_exactly(vgpu: VgpuFactory) -> None:
+    """A burst of seven kernels' work is queued as the first kernel and one kernel of the other six's blocks:
+    two cuLaunchKernel calls, not seven; the events still time one kernel of the burst's size exactly."""
+    gpu = vgpu()
+    r = run_py(gpu, BURST)
+    mine = [k for k in gpu.kernels() if k.pid == r["pid"]]  # open launches nothing: only the burst's
+    assert len(mine) == 2
+    first_s, rest_s = (k.end - k.start for k in mine)
+    assert rest_s == pytest.approx(6 * first_s, rel=0.05)  # one launch overhead instead of six
+    assert r["count"] == 7 and r["kernel_s"] == pytest.approx(first_s, rel=0.05)
+
+
 def test_not_supported_injection_and_forge_load_reads_it_as_unavailable(vgpu: VgpuFactory) -> None:
     gpu = vgpu(not_supported=["nvmlDeviceGetSamples", "nvmlDeviceGetPowerUsage"])
     r = run_py(gpu, r'''
@@ -619,7 +706,11 @@ def test_cli_runs_a_command_on_a_fresh_gpu_and_records_its_kernels(tmp_path: Pat
 @pytest.mark.parametrize("args, words", [
     (["--gpus", "0"], "gpus=0"), (["--window", "0.01"], "window_s=0.01"), (["--timestamps", "x"], "timestamps"),
     (["--fail-gpu", "1"], "--fail-gpu '1'"), (["--fail-gpu", "1@2"], "device 1"), (["--nope"], "--nope"),
-    ([], "no command"), (["--compute-mode", "exclusive_thread"], "--compute-mode"),
+    ([], "no command"), (["--nvml-cost", "nvmlDeviceGetSamples"], "--nvml-cost 'nvmlDeviceGetSamples'"),
+    (["--nvml-cost", "nvmlDeviceGetSamples=-1"], "--nvml-cost"), (["--nvml-cost", "nvmlDeviceGetSamples=x"], "MS"),
+    (["--nvml-cost", "nvmlNoSuchThing=1"], "nvmlNoSuchThing"),
+    (["--nvml-calls", "/nonexistent/dir/calls.json"], "--nvml-calls /nonexistent/dir/calls.json"),
+    (["--compute-mode", "exclusive_thread"], "--compute-mode"),
     (["--exclusive", "--compute-mode", "default"], "--compute-mode"),
 ])
 def test_cli_bad_options_exit_2_with_one_line(args: list[str], words: str, vgpu: VgpuFactory) -> None:

@@ -5,6 +5,10 @@ unmodified numba-cuda and pynvml load, sharing one modelled GPU across processes
     subprocess.run([sys.executable, "-c", "..."], env=gpu.env())
     gpu.kernels()        # every kernel that ran: pid, device, start, end (Unix seconds)
     gpu.unimplemented()  # driver entry points called but not implemented (should stay empty)
+    gpu.nvml_calls()     # every process's NVML calls so far, per function
+
+`nvml_cost={"nvmlDeviceGetComputeRunningProcesses_v3": 4.5}` makes each call of that function burn 4.5 ms of the
+caller's CPU, as a slow driver would.
 
 Never load the stand-ins into the calling process: everything on the virtual GPU runs in subprocesses with
 `env()` (one libnvidia-ml per process). What the model does, and what it cannot prove: docs/testing.md, "The
@@ -29,6 +33,7 @@ __all__ = ["STATE_ENV", "BuildError", "Context", "Kernel", "VirtualGpu", "VgpuEr
 STATE_ENV = "VGPU_STATE"
 WINDOW_MIN_S, WINDOW_MAX_S = 1 / 6, 1.0
 MAX_GPUS = 8  # VGPU_MAX_GPUS in src/state.h
+NVML_COST_MAX_MS = 10000.0  # the most a call may cost (src/state.c, nvml_cost)
 # NVML's and CUDA's compute modes the virtual GPU models (EXCLUSIVE_THREAD is gone from both: "Support Removed")
 COMPUTE_MODES = ("default", "prohibited", "exclusive_process")
 
@@ -90,6 +95,7 @@ class VirtualGpu:
                  context_mib: float = 512.0, reserved_mib: float = 541.0, total_mib: float = 81559.0,
                  wave_s: float = 1e-4, overhead_s: float = 8e-6, latency_s: float = 5e-6,
                  history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
+                 nvml_cost: Mapping[str, float] | None = None,
                  compute_mode: str = "default", lib_dir: str | os.PathLike[str] | None = None) -> None:
         if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
             raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
@@ -121,6 +127,16 @@ class VirtualGpu:
             config["fail_gpu_calls"] = _pairs("fail_gpu_after_calls", fail_gpu_after_calls, gpus, integer=True)
         if not_supported:
             config["not_supported"] = ",".join(not_supported)
+        if nvml_cost:
+            items = []
+            for name, ms in nvml_cost.items():
+                if not (isinstance(ms, (int, float)) and math.isfinite(ms) and 0 <= ms <= NVML_COST_MAX_MS):
+                    raise VgpuError(f"nvml_cost: {name}={ms!r} is not a number of milliseconds from 0 to "
+                                    f"{NVML_COST_MAX_MS:g}")
+                if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
+                    raise VgpuError(f"nvml_cost: {name!r} is not an NVML function name (nvml...)")
+                items.append(f"{name}:{float(ms)!r}")
+            config["nvml_cost"] = ",".join(items)
         if fastest_first is not None:
             config["fastest_first"] = ",".join(str(int(i)) for i in fastest_first)
         if (self.state_dir / "state").exists():
@@ -176,6 +192,15 @@ class VirtualGpu:
     def show(self) -> dict[str, Any]:
         """The state as vgpuctl shows it (after releasing dead processes' contexts): devices, processes."""
         proc = subprocess.run([str(self._ctl), "show", str(self.state_dir)], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise VgpuError(proc.stderr.strip())
+        return dict(json.loads(proc.stdout))
+
+    def nvml_calls(self) -> dict[str, Any]:
+        """Every process's NVML calls so far: {"now": Unix s, "cost_ms": {fn: ms}, "processes": [{"pid",
+        "pidns", "comm", "calls": {fn: count}}]}; a process's row stays after it ends."""
+        proc = subprocess.run([str(self._ctl), "calls", str(self.state_dir)], capture_output=True, text=True,
                               check=False)
         if proc.returncode != 0:
             raise VgpuError(proc.stderr.strip())

@@ -82,6 +82,7 @@ class Filler:
         self._draining = False  # a yield's (or a pause's) last kernels are still running
         self.power_cap = power_cap
         self._power_pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover
+        self._power_seen_t_s: float | None = None  # when the power reading last learnt from was read
         self.pauses = pauses
         self.on_transition = on_transition
         self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
@@ -104,7 +105,7 @@ class Filler:
         """React to a new reading, drive the Worker, log; returns when to step again."""
         if self.monitor.failure is not None:
             raise self.monitor.failure
-        reading = self.monitor.latest()
+        reading = self.monitor.take()
         fresh = reading is not None and reading.seq != self._seq
         if self.holds is not None and (fresh or not self._holds_checked
                                        or self.holds.generation != self._holds_generation):
@@ -134,7 +135,12 @@ class Filler:
         if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:
             self._last_beat_s = now_s
             self.heartbeat()
-        return min(due_s, self._next_status_s, self._held_due_s())
+        # While filling, the next burst takes the readings in between; otherwise each one may end a wait. A
+        # pause file is read at each reading, as fast as a yield: with one, every reading still wakes us.
+        self.monitor.wake_every_reading = (self.policy.state not in FILLING_STATES or self._draining
+                                           or (self.pauses is not None and self.pauses.pause_file is not None))
+        ack_due_s = self.holds.ack_due_s if self.holds is not None else float("inf")
+        return min(due_s, self._next_status_s, self._held_due_s(), ack_due_s)
 
     def _held_due_s(self) -> float:
         """When the first held line is due to be written (inf when none is held)."""
@@ -277,7 +283,9 @@ class Filler:
         read our share low and the watts it costs high (bursts last up to a twelfth of a second)."""
         if self.power_cap is None:
             return
-        if self._power_pending is None and reading.power_w is not None:
+        # Power is read about once a second (monitor.py): each reading of it is learnt from once.
+        if self._power_pending is None and reading.power_w is not None and reading.power_t_s != self._power_seen_t_s:
+            self._power_seen_t_s = reading.power_t_s
             self._power_pending = (now_s, reading)
         busy = self.worker.busy_log
         if self._power_pending is None or busy.complete_until_s < self._power_pending[0]:

@@ -2,10 +2,18 @@
 
 Each poll gathers what the signals judge (detectors.py): the processes on the GPU, device memory beyond ours
 and the baseline, and each new sample window split into our own share and the rest.
+
+NVML is asked by need (docs/design.md §7): device memory, the cheap query, at every poll; the process lists,
+dear on a real driver, only when memory moved since they were last read (a new context costs hundreds of
+MiB), otherwise every PROCESS_REFRESH_MIN_S, growing to PROCESS_REFRESH_MAX_S while nothing changes; power
+and temperature about once a second, as often as NVML refreshes them (power at every poll only where there is
+no energy counter to read instead); the energy counter at every poll. The sample buffer is asked only when a
+new sample can be there (sampling.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -20,9 +28,13 @@ from forge_load.control.detectors import (
     Signal,
     Thresholds,
 )
-from forge_load.control.probe import Probe, UtilSample
+from forge_load.control.probe import GpuProcess, Probe, UtilSample
 from forge_load.control.sampling import SampleReader
 from forge_load.control.worker import BusyLog
+
+PROCESS_REFRESH_MIN_S = 1.0  # the process lists at least this often after something changed
+PROCESS_REFRESH_MAX_S = 4.0  # ... and the gap doubles up to this while memory and the lists stay still
+SLOW_READ_S = 1.0  # power and temperature: NVML refreshes them about once a second
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,7 @@ class Reading:
     power_w: float | None = None  # board power (NVML's reading: a 1-s mean on current GPUs)
     temperature_c: float | None = None
     energy_j: float | None = None  # the board's energy counter, where NVML offers one
+    power_t_s: float | None = None  # when power and temperature were read (about once a second)
 
     @property
     def foreign(self) -> bool:
@@ -73,6 +86,23 @@ class Monitor:
         self._samples = SampleReader(probe)
         self._pending: list[UtilSample] = []
         self._recent: deque[ShareSample] = deque(maxlen=RECENT_SAMPLES)
+        # The process lists are re-read when memory moved by half of what the memory signal fires on (a new
+        # context moves it by hundreds of MiB), so both signals still see a new job at the same poll.
+        self.memory_move_mib = thresholds.mem_mib / 2
+        self._processes: list[GpuProcess] | None = None
+        self._processes_mem_mib: float | None = None  # device memory when the lists were read
+        self._processes_due_s = float("-inf")
+        self._processes_gap_s = PROCESS_REFRESH_MIN_S
+        self._slow_due_s = float("-inf")
+        # Waking the reader (the GPU's loop) costs more CPU than the poll: while it fills, it is woken only by a
+        # reading that changes what it does (the verdict); its next burst takes the rest (`take`).
+        self.wake_every_reading = True
+        self.woke = False  # whether the last step woke the reader
+        self._unread: list[ShareSample] = []  # samples of the readings published since the last take()
+        self._taken: Reading | None = None
+        self._power_w: float | None = None
+        self._power_t_s: float | None = None
+        self._temperature_c: float | None = None
         self._processes_offered: bool | None = None  # at the latest poll (None: no poll yet)
         self._memory_offered: bool | None = None
 
@@ -98,12 +128,26 @@ class Monitor:
         with self._lock:
             return self._latest
 
+    def take(self) -> Reading | None:
+        """The latest reading for its reader, with every sample published since the previous take(): a
+        reading that did not wake the reader loses none."""
+        with self._lock:
+            latest = self._latest
+            if latest is None or (self._taken is not None and self._taken.seq == latest.seq):
+                return self._taken if latest is not None else None
+            self._taken = dataclasses.replace(latest, samples=tuple(self._unread))
+            self._unread = []
+            return self._taken
+
     def step(self, now_s: float) -> float:
         """Poll once; returns when the next poll is due (a fixed grid, skipping missed slots)."""
         reading = self._poll(now_s)
         with self._lock:
-            self._latest = reading
-        if self.on_reading is not None:
+            previous, self._latest = self._latest, reading
+            self._unread.extend(reading.samples)
+        self.woke = (self.wake_every_reading or previous is None or reading.signals != previous.signals
+                     or reading.foreign != previous.foreign)
+        if self.on_reading is not None and self.woke:
             self.on_reading()
         due_s = now_s if self._next_due_s is None else self._next_due_s
         while due_s <= now_s:
@@ -126,8 +170,10 @@ class Monitor:
         self._seq += 1
         samples = self._new_samples(now_s)
         shares = self._split(samples)
-        processes = self.probe.processes()
+        used_mib = self.probe.memory_used_mib()
+        processes = self._read_processes(now_s, used_mib)
         self._processes_offered = processes is not None
+        self._memory_offered = used_mib is not None
         own_process_mib: float | None = None
         foreign_pids: tuple[int, ...] = ()
         if processes is not None:
@@ -137,8 +183,6 @@ class Monitor:
         # The per-process count can miss part of our context; under-counting ourselves would read as
         # foreign memory on every poll, so the larger estimate wins.
         own_mem_mib = max(self.own_mem_context_mib, own_process_mib or 0.0)
-        used_mib = self.probe.memory_used_mib()
-        self._memory_offered = used_mib is not None
         foreign_mem_mib = None
         if used_mib is not None:
             # A baseline that included a job which has since left comes down with it.
@@ -149,14 +193,43 @@ class Monitor:
         seen = Observation(foreign_pids, foreign_mem_mib, tuple(self._recent))
         fired = [(name, reason) for name, signal in self.signals
                  if (reason := signal(seen, self.thresholds)) is not None]
+        # The energy counter at every poll: the energy while filling is counted from reading to reading, and a
+        # state change between two reads of it would put a second's energy on the wrong side. Without a
+        # counter, the power readings are what is integrated: then power at every poll too.
+        energy_j = self.probe.energy_j()
+        if now_s >= self._slow_due_s:
+            self._temperature_c = self.probe.temperature_c()
+            self._slow_due_s = now_s + SLOW_READ_S
+            self._power_w, self._power_t_s = self.probe.power_w(), now_s
+        elif energy_j is None:
+            self._power_w, self._power_t_s = self.probe.power_w(), now_s
+        power_w, temperature_c = self._power_w, self._temperature_c
         return Reading(
             seq=self._seq, t_s=now_s, window_s=self.window_s, samples=tuple(shares),
             memory_used_mib=used_mib, own_mem_mib=own_mem_mib, own_mem_process_mib=own_process_mib,
             foreign_mem_mib=foreign_mem_mib,
             foreign_pids=foreign_pids, signals=tuple(name for name, _ in fired),
             reason="; ".join(reason for _, reason in fired) or None,
-            power_w=self.probe.power_w(), temperature_c=self.probe.temperature_c(), energy_j=self.probe.energy_j(),
+            power_w=power_w, temperature_c=temperature_c, energy_j=energy_j, power_t_s=self._power_t_s,
         )
+
+    def _read_processes(self, now_s: float, used_mib: float | None) -> list[GpuProcess] | None:
+        """The process lists, read again when memory moved (or cannot be read) or when they are due."""
+        moved = (used_mib is None or self._processes_mem_mib is None
+                 or abs(used_mib - self._processes_mem_mib) >= self.memory_move_mib)
+        if not moved and now_s < self._processes_due_s:
+            return self._processes
+        processes = self.probe.processes()
+        pids = None if processes is None else sorted(p.pid for p in processes)
+        before = None if self._processes is None else sorted(p.pid for p in self._processes)
+        if moved or pids != before:
+            self._processes_gap_s = PROCESS_REFRESH_MIN_S
+        else:
+            self._processes_gap_s = min(self._processes_gap_s * 2, PROCESS_REFRESH_MAX_S)
+        self._processes = processes
+        self._processes_mem_mib = used_mib
+        self._processes_due_s = now_s + self._processes_gap_s
+        return processes
 
     def _new_samples(self, now_s: float) -> list[UtilSample]:
         self._pending.extend(self._samples.read(now_s))

@@ -248,9 +248,12 @@ class CudaLauncher:
         returned_s = self._clock()
         first = None
         if count > 1:
+            # The burst's other kernels as one kernel of their blocks together: the same work back to back, in
+            # one driver call instead of count - 1 (its length is count - 1 kernels', so the two events still
+            # time one kernel of `multiplier` exactly; a foreign kernel waits behind the burst either way).
             first = self._record(stream)
-            for _ in range(count - 1):
-                self._check(launch(function, grid, 1, 1, threads, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
+            rest = grid * (count - 1)
+            self._check(launch(function, rest, 1, 1, threads, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
         last = self._record(stream)
         self._pending.append(_Pending(first, last, anchor, multiplier, count, called_s, returned_s))
 

@@ -208,10 +208,16 @@ class FillerHolds:
     def foreign_seen(self, now_s: float) -> None:
         self.watch.foreign_seen(now_s)
 
+    @property
+    def ack_due_s(self) -> float:
+        """When the acknowledgement is due to be refreshed (the filler's loop wakes for it even while a burst's
+        wake-ups take the readings in between)."""
+        return self._written_s + ACK_REFRESH_S
+
     def acknowledge(self, now_s: float, state: str, drained: bool) -> str | None:
         """Write the acknowledgement if it changed or is due; a problem line the first time a write fails."""
         said = (state, self.watch.holders, drained, self.watch.generation)  # a refreshed hold is acknowledged too
-        if said == self._last and now_s - self._written_s < ACK_REFRESH_S:
+        if said == self._last and now_s < self.ack_due_s:  # the same sum: woken at it, it writes
             return None
         self._last, self._written_s = said, now_s
         try:

@@ -91,7 +91,8 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
             break
         if monitor_due_s <= due_s:
             monitor_due_s = rt.monitor.step(due_s)
-            filler_due_s = due_s  # react to the new reading at once
+            if rt.monitor.woke:
+                filler_due_s = due_s  # react to the new reading at once
         if filler_due_s <= due_s:
             filler_due_s = rt.filler.step(due_s)
     now_s = clock.now()

@@ -51,11 +51,42 @@ static int g_init_count;
 static vdev g_devs[VGPU_MAX_GPUS];       /* by host index */
 static int g_cont[VGPU_MAX_GPUS];       /* NVML index -> host index: the devices NVIDIA_VISIBLE_DEVICES gives */
 static int g_ncont;
+static int g_calls_row = -1; /* this process's row of NVML call counters (-1: none yet or none left) */
+static int g_calls_claimed;
+
+/* Count a call of NVML function `fi` for this process and burn what it is configured to cost. */
+static void counted(int fi) {
+    if (fi < 0 || !__atomic_load_n(&g_attached, __ATOMIC_ACQUIRE)) return;
+    vgpu_state *st = g_view.st;
+    if (!__atomic_load_n(&g_calls_claimed, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&g_mu);
+        if (!g_calls_claimed) {
+            vgpu_lock(&g_view);
+            g_calls_row = vgpu_nvml_claim(&g_view);
+            vgpu_unlock(&g_view);
+            __atomic_store_n(&g_calls_claimed, 1, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&g_mu);
+    }
+    if (g_calls_row >= 0) __atomic_add_fetch(&st->nvml_proc[g_calls_row].calls[fi], 1, __ATOMIC_RELAXED);
+    int64_t cost = st->nvml_cost_ns[fi];
+    if (cost > 0) vgpu_burn_cpu_ns(cost);
+}
+
+/* At the top of every exported function: count the call (and burn its cost) once the state is mapped. */
+#define COUNTED()                                                              \
+    do {                                                                       \
+        static int fi_ = -2;                                                   \
+        if (fi_ == -2) fi_ = vgpu_nvml_index(__func__);                        \
+        counted(fi_);                                                          \
+    } while (0)
 
 static void at_fork_prepare(void) { pthread_mutex_lock(&g_mu); }
 static void at_fork_parent(void) { pthread_mutex_unlock(&g_mu); }
 static void at_fork_child(void) {
     vgpu_after_fork_child(&g_view);
+    g_calls_row = -1;  /* the child counts in a row of its own */
+    g_calls_claimed = 0;
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -84,14 +115,25 @@ out:
     return rc;
 }
 
-nvmlReturn_t DECLDIR nvmlInit(void) { return init(); }
-nvmlReturn_t DECLDIR nvmlInit_v2(void) { return init(); }
+nvmlReturn_t DECLDIR nvmlInit(void) {
+    nvmlReturn_t rc = init();
+    COUNTED();
+    return rc;
+}
+nvmlReturn_t DECLDIR nvmlInit_v2(void) {
+    nvmlReturn_t rc = init();
+    COUNTED();
+    return rc;
+}
 nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
-    return init();
+    nvmlReturn_t rc = init();
+    COUNTED();
+    return rc;
 }
 
 nvmlReturn_t DECLDIR nvmlShutdown(void) {
+    COUNTED();
     pthread_mutex_lock(&g_mu);
     nvmlReturn_t rc = g_init_count > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
     if (g_init_count > 0) g_init_count--;
@@ -100,6 +142,7 @@ nvmlReturn_t DECLDIR nvmlShutdown(void) {
 }
 
 const DECLDIR char *nvmlErrorString(nvmlReturn_t result) {
+    COUNTED();
     switch (result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
@@ -148,6 +191,7 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, int *index) {
 
 #define ENTER(device)                                           \
     int dev_;                                                   \
+    COUNTED();                                                  \
     {                                                           \
         nvmlReturn_t rc_ = enter(__func__, (device), &dev_);    \
         if (rc_ != NVML_SUCCESS) return rc_;                    \
@@ -155,6 +199,7 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, int *index) {
 
 #define SYSTEM_ENTER()                                                  \
     do {                                                                \
+        COUNTED();                                                      \
         if (!initialized()) return NVML_ERROR_UNINITIALIZED;            \
         if (refused(__func__)) return NVML_ERROR_NOT_SUPPORTED;         \
     } while (0)
@@ -203,8 +248,14 @@ static nvmlReturn_t device_count(unsigned int *count) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetCount(unsigned int *deviceCount) { return device_count(deviceCount); }
-nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount) { return device_count(deviceCount); }
+nvmlReturn_t DECLDIR nvmlDeviceGetCount(unsigned int *deviceCount) {
+    COUNTED();
+    return device_count(deviceCount);
+}
+nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
+    COUNTED();
+    return device_count(deviceCount);
+}
 
 static nvmlReturn_t handle_of_host(int host, nvmlDevice_t *device) {
     if (vgpu_lost(&g_view, host, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
@@ -219,13 +270,16 @@ static nvmlReturn_t handle_by_index(unsigned int index, nvmlDevice_t *device) {
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    COUNTED();
     return handle_by_index(index, device);
 }
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    COUNTED();
     return handle_by_index(index, device);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    COUNTED();
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < g_ncont; i++) {
@@ -237,6 +291,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device) {
+    COUNTED();
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (pciBusId == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < g_ncont; i++) {

@@ -269,6 +269,87 @@ void vgpu_unimplemented(vgpu_view *v, const char *what) {
     fprintf(stderr, "vgpu: %s is not implemented by the virtual GPU (it fails with an error)\n", what);
 }
 
+const char *const vgpu_nvml_names[] = {
+    "nvmlInit",
+    "nvmlInit_v2",
+    "nvmlInitWithFlags",
+    "nvmlShutdown",
+    "nvmlErrorString",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+    "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetHandleByPciBusId_v2",
+    "nvmlDeviceGetIndex",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetCudaComputeCapability",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetSamples",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
+    "nvmlDeviceGetTemperature",
+    NULL,
+};
+_Static_assert(sizeof vgpu_nvml_names / sizeof vgpu_nvml_names[0] <= VGPU_NVML_FUNCS + 1, "VGPU_NVML_FUNCS");
+
+int vgpu_nvml_index(const char *name) {
+    for (int i = 0; vgpu_nvml_names[i] != NULL; i++)
+        if (strcmp(vgpu_nvml_names[i], name) == 0) return i;
+    return -1;
+}
+
+int vgpu_nvml_claim(vgpu_view *v) {
+    vgpu_state *st = v->st;
+    for (int i = 0; i < VGPU_NVML_PROCS; i++) {
+        vgpu_nvml_proc *p = &st->nvml_proc[i];
+        if (p->in_use) continue;
+        memset(p, 0, sizeof *p);
+        p->in_use = 1;
+        p->pid = (int32_t)getpid();
+        p->pidns = v->pidns;
+        int cfd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+        if (cfd >= 0) {
+            ssize_t n = read(cfd, p->comm, sizeof p->comm - 1);
+            if (n > 0 && p->comm[n - 1] == '\n') p->comm[n - 1] = '\0';
+            close(cfd);
+        }
+        return i;
+    }
+    return -1;
+}
+
+void vgpu_burn_cpu_ns(int64_t ns) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    int64_t end = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + ns;
+    for (;;) {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        if ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec >= end) return;
+    }
+}
+
 void vgpu_uuid_string(const uint8_t u[16], char out[48]) {
     snprintf(out, 48, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
              u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
@@ -438,6 +519,30 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
             }
         } else if (strcmp(key, "fastest_first") == 0) {
             snprintf(pending_order, sizeof pending_order, "%s", val);
+        } else if (strcmp(key, "nvml_cost") == 0) {
+            /* "FUNCTION:MS,FUNCTION:MS" */
+            char buf[2048];
+            snprintf(buf, sizeof buf, "%s", val);
+            char *s3 = NULL;
+            for (char *tok = strtok_r(buf, ",", &s3); tok; tok = strtok_r(NULL, ",", &s3)) {
+                char *colon = strchr(tok, ':');
+                char *end = NULL;
+                double ms = -1;
+                if (colon != NULL) {
+                    *colon = '\0';
+                    ms = strtod(colon + 1, &end);
+                }
+                int fi = vgpu_nvml_index(tok);
+                if (colon == NULL || *end != '\0' || end == colon + 1 || !(ms >= 0 && ms <= 10000)) {
+                    say(why, why_len, "nvml_cost=%s: expected FUNCTION:MS[,...] with 0 <= MS <= 10000", val);
+                    goto out;
+                }
+                if (fi < 0) {
+                    say(why, why_len, "nvml_cost: %s is not an NVML function of the virtual GPU", tok);
+                    goto out;
+                }
+                st->nvml_cost_ns[fi] = (int64_t)(ms * 1e6 + 0.5);
+            }
         } else if (strcmp(key, "not_supported") == 0) {
             if (strlen(val) + 3 > sizeof st->not_supported) {
                 say(why, why_len, "not_supported: too long");

@@ -6,6 +6,8 @@
  *                    so a slot whose lock can be taken belongs to a dead process (works across PID namespaces)
  *   kernels.jsonl    one JSON line per kernel, appended at launch: the ground truth of what ran
  *   unimplemented    one line per driver entry point called but not implemented
+ * The state also counts every NVML call per process and function (nvml_proc) and holds what each NVML
+ * function costs (nvml_cost_ns: CPU the stand-in burns per call, to model a slow driver).
  * Times are CLOCK_MONOTONIC nanoseconds (one clock for every process and container on a host).
  */
 #ifndef VGPU_STATE_H
@@ -17,12 +19,14 @@
 #pragma GCC visibility push(hidden)
 
 #define VGPU_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_LAYOUT 2u
+#define VGPU_LAYOUT 3u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml) */
 #define VGPU_MAX_GPUS 8
 #define VGPU_MAX_PROCS 64
 #define VGPU_RING 65536 /* busy intervals kept per device (merged when back to back) */
 #define VGPU_NEVER INT64_MAX
 #define VGPU_ENV "VGPU_STATE"
+#define VGPU_NVML_FUNCS 48 /* room in the call counters for the stand-in's NVML functions (vgpu_nvml_names) */
+#define VGPU_NVML_PROCS 128 /* processes whose NVML calls are counted (the later ones are not) */
 
 typedef struct {
     int64_t start_ns, end_ns;
@@ -59,6 +63,15 @@ typedef struct {
     uint64_t alloc_bytes[VGPU_MAX_GPUS];
 } vgpu_proc;
 
+/* One process's NVML calls, per function (index into vgpu_nvml_names); kept after the process is gone. */
+typedef struct {
+    uint32_t in_use;
+    int32_t pid; /* in its own PID namespace */
+    uint64_t pidns;
+    char comm[32];
+    uint64_t calls[VGPU_NVML_FUNCS]; /* atomic */
+} vgpu_nvml_proc;
+
 typedef struct {
     uint32_t magic, layout;
     int32_t gpus, sms, threads_per_sm, max_blocks_per_sm;
@@ -72,6 +85,8 @@ typedef struct {
     char not_supported[1024];             /* ",nvmlA,nvmlB," : NVML functions that answer NOT_SUPPORTED */
     vgpu_device dev[VGPU_MAX_GPUS];
     vgpu_proc proc[VGPU_MAX_PROCS];
+    int64_t nvml_cost_ns[VGPU_NVML_FUNCS]; /* CPU burnt per call of each NVML function */
+    vgpu_nvml_proc nvml_proc[VGPU_NVML_PROCS];
 } vgpu_state;
 
 /* One process's view of the state (one per library: libcuda and libnvidia-ml each map it). */
@@ -111,6 +126,15 @@ int64_t vgpu_busy_ns(const vgpu_state *st, int dev, int64_t a_ns, int64_t b_ns);
 /* Under the lock: device memory in use by every live context and allocation (bytes, without reserved). */
 uint64_t vgpu_used_bytes(const vgpu_state *st, int dev);
 uint64_t vgpu_proc_bytes(const vgpu_state *st, int slot, int dev);
+
+/* The NVML functions the stand-in exports, NULL-terminated; their index is their counter's. */
+extern const char *const vgpu_nvml_names[];
+/* The index of an NVML function's name, or -1. */
+int vgpu_nvml_index(const char *name);
+/* Under the lock: a fresh counter row for the calling process (its pid, pidns, comm); -1 when all are taken. */
+int vgpu_nvml_claim(vgpu_view *v);
+/* Burn `ns` of this thread's CPU time (a driver call that costs CPU, not a sleep). */
+void vgpu_burn_cpu_ns(int64_t ns);
 
 /* Record a call to an entry point the stand-in does not implement (once per name per process). */
 void vgpu_unimplemented(vgpu_view *v, const char *what);

@@ -2,6 +2,7 @@
  *
  *   vgpuctl create DIR < config      key=value lines (see vgpu_create in state.c); exit 2 on a bad config
  *   vgpuctl show DIR                 one JSON object: devices, live processes with their contexts and memory
+ *   vgpuctl calls DIR                one JSON object: every process's NVML calls so far, per function
  *
  * It never loads the stand-in libraries, so the process that asks (pytest) stays off the virtual GPU.
  */
@@ -83,6 +84,45 @@ static int show(const char *dir) {
     return 0;
 }
 
+static int calls(const char *dir) {
+    setenv(VGPU_ENV, dir, 1);
+    vgpu_view v;
+    char why[512];
+    if (vgpu_attach(&v, why, sizeof why) != 0) {
+        fprintf(stderr, "vgpuctl: %s\n", why);
+        return 1;
+    }
+    const vgpu_state *st = v.st;  /* counters are atomic: no lock, so a slow driver call holds nobody up */
+    printf("{\"now\":%.6f,\"cost_ms\":{", ((double)vgpu_now_ns() + (double)st->unix_offset_ns) / 1e9);
+    int first = 1;
+    for (int f = 0; vgpu_nvml_names[f] != NULL; f++) {
+        if (st->nvml_cost_ns[f] <= 0) continue;
+        printf("%s\"%s\":%.6f", first ? "" : ",", vgpu_nvml_names[f], (double)st->nvml_cost_ns[f] / 1e6);
+        first = 0;
+    }
+    printf("},\"processes\":[");
+    first = 1;
+    for (int i = 0; i < VGPU_NVML_PROCS; i++) {
+        const vgpu_nvml_proc *p = &st->nvml_proc[i];
+        if (!__atomic_load_n(&p->in_use, __ATOMIC_ACQUIRE)) continue;
+        printf("%s{\"pid\":%d,\"pidns\":%llu,\"comm\":", first ? "" : ",", p->pid, (unsigned long long)p->pidns);
+        json_string(p->comm);
+        printf(",\"calls\":{");
+        int first_fn = 1;
+        for (int f = 0; vgpu_nvml_names[f] != NULL; f++) {
+            unsigned long long n = __atomic_load_n(&p->calls[f], __ATOMIC_RELAXED);
+            if (n == 0) continue;
+            printf("%s\"%s\":%llu", first_fn ? "" : ",", vgpu_nvml_names[f], n);
+            first_fn = 0;
+        }
+        printf("}}");
+        first = 0;
+    }
+    printf("]}\n");
+    vgpu_detach(&v);
+    return 0;
+}
+
 static int create(const char *dir) {
     size_t cap = 65536, len = 0;
     char *text = malloc(cap);
@@ -110,6 +150,7 @@ static int create(const char *dir) {
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "create") == 0) return create(argv[2]);
     if (argc == 3 && strcmp(argv[1], "show") == 0) return show(argv[2]);
-    fprintf(stderr, "usage: vgpuctl create DIR < config | vgpuctl show DIR\n");
+    if (argc == 3 && strcmp(argv[1], "calls") == 0) return calls(argv[2]);
+    fprintf(stderr, "usage: vgpuctl create DIR < config | vgpuctl show DIR | vgpuctl calls DIR\n");
     return 2;
 }
