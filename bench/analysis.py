@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from bench.results import JUDGE_FROM_S, AnnouncedJob, Quantity, TrackingMetrics, YieldMetrics, mean
-from forge_load.probe import UtilSample
-from forge_load.scoring import one_second_readings, percentile, tracking
+from forge_load.control.probe import UtilSample
+from forge_load.control.scoring import one_second_readings, percentile, tracking
 
 # A yield logged this long before the foreign job's context is still its (clocks of two processes, rounding).
 YIELD_SLACK_S = 0.05
@@ -43,7 +43,7 @@ def status_series(events: Sequence[Event], key: str) -> list[list[float]]:
 
 
 def tracking_metrics(samples: Sequence[UtilSample], target: float, start_s: float, end_s: float) -> TrackingMetrics:
-    """forge_load.scoring's numbers for one run, plus the errors from JUDGE_FROM_S on (settled or not)."""
+    """forge_load.control.scoring's numbers for one run, plus the errors from JUDGE_FROM_S on (settled or not)."""
     result = tracking(samples, target, start_s, end_s)
     readings = one_second_readings(samples, start_s, end_s)
     late = [abs(u - target) for t_s, u in readings if t_s >= start_s + JUDGE_FROM_S]

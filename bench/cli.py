@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             stem = "virtual"
             if not virtual or main_scenarios:  # NVML here; never the stand-ins' outside scripts/vgpu
                 try:
-                    from forge_load.nvml import list_devices
+                    from forge_load.gpu.nvml import list_devices
 
                     devices = {d.index: d for d in list_devices()}
                 except Exception as error:  # NoGpuError, or pynvml missing

@@ -42,8 +42,8 @@ from bench.analysis import count, tracking_metrics
 from bench.results import SCHEMA, Goal, Json, Quantity, judge, mean, measured, q, to_json, worst
 from bench.runner import CHILDREN, CLK_TCK, Child, CpuWatch, cpu_s_at
 from bench.sampler import Sampler
-from forge_load.probe import UtilSample
-from forge_load.scoring import busy_samples
+from forge_load.control.probe import UtilSample
+from forge_load.control.scoring import busy_samples
 
 if TYPE_CHECKING:
     from vgpu import VirtualGpu
@@ -217,8 +217,8 @@ class RealGpus:
     virtual = False
 
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
-        from forge_load import nvml
-        from forge_load.probe import NoGpuError
+        from forge_load.control.probe import NoGpuError
+        from forge_load.gpu import nvml
 
         try:
             self.device_count = len(nvml.list_devices())

@@ -12,8 +12,8 @@ from typing import Any
 from bench import REPO, log
 from bench.cpu import PROCESS_LIST_FUNCTIONS, judge_cpu_goals, summaries
 from bench.results import CONTROLLERS, FOOTPRINT_TARGET, YIELD_TARGET, judge_goals
-from forge_load.probe import UtilSample
-from forge_load.scoring import one_second_readings
+from forge_load.control.probe import UtilSample
+from forge_load.control.scoring import one_second_readings
 
 VIRTUAL_NOTE = ("> **Virtual GPU: not a GPU measurement.** These numbers come from the real filler, numba-cuda and "
                 "pynvml running on driver-free stand-ins for libcuda and libnvidia-ml (`scripts/vgpu`, a model of "
@@ -46,7 +46,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         out += [VIRTUAL_NOTE, ""]
     if simulated:
         out += ["> **Simulated GPU, virtual time.** These numbers come from forge_load's GPU model "
-                "(`forge_load/sim.py`), not from hardware: they check the control loop and the output format. "
+                "(`forge_load/gpu/sim.py`), not from hardware: they check the control loop and the output format. "
                 "Footprint and foreign-job slowdown cannot be simulated and are marked n/a or labelled.", ""]
     out += [f"GPU {gpu['name']} · driver {gpu['driver']} · forge_load {results['software']['forge_load']} · "
             f"mode {results['mode']}" + (" on the virtual GPU" if results.get("virtual_gpu") else "")

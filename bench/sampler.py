@@ -1,6 +1,6 @@
 """The NVML sampling thread of a run on a real GPU, in the benchmark process (which opens no CUDA context).
 
-Utilization samples are read as the filler's Monitor reads them (forge_load.sampling.SampleReader: the buffered
+Utilization samples are read as the filler's Monitor reads them (forge_load.control.sampling.SampleReader: the buffered
 samples, the latest window where there are none), and put on the wall clock. Memory, power, the process list
 and the CPU time of the watched processes are read alongside.
 """
@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from bench.runner import cpu_ticks
-from forge_load.probe import Probe, UtilSample
-from forge_load.sampling import SampleReader
+from forge_load.control.probe import Probe, UtilSample
+from forge_load.control.sampling import SampleReader
 
 
 class Sampler(threading.Thread):

@@ -1,7 +1,7 @@
 """The scenarios: tracking (pi against legacy at each target), yield (a foreign job arrives and leaves) and
 footprint (memory, CPU, power), on the simulated GPU in virtual time or on a real GPU (or the virtual one).
 
-On the simulated GPU the filler runs in this process (forge_load.app.run_simulated), and the simulator's own
+On the simulated GPU the filler runs in this process (forge_load.service.loop.run_simulated), and the simulator's own
 record is the ground truth. On a real GPU the filler is `python -m forge_load` as users run it, in a child
 process; NVML is read here by the Sampler, and the foreign job is scripts/foreign_job.py.
 """
@@ -56,8 +56,8 @@ from bench.sampler import Sampler
 
 if TYPE_CHECKING:
     from bench.kubelet import TestKubelet
-    from forge_load.app import SimRun
-    from forge_load.config import Config
+    from forge_load.config.settings import Config
+    from forge_load.service.loop import SimRun
 
 HUGE_MIB = "1000000"  # a foreign-memory threshold no job reaches: turns the memory signal off
 
@@ -86,7 +86,7 @@ REAL_YIELD_PLAN = (("pi", "visible"), ("pi", "hidden"), ("legacy", "visible"), (
 # --- the simulated GPU ------------------------------------------------------------------------------------
 
 def sim_config(argv: list[str]) -> Config:
-    from forge_load.config import load_config
+    from forge_load.config.load import load_config
 
     return load_config(argv, env={})  # the caller's FORGE_* environment must not leak into the runs
 
@@ -99,7 +99,7 @@ def sim_argv(args: argparse.Namespace, target: float, controller: str, duration_
 
 
 def run_sim(argv: list[str]) -> tuple[SimRun, list[dict[str, Any]]]:
-    from forge_load.app import run_simulated
+    from forge_load.service.loop import run_simulated
 
     stream = io.StringIO()
     run = run_simulated(sim_config(argv), stream, keep_history=True)  # scored afterwards
@@ -165,7 +165,7 @@ def sim_yield(args: argparse.Namespace, controller: str, variant: str) -> Scenar
 
 
 def run_simulated_bench(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
-    from forge_load import sim
+    from forge_load.gpu import sim
 
     run, events = run_sim(sim_argv(args, 0.5, "pi", 0.0) + ["--duration", "0.001"])
     start = first(events, "start") or {}
@@ -720,9 +720,9 @@ def real_plan(args: argparse.Namespace, bench: RealBench, results: dict[str, Any
 
 def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None],
                    failures: list[str]) -> None:
-    from forge_load import nvml
-    from forge_load.backend import NvidiaBackend
-    from forge_load.probe import NoGpuError
+    from forge_load.control.probe import NoGpuError
+    from forge_load.gpu import nvml
+    from forge_load.gpu.backend import NvidiaBackend
 
     try:
         probe = nvml.NvmlProbe(str(args.gpu))

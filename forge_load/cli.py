@@ -5,10 +5,11 @@ kernel drops a signal to PID 1 that has no handler: a `docker stop` in that wind
 would kill the filler 10 s later. So this module, which imports nothing heavy, installs the handlers first.
 
 SIGTERM, SIGINT and SIGHUP all mean "stop": the kernels in flight finish, a `stop` line is logged, exit 0.
-SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: stopsignals.py. The process names
+SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: service/unix_signals.py. The process names
 itself after its GPUs and their states (title.py).
 
-`forge-load hold|release|holds ...` are commands (holdcmd.py), dispatched before anything else.
+`forge-load hold|release|holds ...` (service/holdcmd.py) and `forge-load health` (service/health.py) are commands,
+dispatched before anything else.
 """
 
 from __future__ import annotations
@@ -16,25 +17,30 @@ from __future__ import annotations
 import os
 import sys
 
-from forge_load.stopsignals import StopSignals
+from forge_load.service.unix_signals import StopSignals
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] in ("hold", "release", "holds"):
         # The hold commands (docs/holds.md): no signal handlers, no GPU library, fast for a Slurm prolog.
-        from forge_load.holdcmd import main as command
+        from forge_load.service.holdcmd import main as command
 
         return command(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] == "health":
+        # The health check (exit 0 healthy, 1 not; never 2, which Docker reserves), as `python -m forge_load.health`.
+        from forge_load.service.health import main as check
+
+        return check(sys.argv[2:])
     signals = StopSignals.install()  # before the imports below: they take a while
     try:
-        from forge_load.app import main as run
-        from forge_load.title import ProcessTitle
+        from forge_load.service.app import main as run
+        from forge_load.service.title import ProcessTitle
 
         return run(signals=signals, title=ProcessTitle())
     except Exception as error:  # noqa: BLE001 - a bug outside the run loops: one line, no traceback
-        from forge_load.log import escape_controls
+        from forge_load.log import escape_controls, internal_error
 
-        print(escape_controls(f"forge-load: internal error, please report: {type(error).__name__}: {error}"),
+        print(escape_controls(f"forge-load: {internal_error(error)}"),
               file=sys.stderr)
         return 1
     finally:

@@ -59,6 +59,11 @@ class EventLog:
 _BARE_RE = re.compile(r'[!#-<>-\[\]-~]+')
 
 
+def internal_error(error: BaseException) -> str:
+    """The line for a bug caught where it must not escape (a traceback would fill the log): what to report."""
+    return f"internal error, please report: {type(error).__name__}: {error}"
+
+
 def escape_controls(text: str) -> str:
     """`text` with every character that is not printable (controls, line breaks, format and bidi characters,
     unassigned code points) written as \\uXXXX: safe to print as one line on a terminal."""

@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", type=int, default=0, help="NVML index; default 0 (CUDA's device is found by UUID)")
     parser.add_argument("--settle-s", type=float, default=0.5, help="wait before reading NVML; default 0.5")
     args = parser.parse_args(argv)
-    from forge_load.launcher import find_device, prepare_process
-    from forge_load.nvml import NvmlProbe
-    from forge_load.probe import NoGpuError
+    from forge_load.control.probe import NoGpuError
+    from forge_load.gpu.launcher import find_device, prepare_process
+    from forge_load.gpu.nvml import NvmlProbe
 
     try:
         probe = NvmlProbe(str(args.gpu))

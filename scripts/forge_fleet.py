@@ -7,7 +7,7 @@
     forge_fleet.py down [--gpus ...]
     forge_fleet.py watch [--hold-dir DIR] [--created-hold 60]
 
-`watch` follows the engine's container events and holds (forge_load.holds) the GPUs of every container that
+`watch` follows the engine's container events and holds (forge_load.operators.holds) the GPUs of every container that
 asks for them, from its `create` until it dies or is removed, so that the fillers step aside before the
 container's process starts (docs/docker-watch.md).
 
@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = os.environ.get("FORGE_IMAGE", "forge-load:latest")
 DEFAULT_PREFIX = "forge_load_gpu_"
-DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.holds.DEFAULT_HOLD_DIR (tests/test_fleet.py checks)
+DEFAULT_HOLD_DIR = "/run/forge-load/holds"  # forge_load.operators.holds.DEFAULT_HOLD_DIR (tests/test_fleet.py checks)
 FILLER_UID = FILLER_GID = 10001  # the image's user (Dockerfile, USER; tests/test_fleet.py checks)
 LABEL_FLEET = "io.forge_load.fleet"  # value: the name prefix; marks a container as ours
 LABEL_GPU_INDEX = "io.forge_load.gpu.index"
@@ -78,12 +78,12 @@ class Gpu:
 # --- GPUs ---------------------------------------------------------------------------------------------------
 
 def discover_gpus(simulate: bool, count: int) -> list[Gpu]:
-    """The host's GPUs through NVML (forge_load.nvml), or `count` simulated ones."""
+    """The host's GPUs through NVML (forge_load.gpu.nvml), or `count` simulated ones."""
     if simulate:
         return [Gpu(i, f"SIM-GPU-{i}", "simulated") for i in range(count)]
     try:
-        from forge_load.nvml import list_devices
-        from forge_load.probe import NoGpuError
+        from forge_load.control.probe import NoGpuError
+        from forge_load.gpu.nvml import list_devices
     except ImportError as error:
         raise FleetError(f"cannot import forge_load ({error}): run from the repository, or `pip install .`") from error
     try:
@@ -204,7 +204,8 @@ def check_settings(opts: Options) -> list[str]:
     """Check the containers' settings as the filler will (SettingsError), before anything is created; the
     filler's warnings about FORGE_ variables it does not know."""
     try:
-        from forge_load.config import ConfigError, load_config, unknown_variables
+        from forge_load.config.load import load_config, unknown_variables
+        from forge_load.config.values import ConfigError
     except ImportError as error:
         raise FleetError(f"cannot import forge_load ({error}): run from the repository, or `pip install .`") from error
     env = container_env(Gpu(0, "", ""), opts)
@@ -454,7 +455,7 @@ def engine_files(containers_dir: str | None, container_id: str) -> dict[str, Any
     container has started. None where they cannot be read (no access, another layout): the caller inspects."""
     if containers_dir is None or not _HEX64.match(container_id):
         return None
-    from forge_load.holds import HoldError, read_small
+    from forge_load.operators.holds import HoldError, read_small
 
     where = os.path.join(containers_dir, container_id)
     try:
@@ -469,7 +470,7 @@ def engine_files(containers_dir: str | None, container_id: str) -> dict[str, Any
 
 
 class Watch:
-    """The event loop of `watch`: the engine's container events into forge_load.dockerwatch.DockerHolds.
+    """The event loop of `watch`: the engine's container events into forge_load.operators.dockerwatch.DockerHolds.
 
     On `create` the labels in the event say whether the container is ours or a monitor; the engine's files say
     what GPUs it asks for at once. Where they cannot be read, an inspect runs on a thread of its own (it can
@@ -485,7 +486,7 @@ class Watch:
         self.pending: dict[str, list[tuple[str, str, float, dict[str, str]]]] = {}
 
     def handle(self, event: dict[str, Any]) -> None:
-        from forge_load.dockerwatch import EVENTS
+        from forge_load.operators.dockerwatch import EVENTS
 
         action = str(event.get("Action") or event.get("status") or "")
         if event.get("Type", "container") != "container" or action not in EVENTS:
@@ -526,7 +527,7 @@ class Watch:
                 self.holds.event(action, container_id, name, now_s)
 
     def reconcile(self) -> None:
-        from forge_load.dockerwatch import Seen, not_held_because
+        from forge_load.operators.dockerwatch import Seen, not_held_because
 
         seen = []
         for row in self.client.api.containers(all=True):
@@ -574,8 +575,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_watch(args: argparse.Namespace, out: Any) -> int:
-    from forge_load import holdcmd
-    from forge_load.dockerwatch import EVENTS, DockerHolds
+    from forge_load.operators.dockerwatch import EVENTS, DockerHolds
+    from forge_load.service import holdcmd
 
     try:
         hold_dir = holdcmd.hold_dir_of(args.hold_dir, os.environ)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the reference pages from the tables in the code: docs/settings.md from forge_load/config.py's
-SETTINGS, docs/metrics.md from forge_load/metrics.py's METRICS (and the label names its collector declares).
+"""Writes the reference pages from the tables in the code: docs/settings.md from forge_load/config/settings.py's
+SETTINGS, docs/metrics.md from forge_load/service/metrics.py's METRICS (and the label names its collector declares).
 
     python3 scripts/gen_docs.py            # write both pages
     python3 scripts/gen_docs.py --check    # exit 1, naming the stale pages, when a page differs from the code
@@ -17,7 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forge_load import config, metrics, status  # noqa: E402
+from forge_load.config import settings, tools, values  # noqa: E402
+from forge_load.control import status  # noqa: E402
+from forge_load.service import http_server, metrics  # noqa: E402
 
 COMMAND = "python3 scripts/gen_docs.py"
 
@@ -32,15 +34,15 @@ def _cell(text: str) -> str:
 
 
 def settings_page() -> str:
-    out = _header("Settings reference", "forge_load/config.py (SETTINGS)")
+    out = _header("Settings reference", "forge_load/config/settings.py (SETTINGS)")
     out += ["Every setting is an environment variable and a flag; the flag wins. How values are read (ratios, "
             "times, errors) and what the settings do together: [Operating forge_load](operating.md#settings).", ""]
-    groups: list[tuple[str, Callable[[config.Setting], bool]]] = [
+    groups: list[tuple[str, Callable[[values.Setting], bool]]] = [
         ("The filler", lambda s: not s.key.startswith("sim.") and s.key != "simulate"),
         ("The simulated GPU", lambda s: s.key.startswith("sim.") or s.key == "simulate")]
     for title, member in groups:
         out += [f"## {title}", "", "| variable | flag | default | meaning |", "|---|---|---|---|"]
-        for s in config.SETTINGS:
+        for s in settings.SETTINGS:
             if not member(s):
                 continue
             meaning, _, default = s.help.rpartition("; default ")
@@ -51,14 +53,14 @@ def settings_page() -> str:
     out += ["## Not settings", "",
             "These `FORGE_` variables belong to the project's own tools (tests, the container engine, the fleet "
             "script). The filler ignores them without a warning; any other unknown `FORGE_` variable gets one.", "",
-            ", ".join(f"`{name}`" for name in sorted(config.TOOL_VARIABLES)), ""]
+            ", ".join(f"`{name}`" for name in sorted(tools.TOOL_VARIABLES)), ""]
     return "\n".join(out)
 
 
 def _label_names() -> dict[str, list[str]]:
-    """The label names each metric family declares, from the collector itself (no GPU needed: an empty fleet
+    """The label names each metric family declares, from the collector itself (no GPU needed: an empty GpuSlots
     still yields every family)."""
-    collector = metrics.FillerCollector(status.Fleet(), hostname="-")
+    collector = metrics.FillerCollector(status.GpuSlots(), hostname="-")
     found: dict[str, list[str]] = {}
     for family in collector.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
@@ -68,8 +70,9 @@ def _label_names() -> dict[str, list[str]]:
 
 def metrics_page() -> str:
     labels = _label_names()
-    limits = metrics.ServerLimits()
-    out = _header("Metrics reference", "forge_load/metrics.py (METRICS, ServerLimits)")
+    limits = http_server.ServerLimits()
+    out = _header("Metrics reference",
+                  "forge_load/service/metrics.py (METRICS) and forge_load/service/http_server.py (ServerLimits)")
     out += ["With `FORGE_METRICS_PORT` set, forge_load serves Prometheus text at `/metrics` and a health verdict "
             "at `/health`. What the numbers mean together, the joins with dcgm-exporter and the queries: "
             "[Operating forge_load](operating.md#metrics-and-health).", "",
@@ -80,13 +83,13 @@ def metrics_page() -> str:
     out += ["", "Values of the `state` label: " + ", ".join(f"`{s}`" for s in status.STATES) + ".", "",
             "## The HTTP server", "",
             "| what | value |", "|---|---|",
-            f"| paths of the exposition | {', '.join(f'`{p}`' for p in metrics.METRICS_PATHS)} |",
-            f"| paths of the health verdict | {', '.join(f'`{p}`' for p in metrics.HEALTH_PATHS)} |",
-            f"| methods answered (others: `405`) | {', '.join(f'`{m}`' for m in metrics.ALLOWED_METHODS)} |",
+            f"| paths of the exposition | {', '.join(f'`{p}`' for p in http_server.METRICS_PATHS)} |",
+            f"| paths of the health verdict | {', '.join(f'`{p}`' for p in http_server.HEALTH_PATHS)} |",
+            f"| methods answered (others: `405`) | {', '.join(f'`{m}`' for m in http_server.ALLOWED_METHODS)} |",
             f"| time to send the whole request head, and to write each answer | {limits.request_timeout_s:g} s |",
             f"| connections served at once | {limits.max_connections} |",
             f"| largest request head (beyond it: `431`) | {limits.max_head_bytes // 1024} KiB |",
-            f"| shutdown: the accept loop's poll | {metrics.POLL_INTERVAL_S:g} s |", ""]
+            f"| shutdown: the accept loop's poll | {http_server.POLL_INTERVAL_S:g} s |", ""]
     return "\n".join(out)
 
 

@@ -42,14 +42,12 @@ from typing import Any, NamedTuple, TextIO, cast
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from forge_load import app  # noqa: E402
-from forge_load.config import (  # noqa: E402
-    Config,
-    SimConfig,  # noqa: E402
-    load_config,
-)
-from forge_load.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
-from forge_load.status import Fleet, GpuSlot  # noqa: E402
+from forge_load.config.load import load_config  # noqa: E402
+from forge_load.config.settings import Config  # noqa: E402
+from forge_load.config.sim import SimConfig  # noqa: E402
+from forge_load.control.status import GpuSlot, GpuSlots  # noqa: E402
+from forge_load.gpu.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
+from forge_load.service import gpu_threads, runtime  # noqa: E402
 
 FAIL_GPU = 1
 YIELD_WITHIN_S = 0.5  # from a job's start (its context) to our yield line
@@ -138,8 +136,8 @@ class Sink:
 class Sampler:
     """The fillers' heartbeat (once per loop second of each GPU): samples memory per period of GPU 0's time."""
 
-    def __init__(self, fleet: Fleet, trace: bool, period_s: float) -> None:
-        self.fleet = fleet
+    def __init__(self, gpu_slots: GpuSlots, trace: bool, period_s: float) -> None:
+        self.fleet = gpu_slots
         self.trace = trace
         self.period_s = period_s
         self.rows: list[Period] = []
@@ -147,10 +145,10 @@ class Sampler:
         self._period_wall_s = time.perf_counter()
         self._period_cpu_s = time.process_time()
         self._lock = threading.Lock()
-        self.runtimes: dict[str, app.Runtime] = {}
+        self.runtimes: dict[str, runtime.Runtime] = {}
 
-    def started(self, slot: GpuSlot, rt: app.Runtime) -> None:
-        """app.run_fleet's on_start: keep each GPU's runtime to look inside."""
+    def started(self, slot: GpuSlot, rt: runtime.Runtime) -> None:
+        """run_gpus's on_start: keep each GPU's runtime to look inside."""
         with self._lock:
             self.runtimes[slot.requested] = rt
 
@@ -218,14 +216,14 @@ def run_soak(hours: float = 24.0, target: float = 0.5, resume_after_s: float = 2
              longest_gap_s: float = 60.0) -> Soak:
     jobs = schedule(hours, resume_after_s, seed, longest_s, longest_gap_s)
     config = soak_config(hours, jobs, fail_at_s, target, resume_after_s)
-    fleet = Fleet(simulated=True)
-    sink, sampler = Sink(), Sampler(fleet, trace, period_s)
+    gpu_slots = GpuSlots(simulated=True)
+    sink, sampler = Sink(), Sampler(gpu_slots, trace, period_s)
     if trace:
         tracemalloc.start()
     wall_s, cpu_s = time.perf_counter(), time.process_time()
     try:
         stream = cast(TextIO, sink)  # EventLog needs only write() and flush()
-        code = app.run_fleet(config, stream, threading.Event(), threading.Event(), fleet, sampler,
+        code = gpu_threads.run_gpus(config, stream, threading.Event(), threading.Event(), gpu_slots, sampler,
                              on_start=sampler.started)
         sampler.finish()
     finally:

@@ -52,7 +52,8 @@ stop_engine() { if [[ $engine_started -eq 1 ]]; then scripts/docker_engine.sh st
 trap stop_engine EXIT
 
 export PATH="$VENV/bin:$PATH"
-say "lint (ruff) and types (mypy; strict on the pure modules): configured in pyproject.toml"
+say "lint (ruff), types (mypy; strict on the pure modules) and the import layers (lint-imports): pyproject.toml"
 "$VENV/bin/ruff" check .
 "$VENV/bin/mypy"
+"$VENV/bin/lint-imports" --no-logo
 "$VENV/bin/python" -m pytest "$@"

@@ -1,4 +1,4 @@
-"""A fake pynvml module built from a per-device table, for testing forge_load.nvml without a GPU.
+"""A fake pynvml module built from a per-device table, for testing forge_load.gpu.nvml without a GPU.
 
 It reuses the installed pynvml's exception classes, constants and ctypes structures (none of which need
 the NVML library), so the code under test meets the same `except` clauses and value shapes as on a GPU.

@@ -6,7 +6,7 @@
 --signal-on-import  the process sends itself SIGNAME the moment MODULE starts importing: a signal at start-up,
                     at a moment that does not depend on how fast this machine is.
 --wall-clock-sim    the real run loop (threads, wall-clock time) on simulated GPUs: NVML and CUDA are stood in
-                    for by forge_load.sim, as tests/test_app.py's threaded tests do in-process.
+                    for by forge_load.gpu.sim, as tests/test_app.py's threaded tests do in-process.
 --without           MODULE cannot be imported, as where it is not installed.
 """
 
@@ -45,18 +45,20 @@ class SignalOnImport(importlib.abc.MetaPathFinder):
 
 
 def wall_clock_sim() -> None:
-    import forge_load.launcher
-    import forge_load.nvml
-    from forge_load.config import SimConfig
-    from forge_load.sim import SimGpu, SimLauncher, SimProbe, WallClock
+    from simrun import WallClock  # tests/, this script's folder
+
+    import forge_load.gpu.launcher
+    import forge_load.gpu.nvml
+    from forge_load.config.sim import SimConfig
+    from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
 
     gpus: dict[int, SimGpu] = {}
 
     def gpu(index: int) -> SimGpu:
         return gpus.setdefault(index, SimGpu(SimConfig(), WallClock(), index))
 
-    forge_load.nvml.NvmlProbe = lambda selector, *a, **k: SimProbe(gpu(int(selector)))  # type: ignore
-    forge_load.launcher.CudaLauncher = lambda uuid, *a, **k: SimLauncher(  # type: ignore
+    forge_load.gpu.nvml.NvmlProbe = lambda selector, *a, **k: SimProbe(gpu(int(selector)))  # type: ignore
+    forge_load.gpu.launcher.CudaLauncher = lambda uuid, *a, **k: SimLauncher(  # type: ignore
         next(g for g in gpus.values() if g.info.uuid == uuid))
 
 

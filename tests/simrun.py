@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from dataclasses import dataclass
 
-from forge_load.app import SimRun, run_simulated
-from forge_load.config import load_config
+from forge_load.config.load import load_config
+from forge_load.service.loop import SimRun, run_simulated
+
+
+class WallClock:
+    """Drives the simulated GPU in real time (to exercise the threaded run loop without a GPU)."""
+
+    def now(self) -> float:
+        return time.monotonic()
 
 
 @dataclass

@@ -13,13 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+from simrun import WallClock
 
-from forge_load.app import Controls, Runtime, run_real
-from forge_load.config import load_config
-from forge_load.pause import PauseSwitch
-from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
-from forge_load.sim import SimGpu, SimLauncher, SimProbe, WallClock
-from forge_load.worker import Launcher
+from forge_load.config.load import load_config
+from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
+from forge_load.control.worker import Launcher
+from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
+from forge_load.operators.pause import PauseSwitch
+from forge_load.service.loop import run_real
+from forge_load.service.runtime import Controls, Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -379,14 +379,14 @@ class FakeProbe:
     """NVML as the bench reads it: a GPU steady at 0.5, no processes (the filler runs on the simulator)."""
 
     def __init__(self, gpu: str) -> None:
-        from forge_load.probe import DeviceInfo
+        from forge_load.control.probe import DeviceInfo
 
         self.info = DeviceInfo(index=0, uuid="GPU-fake", name="Fake GPU", memory_total_mib=1000.0,
                                driver_version="0.0", mig_enabled=False)
         self.closed = False
 
     def utilization_samples(self, since_s: float) -> list[Any]:
-        from forge_load.probe import UtilSample
+        from forge_load.control.probe import UtilSample
 
         now = time.monotonic()
         k = math.floor(max(since_s, now - 2.0) * 6) + 1
@@ -422,7 +422,7 @@ def processes_with_marker(marker: str) -> list[int]:
 
 def test_real_path_end_to_end_on_fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from forge_load import nvml
+    from forge_load.gpu import nvml
 
     monkeypatch.setattr(nvml, "NvmlProbe", FakeProbe)
     monkeypatch.setattr(nvml, "list_devices", lambda: [FakeProbe("0").info])
@@ -612,7 +612,7 @@ def test_cpu_scenario_real_path_on_fakes(tmp_path: Path, monkeypatch: pytest.Mon
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Real mode without a GPU: NVML is the fake above (steady at 0.5, one GPU), the filler the simulated one in
     a child process. No kernel record there: start-up to the start line, tracking from NVML."""
-    from forge_load import nvml
+    from forge_load.gpu import nvml
 
     monkeypatch.setattr(nvml, "NvmlProbe", FakeProbe)
     monkeypatch.setattr(nvml, "list_devices", lambda: [FakeProbe("0").info])

@@ -6,16 +6,11 @@ import dataclasses
 
 import pytest
 
-from forge_load.config import (
-    Config,
-    ConfigError,
-    SimConfig,
-    build_arg_parser,
-    describe,
-    load_config,
-    parse_ratio,
-)
-from forge_load.schedule import parse_active_hours
+from forge_load.config.load import build_arg_parser, load_config
+from forge_load.config.settings import Config, describe
+from forge_load.config.sim import SimConfig
+from forge_load.config.values import ConfigError
+from forge_load.operators.schedule import parse_active_hours
 
 
 def load(env: dict[str, str] | None = None, argv: list[str] | None = None) -> Config:
@@ -795,27 +790,6 @@ def test_build_arg_parser_is_fresh_and_usable() -> None:
     assert args.target_ratio == "0.4"
 
 
-# --- parse_ratio -----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("raw", "expected"), [("0.5", 0.5), ("50%", 0.5), ("1", 1.0), ("100%", 1.0), (" 0.25 ", 0.25)])
-def test_parse_ratio_good(raw: str, expected: float) -> None:
-    assert parse_ratio("X", raw) == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("raw", ["50", "", "  ", "nan", "inf", "abc", "0", "0%", "120%", "-0.1"])
-def test_parse_ratio_bad(raw: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        parse_ratio("MY_RATIO", raw)
-    assert_one_line_error(info.value, "MY_RATIO", repr(raw))
-
-
-def test_parse_ratio_bounds() -> None:
-    assert parse_ratio("X", "0", low_inclusive=True) == 0.0
-    with pytest.raises(ConfigError):
-        parse_ratio("X", "1", high_inclusive=False)
-
-
 # --- describe --------------------------------------------------------------------------------------------
 
 BASE_KEYS = {
@@ -873,7 +847,7 @@ def test_config_module_imports_no_gpu_libraries() -> None:
     import sys
 
     code = (
-        "import sys, forge_load.config; "
+        "import sys, forge_load.config.load; "
         "bad = [m for m in ('numba', 'pynvml') if m in sys.modules]; "
         "sys.exit(1 if bad else 0)"
     )

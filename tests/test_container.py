@@ -196,7 +196,7 @@ def test_kernels_compile_and_link_in_the_image(docker_client: Any, forge_image: 
             "    print(cc[0] * 10 + cc[1], '.entry' in ptx, cubin[:4] == b'\\x7fELF', sm)\n")
     out = docker_client.containers.run(IMAGE, entrypoint=["python", "-c", code], remove=True).decode()
     lines = [line.split() for line in out.strip().splitlines()]
-    from forge_load import kernels
+    from forge_load.gpu import kernels
 
     assert [int(line[0]) for line in lines] == [major * 10 + minor for major, minor in kernels.SUPPORTED_CC], out
     for sm, has_entry, is_elf, linked_sm in lines:

@@ -1,12 +1,12 @@
-"""forge_load.controller: the PI law (feed-forward, integral, multiplier sizing) and the legacy law."""
+"""forge_load.control.controller: the PI law (feed-forward, integral, multiplier sizing) and the legacy law."""
 
 from __future__ import annotations
 
 import pytest
 
-from forge_load.controller import LegacyController, PiController, make_controller
-from forge_load.probe import UtilSample
-from forge_load.worker import IDLE_PLAN, Plan
+from forge_load.control.controller import LegacyController, PiController, make_controller
+from forge_load.control.probe import UtilSample
+from forge_load.control.worker import IDLE_PLAN, Plan
 
 
 def samples_at(times_s: list[float], ratio: float) -> list[UtilSample]:
@@ -378,7 +378,7 @@ def test_make_controller_refuses_a_name_it_does_not_know() -> None:
 
 
 def test_every_controller_the_config_accepts_can_be_made() -> None:
-    from forge_load.config import CONTROLLER_NAMES
+    from forge_load.config.settings import CONTROLLER_NAMES
 
     assert {make_controller(name).name for name in CONTROLLER_NAMES} == set(CONTROLLER_NAMES)
 

@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 
-from forge_load import health, holds, metrics
-from forge_load.app import run_simulated
-from forge_load.config import ConfigError, load_config
-from forge_load.status import Fleet
+from forge_load.config.load import load_config
+from forge_load.config.values import ConfigError
+from forge_load.control.status import GpuSlots
+from forge_load.operators import holds
+from forge_load.service import health, metrics
+from forge_load.service.loop import run_simulated
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -429,11 +431,11 @@ def exported_names() -> set[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     config = load_config("--simulate --sim-speed 0 --duration 3 --sim-foreign 1-2 --max-power-w 650".split(), env={})
-    fleet = Fleet(simulated=True)
-    slot = fleet.add("0")
+    gpu_slots = GpuSlots(simulated=True)
+    slot = gpu_slots.add("0")
     run_simulated(config, io.StringIO(), heartbeat=slot.beat,
                   on_start=lambda rt: slot.attach(rt.info, lambda: rt.filler.status(rt.now())))
-    text = generate_latest(metrics.make_registry(fleet)).decode()
+    text = generate_latest(metrics.make_registry(gpu_slots)).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
@@ -507,7 +509,7 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
 
 
 def test_the_state_panel_shows_every_state() -> None:
-    from forge_load.status import STATES
+    from forge_load.control.status import STATES
 
     dashboard = json.loads(DASHBOARD.read_text())
     (panel,) = [p for p in dashboard["panels"] if p["type"] == "state-timeline"]

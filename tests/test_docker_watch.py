@@ -36,8 +36,8 @@ from docker_support import (
 )
 from test_fleet import fleet, run_fleet
 
-from forge_load import dockerwatch, holds
-from forge_load.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
+from forge_load.operators import dockerwatch, holds
+from forge_load.operators.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -335,7 +335,7 @@ def test_the_engine_lost_and_back_reconciles(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(fleet, "connect", connect)
     monkeypatch.setattr(fleet, "ENGINE_RETRY_S", (0.0,))
-    monkeypatch.setattr("forge_load.holdcmd.host_uuids", lambda: UUIDS)
+    monkeypatch.setattr("forge_load.service.holdcmd.host_uuids", lambda: UUIDS)
     out = io.StringIO()
     args = fleet.build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
     assert fleet.cmd_watch(args, out) == 0

@@ -1,4 +1,4 @@
-"""Exclusive compute mode (forge_load/exclusive.py, docs/exclusive.md): the supervisor in virtual time with a fake
+"""Exclusive compute mode (service/exclusive.py, docs/exclusive.md): the supervisor in virtual time with a fake
 child and a fake NVML probe; the compute modes through the run loop with a backend that fails the test if a
 context is ever asked for."""
 
@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import app, holds
-from forge_load.config import Config
-from forge_load.exclusive import END_WAIT_S, Supervisor, child_config
-from forge_load.holds import ACK_REFRESH_S, FillerHolds, Hold
+from forge_load.config.settings import Config
+from forge_load.control.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
+from forge_load.control.status import GpuSlot
+from forge_load.control.worker import Launcher
 from forge_load.log import EventLog
-from forge_load.pause import Pauses, PauseSwitch
-from forge_load.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
-from forge_load.status import GpuSlot
-from forge_load.worker import Launcher
+from forge_load.operators import holds
+from forge_load.operators.hold_watch import FillerHolds
+from forge_load.operators.holds import ACK_REFRESH_S, Hold
+from forge_load.operators.pause import Pauses, PauseSwitch
+from forge_load.service import gpu_threads, runtime
+from forge_load.service.exclusive import END_WAIT_S, Supervisor, child_config
 
 UUID = "GPU-0a0b0c0d-1111-4222-8333-444455556666"
 RESUME_S = 5.0
@@ -242,7 +244,7 @@ class NoContextBackend:
 def run_gpu_once(backend: NoContextBackend, config: Config) -> tuple[GpuSlot, list[dict[str, object]]]:
     out = io.StringIO()
     slot = GpuSlot("0")
-    app.run_gpu(config, backend, slot, out, threading.Event(), threading.Event(), heartbeat=lambda: None)
+    gpu_threads.run_gpu(config, backend, slot, out, threading.Event(), threading.Event(), heartbeat=lambda: None)
     return slot, [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -260,13 +262,13 @@ def test_exclusive_mode_without_a_hold_dir_creates_no_context_and_says_so(
 
 def test_prohibited_mode_is_one_line_and_exit_3(tmp_path: Path) -> None:
     slot, lines = run_gpu_once(NoContextBackend(ComputeMode.PROHIBITED), Config(log_format="json"))
-    assert (slot.status, slot.exit_code) == ("failed", app.EXIT_NO_GPU)
+    assert (slot.status, slot.exit_code) == ("failed", runtime.EXIT_NO_GPU)
     assert [line["event"] for line in lines] == ["error"]
     assert "PROHIBITED compute mode" in str(lines[0]["reason"])
 
 
 def test_exclusive_mode_with_a_hold_dir_starts_a_child_and_never_a_context_here(tmp_path: Path) -> None:
-    from forge_load import exclusive
+    from forge_load.service import exclusive
 
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()
@@ -284,7 +286,7 @@ def test_exclusive_mode_with_a_hold_dir_starts_a_child_and_never_a_context_here(
 
 
 def test_a_hold_dir_that_appears_later_starts_the_supervision(tmp_path: Path) -> None:
-    from forge_load import exclusive
+    from forge_load.service import exclusive
 
     hold_dir = tmp_path / "holds"
     child = FakeChild(exits_when_asked=True)
@@ -306,9 +308,9 @@ def test_the_child_ends_itself_when_its_filler_stops_filling(tmp_path: Path) -> 
     import os
     import signal
 
-    from forge_load.backend import SimBackend
-    from forge_load.config import SimConfig
-    from forge_load.exclusive_child import child_main
+    from forge_load.config.sim import SimConfig
+    from forge_load.gpu.backend import SimBackend
+    from forge_load.service.exclusive_child import child_main
 
     sim = SimConfig(speed=0.0, foreign_s=((2.0, 30.0),))
     config = Config(log_format="json", simulate=True, sim=sim, duration_s=20.0)

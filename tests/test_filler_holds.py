@@ -12,10 +12,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from forge_load import holds
-from forge_load.app import Runtime, run_simulated
-from forge_load.config import load_config
-from forge_load.holds import Ack, Hold
+from forge_load.config.load import load_config
+from forge_load.operators import holds
+from forge_load.operators.holds import Ack, Hold
+from forge_load.service.loop import run_simulated
+from forge_load.service.runtime import Runtime
 
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0
 POLL_S = 0.1

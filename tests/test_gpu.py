@@ -15,19 +15,19 @@ pytestmark = pytest.mark.gpu
 
 def nvml_gpu0_uuid() -> str:
     """The GPU the filler takes by default (NVML index 0); CUDA's numbering may differ."""
-    from forge_load.nvml import NvmlProbe
+    from forge_load.gpu.nvml import NvmlProbe
 
     with NvmlProbe("0") as probe:
         return probe.info.uuid
 
 
 def test_burn_computes_the_reference_value_on_hardware() -> None:
-    from forge_load.launcher import find_device, prepare_process
+    from forge_load.gpu.launcher import find_device, prepare_process
 
     prepare_process()
     from numba import cuda
 
-    from forge_load import kernels
+    from forge_load.gpu import kernels
 
     cuda.select_device(find_device(cuda, nvml_gpu0_uuid()).id)
     out = cuda.to_device(np.zeros(1, dtype=np.float32))
@@ -37,7 +37,7 @@ def test_burn_computes_the_reference_value_on_hardware() -> None:
 
 
 def test_launcher_times_its_kernels_with_events() -> None:
-    from forge_load.launcher import CudaLauncher
+    from forge_load.gpu.launcher import CudaLauncher
 
     launcher = CudaLauncher(nvml_gpu0_uuid())
     try:
@@ -57,8 +57,8 @@ def test_launcher_times_its_kernels_with_events() -> None:
 
 
 def test_filler_holds_half_the_gpu_for_real() -> None:
-    from forge_load.app import run_real
-    from forge_load.config import load_config
+    from forge_load.config.load import load_config
+    from forge_load.service.loop import run_real
 
     config = load_config("--duration 20 --log-interval 2 --log-format json --target 0.5".split(), env={})
     out = io.StringIO()
@@ -74,12 +74,12 @@ def test_filler_holds_half_the_gpu_for_real() -> None:
 
 def test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel() -> None:
     # The launcher's clock anchors rest on this (docs/design.md §8).
-    from forge_load.launcher import find_device, prepare_process
+    from forge_load.gpu.launcher import find_device, prepare_process
 
     prepare_process()
     from numba import cuda
 
-    from forge_load import kernels
+    from forge_load.gpu import kernels
 
     device = find_device(cuda, nvml_gpu0_uuid())
     cuda.select_device(device.id)

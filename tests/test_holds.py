@@ -1,4 +1,4 @@
-"""forge_load.holds: the on-disk format, safe reads, expiry and the idle age-out (no clock read: times passed in)."""
+"""forge_load.operators.holds: the on-disk format, safe reads, expiry and the idle age-out (no clock read)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import holds
-from forge_load.holds import Ack, Hold, HoldWatch
+from forge_load.operators import hold_watch, holds
+from forge_load.operators.hold_watch import HoldWatch
+from forge_load.operators.holds import Ack, Hold
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"
@@ -244,7 +245,7 @@ def test_the_watch_holds_fail_safe_with_holder_dash_and_lets_go_when_readable(
         holds.place(str(tmp_path), _hold(name))
     watch = HoldWatch(str(tmp_path), GPU0)
     changes, problems = watch.check(0.0, 0.0)
-    assert [(c.event, c.holder) for c in changes] == [("hold", holds.FAIL_SAFE_HOLDER)] and len(problems) == 1
+    assert [(c.event, c.holder) for c in changes] == [("hold", hold_watch.FAIL_SAFE_HOLDER)] and len(problems) == 1
     assert watch.held and watch.holders == ("a", "b", "c")  # hold --wait of any of them is acknowledged
     holds.release(str(tmp_path), GPU0, "c")
     changes, _ = watch.check(1.5, 0.0)

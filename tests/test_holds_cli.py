@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import holdcmd, holds
-from forge_load.holds import Ack
+from forge_load.operators import holds
+from forge_load.operators.holds import Ack
+from forge_load.service import holdcmd
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"

@@ -29,13 +29,15 @@ from typing import Any
 
 import pytest
 
-from forge_load import config as config_module
-from forge_load import health
-from forge_load.app import run_simulated
-from forge_load.backend import backend_for
-from forge_load.config import SETTINGS, Config, ConfigError, load_config
+from forge_load.config import values as config_values
+from forge_load.config.load import load_config
+from forge_load.config.settings import SETTINGS, Config
+from forge_load.config.values import ConfigError
+from forge_load.control.status import GpuSlots
+from forge_load.gpu.backend import backend_for
 from forge_load.log import EventLog
-from forge_load.status import Fleet
+from forge_load.service import health
+from forge_load.service.loop import run_simulated
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "tests" / "hostile_entry.py"
@@ -139,7 +141,7 @@ def test_process_exits_2_with_one_line(label: str) -> None:
 def run_main(env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
              capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess[str]:
     """app.main() in this process, with `env` over a simulated one-second run as the whole environment."""
-    from forge_load.app import main
+    from forge_load.service.app import main
 
     for name in [k for k in os.environ if k.upper().startswith("FORGE_") or k == "TARGET"]:
         monkeypatch.delenv(name)
@@ -518,8 +520,8 @@ def test_a_full_stdout_stops_cleanly(loop: str) -> None:
 
 
 def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
-    from forge_load import app
     from forge_load.log import LogStream
+    from forge_load.service import gpu_threads, runtime
 
     class Broken(io.StringIO):
         def __init__(self) -> None:
@@ -541,12 +543,12 @@ def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
         stop.set()
         wake.set()
 
-    fleet = Fleet(30.0, simulated=True)
-    runtimes: list[app.Runtime] = []
-    code = app.run_fleet(config, LogStream(Broken(), lost), stop, wake, fleet, lambda: None,
+    gpu_slots = GpuSlots(30.0, simulated=True)
+    runtimes: list[runtime.Runtime] = []
+    code = gpu_threads.run_gpus(config, LogStream(Broken(), lost), stop, wake, gpu_slots, lambda: None,
                          on_start=lambda _slot, rt: runtimes.append(rt))
     assert code == 0 and len(failures) == 1
-    [slot] = fleet.slots
+    [slot] = gpu_slots.slots
     assert slot.status == "stopped"
     [rt] = runtimes
     assert not rt.worker.in_flight
@@ -593,7 +595,7 @@ STARTUP_SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 @pytest.mark.parametrize("signum", STARTUP_SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_a_signal_during_start_up_imports_stops_it(signum: int) -> None:
     name = signal.Signals(signum).name
-    proc = _spawn("--signal-on-import", f"{name}:forge_load.app", "--", "--simulate", "--duration", "30")
+    proc = _spawn("--signal-on-import", f"{name}:forge_load.service.app", "--", "--simulate", "--duration", "30")
     assert_stopped_by(*_finish(proc), signum)
 
 
@@ -602,7 +604,8 @@ def test_a_signal_during_start_up_is_not_lost_as_pid_1(signum: int) -> None:
     if (why := pid1_possible()) is not None:
         pytest.skip(why)
     name = signal.Signals(signum).name
-    proc = _spawn("--signal-on-import", f"{name}:forge_load.app", "--", "--simulate", "--duration", "30", pid1=True)
+    proc = _spawn("--signal-on-import", f"{name}:forge_load.service.app", "--", "--simulate", "--duration", "30",
+                  pid1=True)
     assert_stopped_by(*_finish(proc), signum)
 
 
@@ -664,7 +667,7 @@ def test_more_signals_during_shutdown_change_nothing(second: int) -> None:
 
 
 def test_sigint_before_the_gpus_open_prints_no_traceback() -> None:
-    proc = _spawn("--signal-on-import", "SIGINT:forge_load.sim", "--", "--simulate", "--duration", "30")
+    proc = _spawn("--signal-on-import", "SIGINT:forge_load.gpu.sim", "--", "--simulate", "--duration", "30")
     code, events, err = _finish(proc)
     assert "KeyboardInterrupt" not in err and "Traceback" not in err
     assert code == 0 and events[-1]["event"] == "stop"
@@ -700,7 +703,7 @@ def test_a_typo_is_warned_about_with_the_closest_name() -> None:
 
 
 def test_unknown_variables_are_warned_about_in_one_clean_line_each() -> None:
-    from forge_load.config import unknown_variables
+    from forge_load.config.load import unknown_variables
 
     warnings = unknown_variables({"FORGE_LOG_INTERVALS": "1", "forge_target": "0.5", "FORGE_X\x1b[2J": "1",
                                   "FORGE_TARGET": "0.5", "PATH": "/bin", "FORGE_IMAGE": "forge-load:latest"})
@@ -781,15 +784,15 @@ def test_fleet_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
 # --- one GPU named twice (tests/test_metrics.py runs it on simulated GPUs) -------------------------------------------
 
 def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import forge_load.nvml
-    from forge_load import app
-    from forge_load.probe import DeviceInfo
+    import forge_load.gpu.nvml
+    from forge_load.control.probe import DeviceInfo
+    from forge_load.service import gpu_threads
 
     infos = [DeviceInfo(index=i, uuid=f"GPU-{i}0000000-0000-4000-8000-000000000000", name="x",
                         memory_total_mib=1.0, driver_version="1", mig_enabled=False) for i in range(2)]
-    monkeypatch.setattr(forge_load.nvml, "list_devices", lambda *a, **k: infos)
+    monkeypatch.setattr(forge_load.gpu.nvml, "list_devices", lambda *a, **k: infos)
     config = load_config(["--gpus", f"1,{infos[1].uuid},0,{infos[0].uuid}"], {})
-    assert app.gpu_selectors(config, backend_for(config)) == ["1", "0"]
+    assert gpu_threads.gpu_selectors(config, backend_for(config)) == ["1", "0"]
 
 
 # --- the health command's own help, and the floor its help names ------------------------------------------------
@@ -838,8 +841,8 @@ def _yield_spells(events: list[dict[str, Any]]) -> tuple[int, float]:
 
 def test_a_job_seen_while_paused_counts_as_a_yield_in_the_stop_line() -> None:
     """Paused from the start, a job at 2-4 s, SIGUSR2 at 6 s: the unpause goes to `yielding` until 9 s."""
-    from forge_load.app import Controls
-    from forge_load.pause import PauseSwitch
+    from forge_load.operators.pause import PauseSwitch
+    from forge_load.service.runtime import Controls
     from tests.test_operators import simulate
 
     switch = PauseSwitch()
@@ -862,8 +865,9 @@ def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, p
     """SIGUSR1 and SIGUSR2 by turns every 10 ms for 20 virtual seconds (as a `while true; do docker kill -s USR1
     ...; docker kill -s USR2 ...; done` would): every pause takes effect at the step it is seen, the log holds about
     a pause line a second, and its last pause line says the state the storm left."""
-    from forge_load.app import Controls, log_start, log_stop, open_simulated
-    from forge_load.pause import PauseSwitch
+    from forge_load.operators.pause import PauseSwitch
+    from forge_load.service.loop import open_simulated
+    from forge_load.service.runtime import Controls, log_start, log_stop
 
     path = tmp_path / "pause"
     if pause_file:
@@ -911,7 +915,7 @@ def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, p
 
 # Moments of start-up a SIGUSR1 can come at: before the settings are read, before NVML opens, before CUDA starts,
 # and with our context made but the kernel not yet loaded.
-START_UP_MOMENTS = ("forge_load.app", "pynvml", "numba", "forge_load.kernels")
+START_UP_MOMENTS = ("forge_load.service.app", "pynvml", "numba", "forge_load.gpu.kernels")
 
 
 def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp_path: Path) -> None:
@@ -951,8 +955,8 @@ def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp
 
 @pytest.mark.parametrize("case", ["pause file", "SIGUSR1 before start", "a foreign job at start"])
 def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Path, case: str) -> None:
-    from forge_load.app import Controls
-    from forge_load.pause import PauseSwitch
+    from forge_load.operators.pause import PauseSwitch
+    from forge_load.service.runtime import Controls
     from tests.test_operators import simulate
 
     pause, switch = tmp_path / "pause", PauseSwitch()
@@ -998,7 +1002,7 @@ def test_a_blind_process_signal_is_said_on_the_virtual_gpu(vgpu: Any) -> None:
 ])
 def test_the_start_line_names_the_signals_that_work_and_a_warning_the_blind_ones(
         blind: tuple[str, ...], seen: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from forge_load.sim import SimProbe
+    from forge_load.gpu.sim import SimProbe
 
     for query in blind:
         monkeypatch.setattr(SimProbe, query, lambda self, *args: None)
@@ -1216,7 +1220,7 @@ def test_a_far_time_written_mid_run_crashes_nothing(tmp_path: Path, content: str
 def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -> None:
     import resource
 
-    from forge_load.app import MIN_OPEN_FILES
+    from forge_load.service.app import MIN_OPEN_FILES
 
     def low_limit() -> None:
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -1235,7 +1239,7 @@ def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -
 
 # --- a ratio above 1: the percent it suggests is one the setting takes, and only for a whole number (issue 17) ----
 
-RATIO_SETTINGS = [s for s in SETTINGS if getattr(s.parse, "func", None) is config_module._ratio_value]
+RATIO_SETTINGS = [s for s in SETTINGS if getattr(s.parse, "func", None) is config_values.ratio_value]
 
 
 @pytest.mark.parametrize("env", [s.env for s in RATIO_SETTINGS])
@@ -1254,7 +1258,7 @@ def test_a_ratio_above_1_suggests_only_a_percent_that_is_meant_and_taken(env: st
         assert suggested[1] == f"{raw}%"
         setting.parse(suggested[1])  # the setting takes it (another setting may still disagree: a boost below target)
     else:
-        with pytest.raises(config_module._Rejected):
+        with pytest.raises(config_values.Rejected):
             setting.parse(raw + "%")
 
 
@@ -1305,6 +1309,23 @@ def test_tz_naming_a_fifo_or_a_device_exits_2_at_once(launcher: Path, tmp_path: 
         extra["TZDIR"] = str(tmp_path)
     result = _through_launcher(launcher, tz, extra, stdin=subprocess.PIPE if kind == "/dev/stdin" else None)
     assert_config_exit(result, "TZ=")
+
+
+def test_forge_load_health_through_the_launcher_is_unhealthy_never_2(launcher: Path, tmp_path: Path) -> None:
+    """`forge-load health` keeps the health check's exit codes: a TZ the launcher refuses is 1, as Docker reserves 2;
+    a good TZ and a fresh heartbeat are 0."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    beat = tmp_path / "hb"
+    health.Heartbeat(beat)()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k not in ("TZ", "TZDIR")}
+    env["FORGE_HEARTBEAT_FILE"] = str(beat)
+    refused = subprocess.run([str(launcher), "health"], env={**env, "TZ": str(fifo)}, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "TZ=" in refused.stderr, refused.stderr
+    fine = subprocess.run([str(launcher), "health"], env={**env, "TZ": "UTC"}, capture_output=True, text=True,
+                          timeout=60)
+    assert fine.returncode == 0, fine.stdout + fine.stderr
 
 
 @pytest.mark.parametrize("tz", ["Europe/Berlin", "", "CET-1CEST,M3.5.0,M10.5.0/3", "UTC"])

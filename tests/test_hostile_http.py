@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import metrics
-from forge_load.status import Fleet
+from forge_load.control.status import GpuSlots
+from forge_load.service import http_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # Short limits keep these tests quick; the defaults are the documented ones and are checked once below.
-QUICK = metrics.ServerLimits(request_timeout_s=1.0, max_connections=8, max_head_bytes=8192)
+QUICK = http_server.ServerLimits(request_timeout_s=1.0, max_connections=8, max_head_bytes=8192)
 
 
 class FakeClock:
@@ -33,12 +33,12 @@ class FakeClock:
 
 
 @contextmanager
-def server(limits: metrics.ServerLimits = QUICK,
-           fleet: Fleet | None = None) -> Iterator[metrics.MetricsServer]:
-    fleet = fleet or Fleet(clock=FakeClock())
-    if not fleet.slots:
-        fleet.add("0").beat()
-    running = metrics.serve(fleet, "127.0.0.1", 0, limits=limits)
+def server(limits: http_server.ServerLimits = QUICK,
+           gpu_slots: GpuSlots | None = None) -> Iterator[http_server.MetricsServer]:
+    gpu_slots = gpu_slots or GpuSlots(clock=FakeClock())
+    if not gpu_slots.slots:
+        gpu_slots.add("0").beat()
+    running = http_server.serve(gpu_slots, "127.0.0.1", 0, limits=limits)
     try:
         yield running
     finally:
@@ -46,7 +46,7 @@ def server(limits: metrics.ServerLimits = QUICK,
 
 
 @pytest.fixture(scope="module")
-def shared() -> Iterator[metrics.MetricsServer]:
+def shared() -> Iterator[http_server.MetricsServer]:
     """One server for the tests that leave nothing behind."""
     with server() as running:
         yield running
@@ -112,19 +112,19 @@ def wait_for(condition: object, limit_s: float) -> bool:
 
 def test_the_metrics_reference_states_the_limits() -> None:
     # The server's table in docs/metrics.md (scripts/gen_docs.py), row by row.
-    limits = metrics.ServerLimits()
+    limits = http_server.ServerLimits()
     page = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
     table = page[page.index("## The HTTP server"):]
     rows = dict(re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|$", table, re.M))
     assert rows["time to send the whole request head, and to write each answer"] == f"{limits.request_timeout_s:g} s"
     assert rows["connections served at once"] == str(limits.max_connections)
     assert rows["largest request head (beyond it: `431`)"] == f"{limits.max_head_bytes // 1024} KiB"
-    assert rows["shutdown: the accept loop's poll"] == f"{metrics.POLL_INTERVAL_S:g} s"
+    assert rows["shutdown: the accept loop's poll"] == f"{http_server.POLL_INTERVAL_S:g} s"
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "BREW"])
 @pytest.mark.parametrize("path", ["/metrics", "/", "/health", "/healthz"])
-def test_methods_other_than_get_and_head_are_405_with_allow(shared: metrics.MetricsServer, method: str,
+def test_methods_other_than_get_and_head_are_405_with_allow(shared: http_server.MetricsServer, method: str,
                                                             path: str) -> None:
     status, headers, body = request(shared.port, method, path)
     assert status == 405, (method, path, status, body)
@@ -132,7 +132,7 @@ def test_methods_other_than_get_and_head_are_405_with_allow(shared: metrics.Metr
     assert b"GET" in body
 
 
-def test_head_answers_like_get_without_a_body(shared: metrics.MetricsServer) -> None:
+def test_head_answers_like_get_without_a_body(shared: http_server.MetricsServer) -> None:
     get_status, get_headers, get_body = request(shared.port, "GET", "/metrics")
     status, headers, body = request(shared.port, "HEAD", "/metrics")
     assert (status, body) == (get_status, b"") == (200, b"")
@@ -143,13 +143,13 @@ def test_head_answers_like_get_without_a_body(shared: metrics.MetricsServer) -> 
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD", "POST"])
-def test_unknown_paths_are_404(shared: metrics.MetricsServer, method: str) -> None:
+def test_unknown_paths_are_404(shared: http_server.MetricsServer, method: str) -> None:
     for path in ("/nothing", "/metrics/x", "/../etc/passwd", "/%00"):
         status, _, _ = request(shared.port, method, path)
         assert status == 404, (method, path)
 
 
-def test_a_request_in_small_pieces_within_the_timeout_is_answered(shared: metrics.MetricsServer) -> None:
+def test_a_request_in_small_pieces_within_the_timeout_is_answered(shared: http_server.MetricsServer) -> None:
     head = b"GET /health HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.30\r\nAccept: */*\r\n\r\n"
     with connect(shared.port) as sock:
         for i in range(0, len(head), 3):
@@ -160,7 +160,7 @@ def test_a_request_in_small_pieces_within_the_timeout_is_answered(shared: metric
     assert closed_after_s is not None
 
 
-def test_a_body_is_not_read_and_a_post_is_405(shared: metrics.MetricsServer) -> None:
+def test_a_body_is_not_read_and_a_post_is_405(shared: http_server.MetricsServer) -> None:
     with connect(shared.port) as sock:
         sock.sendall(b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
         data, closed_after_s = read_until_closed(sock, limit_s=3.0)
@@ -187,7 +187,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-def test_malformed_requests_are_answered_4xx_or_closed_at_once(shared: metrics.MetricsServer, name: str) -> None:
+def test_malformed_requests_are_answered_4xx_or_closed_at_once(shared: http_server.MetricsServer, name: str) -> None:
     with connect(shared.port) as sock:
         with suppress(OSError):  # the server may close before it has read everything
             sock.sendall(MALFORMED[name])
@@ -235,7 +235,7 @@ def test_a_trickling_request_is_cut_at_the_request_timeout() -> None:
 
 
 def test_connections_beyond_the_cap_cost_no_thread_and_metrics_still_answer() -> None:
-    limits = metrics.ServerLimits(request_timeout_s=5.0, max_connections=8)
+    limits = http_server.ServerLimits(request_timeout_s=5.0, max_connections=8)
     held: list[socket.socket] = []
     with server(limits) as running:
         try:
@@ -258,19 +258,19 @@ def test_connections_beyond_the_cap_cost_no_thread_and_metrics_still_answer() ->
 
 
 def test_when_every_connection_is_busy_a_new_one_is_refused_at_once() -> None:
-    fleet = Fleet(clock=FakeClock())
-    fleet.add("0").beat()
+    gpu_slots = GpuSlots(clock=FakeClock())
+    gpu_slots.add("0").beat()
     release = threading.Event()
-    real_health = fleet.health
+    real_health = gpu_slots.health
 
     def slow_health() -> tuple[bool, str]:
         release.wait(5.0)
         return real_health()
 
-    fleet.health = slow_health  # type: ignore[method-assign]
-    limits = metrics.ServerLimits(request_timeout_s=5.0, max_connections=4)
+    gpu_slots.health = slow_health  # type: ignore[method-assign]
+    limits = http_server.ServerLimits(request_timeout_s=5.0, max_connections=4)
     busy: list[socket.socket] = []
-    with server(limits, fleet) as running:
+    with server(limits, gpu_slots) as running:
         try:
             for _ in range(limits.max_connections):
                 sock = connect(running.port)
@@ -293,9 +293,9 @@ def test_when_every_connection_is_busy_a_new_one_is_refused_at_once() -> None:
 
 
 def test_close_is_fast_with_connections_open_and_ends_them() -> None:
-    fleet = Fleet(clock=FakeClock())
-    fleet.add("0").beat()
-    running = metrics.serve(fleet, "127.0.0.1", 0, limits=metrics.ServerLimits(max_connections=64))
+    gpu_slots = GpuSlots(clock=FakeClock())
+    gpu_slots.add("0").beat()
+    running = http_server.serve(gpu_slots, "127.0.0.1", 0, limits=http_server.ServerLimits(max_connections=64))
     held: list[socket.socket] = []
     try:
         for i in range(60):
@@ -335,7 +335,7 @@ def test_out_of_descriptors_the_accept_loop_backs_off_and_says_so_once(capsys: p
         with connect(running.port) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\n\r\n")
             time.sleep(1.0)
-            assert 1 <= len(tries) <= 1.0 / metrics.ACCEPT_BACKOFF_S + 2, f"{len(tries)} accept() calls in 1 s"
+            assert 1 <= len(tries) <= 1.0 / http_server.ACCEPT_BACKOFF_S + 2, f"{len(tries)} accept() calls in 1 s"
             running.server._accept = real_accept  # type: ignore[method-assign]
             data, _ = read_until_closed(sock, limit_s=3.0)
         assert data.startswith(b"HTTP/1.0 200"), data[:80]  # served once descriptors are there again
@@ -345,13 +345,14 @@ def test_out_of_descriptors_the_accept_loop_backs_off_and_says_so_once(capsys: p
 
 _RESERVE_CHILD = r"""
 import os, resource, socket, sys, time
-from forge_load import metrics
-from forge_load.status import Fleet
+from forge_load.service import http_server
+from forge_load.control.status import GpuSlots
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, hard))
-fleet = Fleet()
-fleet.add("0").beat()
-running = metrics.serve(fleet, "127.0.0.1", 0, metrics.ServerLimits(request_timeout_s=30.0, max_connections=1000))
+gpu_slots = GpuSlots()
+gpu_slots.add("0").beat()
+limits = http_server.ServerLimits(request_timeout_s=30.0, max_connections=1000)
+running = http_server.serve(gpu_slots, "127.0.0.1", 0, limits)
 print(running.port, flush=True)
 sys.stdin.readline()  # the clients are connected
 opened = []
@@ -389,7 +390,7 @@ def test_connections_leave_the_filler_its_reserve_of_descriptors() -> None:
             except ConnectionResetError:
                 return True
 
-        assert wait_for(lambda: sum(map(refused, held)) >= 300 - (limit - metrics.MIN_RESERVED_FDS), 5.0)
+        assert wait_for(lambda: sum(map(refused, held)) >= 300 - (limit - http_server.MIN_RESERVED_FDS), 5.0)
         # The silent ones do not keep a scraper out: it takes the place of the one that waited longest.
         assert request(port, "GET", "/health")[0] == 200
         time.sleep(0.5)  # the evicted connections' threads end, and their descriptors are free again
@@ -401,9 +402,9 @@ def test_connections_leave_the_filler_its_reserve_of_descriptors() -> None:
             sock.close()
         child.kill()
         child.wait(timeout=10)
-    assert free >= metrics.reserved_fds_for(limit) - 2, f"only {free} descriptors left of {limit}"
+    assert free >= http_server.reserved_fds_for(limit) - 2, f"only {free} descriptors left of {limit}"
 
 
 def test_the_reserve_is_a_quarter_of_the_limit_and_at_least_the_minimum() -> None:
-    assert metrics.reserved_fds_for(None) == metrics.reserved_fds_for(100) == metrics.MIN_RESERVED_FDS
-    assert metrics.reserved_fds_for(1024) == 256 and metrics.reserved_fds_for(1 << 20) == 1 << 18
+    assert http_server.reserved_fds_for(None) == http_server.reserved_fds_for(100) == http_server.MIN_RESERVED_FDS
+    assert http_server.reserved_fds_for(1024) == 256 and http_server.reserved_fds_for(1 << 20) == 1 << 18

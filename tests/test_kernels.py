@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import kernels
+from forge_load.gpu import kernels
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ import json, sys
 import numpy as np
 from numba import config, cuda
 assert config.ENABLE_CUDASIM, "simulator not enabled"
-from forge_load import kernels
+from forge_load.gpu import kernels
 iters, blocks, threads = (int(a) for a in sys.argv[1:4])
 untouched = float(sys.argv[4])
 results = {}

@@ -1,4 +1,4 @@
-"""Holds for what the kubelet assigns (forge_load/kubelet.py, docs/kubernetes-holds.md): the device ids as the NVIDIA
+"""Holds for what the kubelet assigns (service/kubelet.py, docs/kubernetes-holds.md): the device ids as the NVIDIA
 device plugin writes them, the real protocol against a test kubelet on a unix socket, and the filler holding a
 GPU the kubelet assigned (virtual time on the simulated GPU; real time on the virtual GPU below)."""
 
@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from bench.kubelet import TestKubelet
-from forge_load import kubelet
-from forge_load.app import Controls, Runtime, run_simulated
-from forge_load.config import load_config
-from forge_load.holds import HOLDER_RE, Hold, HoldBoard
-from forge_load.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
+from forge_load.config.load import load_config
+from forge_load.operators.hold_watch import HoldBoard
+from forge_load.operators.holds import HOLDER_RE, Hold
+from forge_load.service import kubelet
+from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
+from forge_load.service.loop import run_simulated
+from forge_load.service.runtime import Controls, Runtime
 from tests.fake_pynvml import FakeDevice, FakeNvml
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory

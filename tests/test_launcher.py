@@ -1,4 +1,4 @@
-"""forge_load.launcher without a GPU: the event timeline's arithmetic, and finding the CUDA device by UUID.
+"""forge_load.gpu.launcher without a GPU: the event timeline's arithmetic, and finding the CUDA device by UUID.
 
 The CUDA side itself runs on the virtual GPU (tests/test_vgpu_*.py) and on a real one (tests/test_gpu.py)."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from forge_load.launcher import EventTimeline, find_device
-from forge_load.probe import NoGpuError
+from forge_load.control.probe import NoGpuError
+from forge_load.gpu.launcher import EventTimeline, find_device
 
 
 @dataclass(frozen=True)

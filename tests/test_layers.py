@@ -1,50 +1,55 @@
-"""The module map in docs/design.md ("The package") is the import order: each module imports only modules above
-it in that table."""
+"""The package's map in docs/design.md ("The package") against the code: every module listed once, in the order
+of the layers that pyproject.toml declares to import-linter. The imports themselves are checked by
+`lint-imports` (scripts/test.sh), against those contracts, not here."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "forge_load"
 
 
-def map_order() -> list[str]:
-    """The modules and packages of the table under "The package" in docs/design.md, top to bottom."""
+def mapped() -> list[str]:
+    """The modules and packages of the tables under "The package" in docs/design.md, top to bottom, as paths under
+    forge_load/ ("control/policy.py", "podresources/")."""
     text = (ROOT / "docs" / "design.md").read_text()
     section = text[text.index("### The package: `forge_load/`"):]
-    section = section[:section.index("\n#")]
-    return re.findall(r"^\| `forge_load/([a-z_]+)(?:\.py|/)` \|", section, re.M)  # a module, or a package
+    section = section[:section.index("\n### ")]
+    return re.findall(r"^\| `forge_load/([a-z_/]+\.py|[a-z_]+/)` \|", section, re.M)
 
 
-def imports_of(path: Path) -> set[str]:
-    """forge_load modules this file imports, lazy and type-checking imports included."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("forge_load."):
-            found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.ImportFrom) and node.module == "forge_load":
-            found.update(alias.name for alias in node.names if alias.name != "__version__")
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("forge_load."))
-    return found
+def layers() -> list[str]:
+    """The layers contract, bottom to top, each layer's modules as paths under forge_load/."""
+    text = (ROOT / "pyproject.toml").read_text()  # read by hand: tomllib is not in Python 3.10
+    (block,) = re.findall(r'^type = "layers"\nlayers = \[\n(.*?)^\]', text, re.M | re.S)
+    return [[name.strip() for name in layer.split("|")] for layer in reversed(re.findall(r'"([^"]+)"', block))]
 
 
-def sources(name: str) -> list[Path]:
-    """A module's file, or every file of a package."""
-    package = ROOT / "forge_load" / name
-    return sorted(package.glob("*.py")) if package.is_dir() else [ROOT / "forge_load" / f"{name}.py"]
+def layer_of(path: str, bottom_up: list[list[str]]) -> int:
+    dotted = "forge_load." + path.removesuffix(".py").removesuffix("/").removesuffix("/__init__").replace("/", ".")
+    for i, layer in enumerate(bottom_up):
+        if any(dotted == name or dotted.startswith(name + ".") for name in layer):
+            return i
+    return len(bottom_up)  # above every layer: __main__.py, which only starts cli
 
 
 def test_the_map_lists_every_module_once() -> None:
-    modules = sorted([p.stem for p in (ROOT / "forge_load").glob("*.py") if not p.stem.startswith("__")]
-                     + [p.parent.name for p in (ROOT / "forge_load").glob("*/__init__.py")])
-    assert sorted(map_order()) == modules
+    generated = PACKAGE / "podresources"
+    modules = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                     if generated not in p.parents and p.name != "__init__.py")
+    assert sorted(m for m in mapped() if m != "podresources/") == modules
+    assert "podresources/" in mapped()
 
 
-def test_every_import_points_up_the_map() -> None:
-    order = {name: i for i, name in enumerate(map_order())}
-    upward = [(module, imported) for module in order for path in sources(module)
-              for imported in imports_of(path) if imported != module and order[imported] >= order[module]]
-    assert upward == []
+def test_the_map_is_in_the_order_of_the_layers_contract() -> None:
+    bottom_up = layers()
+    order = [layer_of(path, bottom_up) for path in mapped()]
+    assert order == sorted(order), list(zip(mapped(), order))
+
+
+def test_every_package_is_in_a_layer() -> None:
+    bottom_up = layers()
+    packages = [p.parent.name + "/" for p in PACKAGE.glob("*/__init__.py")]
+    assert [p for p in packages if layer_of(p, bottom_up) == len(bottom_up)] == []

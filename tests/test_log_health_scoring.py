@@ -1,7 +1,8 @@
-"""forge_load.log (text and JSON lines), forge_load.health (heartbeat and its check), forge_load.scoring."""
+"""forge_load.log (text and JSON lines), service.health (heartbeat and its check), control.scoring."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import health
-from forge_load.config import load_config
+from forge_load.config.load import load_config
+from forge_load.control.probe import UtilSample
+from forge_load.control.scoring import one_second_readings, percentile, settle_time_s, tracking
 from forge_load.log import CORE_FIELDS, EventLog
-from forge_load.probe import UtilSample
-from forge_load.scoring import one_second_readings, percentile, settle_time_s, tracking
+from forge_load.service import health
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -214,18 +215,26 @@ def test_heartbeat_path_from_the_settings(tmp_path: Path) -> None:
     assert health.heartbeat_location(load_config([], {})) == (health.default_heartbeat_path(), True)
 
 
-def run_health(path: Path, max_age: str | None = None) -> subprocess.CompletedProcess[str]:
+# The health check's two addresses: `forge-load health` (here through `python -m forge_load`, what the console
+# script runs) and `python -m forge_load.health`, the Dockerfile's HEALTHCHECK.
+HEALTH_COMMANDS = [("forge_load", "health"), ("forge_load.health",)]
+
+
+def run_health(path: Path, max_age: str | None = None,
+               command: tuple[str, ...] = ("forge_load.health",)) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
     env["FORGE_HEARTBEAT_FILE"] = str(path)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if max_age is not None:
         env["FORGE_HEALTH_MAX_AGE"] = max_age
-    return subprocess.run([sys.executable, "-m", "forge_load.health"], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", *command], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=30)
 
 
-def test_health_command_exit_codes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", HEALTH_COMMANDS)
+def test_health_command_exit_codes(tmp_path: Path, command: tuple[str, ...]) -> None:
     path = tmp_path / "hb"
+    run_health = functools.partial(globals()["run_health"], command=command)
     missing = run_health(path)
     assert missing.returncode == 1
     assert "no heartbeat" in missing.stdout
@@ -240,8 +249,9 @@ def test_health_command_exit_codes(tmp_path: Path) -> None:
     assert run_health(path, max_age="600").returncode == 0
 
 
-def test_health_command_bad_max_age(tmp_path: Path) -> None:
-    result = run_health(tmp_path / "hb", max_age="soon")
+@pytest.mark.parametrize("command", HEALTH_COMMANDS)
+def test_health_command_bad_max_age(tmp_path: Path, command: tuple[str, ...]) -> None:
+    result = run_health(tmp_path / "hb", max_age="soon", command=command)
     assert result.returncode == 1  # unhealthy: Docker reserves 2
     assert "FORGE_HEALTH_MAX_AGE" in result.stderr and "soon" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -1,4 +1,4 @@
-"""forge_load.metrics and several GPUs in one process: status, /health, the exposition, and one GPU failing
+"""forge_load.service.metrics and several GPUs in one process: status, /health, the exposition, and one GPU failing
 among several while the others go on filling."""
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from forge_load import metrics
-from forge_load.app import Runtime, run_simulated
-from forge_load.config import ConfigError, load_config
-from forge_load.status import Fleet, GpuSlot
+from forge_load.config.load import load_config
+from forge_load.config.values import ConfigError
+from forge_load.control.status import GpuSlot, GpuSlots
+from forge_load.service import http_server, metrics
+from forge_load.service.loop import run_simulated
+from forge_load.service.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -43,35 +45,35 @@ class FakeClock:
 
 def test_health_follows_each_slot_from_start_to_failure() -> None:
     clock = FakeClock()
-    fleet = Fleet(max_age_s=30.0, clock=clock)
-    ok, body = fleet.health()
+    gpu_slots = GpuSlots(max_age_s=30.0, clock=clock)
+    ok, body = gpu_slots.health()
     assert not ok and "no GPU" in body
-    slot = fleet.add("0")
-    ok, body = fleet.health()
+    slot = gpu_slots.add("0")
+    ok, body = gpu_slots.health()
     assert not ok and "gpu 0" in body and "starting" in body
     slot.beat()
     clock.t_s += 29.0
-    ok, body = fleet.health()
+    ok, body = gpu_slots.health()
     assert ok and body.startswith("ok\n"), body
     clock.t_s += 2.0
-    ok, body = fleet.health()
+    ok, body = gpu_slots.health()
     assert not ok and "stalled" in body and "31 s ago" in body, body
     slot.beat()
-    assert fleet.health()[0]
+    assert gpu_slots.health()[0]
     slot.failed("GPU 0 (GPU-x) was lost: boom", 4)
-    ok, body = fleet.health()
+    ok, body = gpu_slots.health()
     assert not ok and "gpu 0" in body and "failed: GPU 0 (GPU-x) was lost: boom" in body
 
 
 def test_one_failed_gpu_makes_the_fleet_unhealthy_and_is_named() -> None:
     clock = FakeClock()
-    fleet = Fleet(clock=clock)
-    good, bad = fleet.add("0"), fleet.add("GPU-51a00000-0000-4000-8000-000000000001")
+    gpu_slots = GpuSlots(clock=clock)
+    good, bad = gpu_slots.add("0"), gpu_slots.add("GPU-51a00000-0000-4000-8000-000000000001")
     good.beat()
     bad.beat()
-    assert fleet.health()[0]
+    assert gpu_slots.health()[0]
     bad.failed("lost", 4)
-    ok, body = fleet.health()
+    ok, body = gpu_slots.health()
     lines = body.splitlines()
     assert not ok and lines[0] == "unhealthy: 1 of 2 GPUs"
     assert lines[1].startswith("gpu 0 ")
@@ -79,34 +81,34 @@ def test_one_failed_gpu_makes_the_fleet_unhealthy_and_is_named() -> None:
 
 
 def test_a_stopped_filler_is_not_healthy() -> None:
-    fleet = Fleet(clock=FakeClock())
-    slot = fleet.add("0")
+    gpu_slots = GpuSlots(clock=FakeClock())
+    slot = gpu_slots.add("0")
     slot.beat()
     slot.stopped()
-    ok, body = fleet.health()
+    ok, body = gpu_slots.health()
     assert not ok and "stopped" in body
 
 
 # --- the exposition, from a live simulated filler ----------------------------------------------------------
 
 
-def simulated_fleet(flags: str) -> tuple[Fleet, GpuSlot, Runtime]:
+def simulated_slots(flags: str) -> tuple[GpuSlots, GpuSlot, Runtime]:
     """Run the filler on the simulated GPU in virtual time; the slot is left as if the loop were still running."""
     config = load_config(f"--simulate --sim-speed 0 {flags}".split(), env={})
-    fleet = Fleet(simulated=True)
-    slot = fleet.add(config.gpu)
+    gpu_slots = GpuSlots(simulated=True)
+    slot = gpu_slots.add(config.gpu)
     run = run_simulated(config, io.StringIO(), heartbeat=slot.beat, on_start=lambda rt: attach(slot, rt))
-    return fleet, slot, run.runtime
+    return gpu_slots, slot, run.runtime
 
 
 def attach(slot: GpuSlot, rt: Runtime) -> None:
-    """As app.run_gpu does: the slot reads the filler's status snapshot."""
+    """As gpu_threads.run_gpu does: the slot reads the filler's status snapshot."""
     slot.attach(rt.info, lambda: rt.filler.status(rt.now()))
 
 
-def scrape(fleet: Fleet) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+def scrape(gpu_slots: GpuSlots) -> dict[str, list[tuple[str, dict[str, str], float]]]:
     """Metric family name -> [(sample name, labels, value)], parsed back from the text exposition."""
-    text = generate_latest(metrics.make_registry(fleet)).decode()
+    text = generate_latest(metrics.make_registry(gpu_slots)).decode()
     families: dict[str, list[tuple[str, dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
         samples = [(s.name, dict(s.labels), s.value) for s in family.samples]
@@ -127,8 +129,8 @@ def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) 
 
 
 def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
-    fleet, slot, rt = simulated_fleet("--duration 30 --resume-after 5 --sim-foreign 8-12 --max-power-w 650")
-    values = sample_values(scrape(fleet))
+    gpu_slots, slot, rt = simulated_slots("--duration 30 --resume-after 5 --sim-foreign 8-12 --max-power-w 650")
+    values = sample_values(scrape(gpu_slots))
     assert set(values) == set(metrics.METRICS), set(values) ^ set(metrics.METRICS)
     gpu_labels = {"gpu": "0", "UUID": slot.uuid}
     assert slot.uuid.startswith("GPU-")
@@ -163,12 +165,13 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     assert states == {s: float(s == "filling") for s in metrics.STATES}
     assert one["forge_load_power_cap_watts"] == 650.0 and one["forge_load_power_capped"] == 0.0  # 0.5 is ~385 W
     assert one["forge_load_power_watts"] == pytest.approx(70 + 630 * 0.5, abs=15)  # the simulated GPU's model
-    assert one["forge_load_energy_joules_total"] == pytest.approx(rt.filler.energy_j) and rt.filler.energy_j > 0
+    energy_j = rt.filler.energy.energy_j
+    assert one["forge_load_energy_joules_total"] == pytest.approx(energy_j) and energy_j > 0
 
 
 def test_a_capped_gpu_says_so() -> None:
-    fleet, _, rt = simulated_fleet("--duration 20 --target 0.9 --max-power-w 300")
-    one = {name: samples[0][1] for name, samples in sample_values(scrape(fleet)).items() if len(samples) == 1}
+    gpu_slots, _, rt = simulated_slots("--duration 20 --target 0.9 --max-power-w 300")
+    one = {name: samples[0][1] for name, samples in sample_values(scrape(gpu_slots)).items() if len(samples) == 1}
     assert one["forge_load_power_capped"] == 1.0 and one["forge_load_power_cap_watts"] == 300.0
     assert one["forge_load_power_watts"] <= 300.0
     assert one["forge_load_target_ratio"] == 0.9  # the target is unchanged; the cap holds the duty under it
@@ -176,8 +179,8 @@ def test_a_capped_gpu_says_so() -> None:
 
 
 def test_without_a_cap_no_cap_series_and_never_capped() -> None:
-    fleet, _, _ = simulated_fleet("--duration 3")
-    values = sample_values(scrape(fleet))
+    gpu_slots, _, _ = simulated_slots("--duration 3")
+    values = sample_values(scrape(gpu_slots))
     assert "forge_load_power_cap_watts" not in values
     assert values["forge_load_power_capped"][0][1] == 0.0
 
@@ -185,8 +188,8 @@ def test_without_a_cap_no_cap_series_and_never_capped() -> None:
 def test_a_paused_gpu_is_up_healthy_and_adds_nothing(tmp_path: Path) -> None:
     pause = tmp_path / "pause"
     pause.write_text("")
-    fleet, slot, rt = simulated_fleet(f"--duration 10 --pause-file {pause}")
-    values = sample_values(scrape(fleet))
+    gpu_slots, slot, rt = simulated_slots(f"--duration 10 --pause-file {pause}")
+    values = sample_values(scrape(gpu_slots))
     states = {labels["state"]: value for labels, value in values["forge_load_state"]}
     assert states == {s: float(s == "paused") for s in metrics.STATES}
     one = {name: samples[0][1] for name, samples in values.items() if len(samples) == 1}
@@ -194,13 +197,13 @@ def test_a_paused_gpu_is_up_healthy_and_adds_nothing(tmp_path: Path) -> None:
     assert one["forge_load_up"] == 1.0
     assert one["forge_load_own_utilization_ratio"] == 0.0 and one["forge_load_target_ratio"] == 0.0
     assert one["forge_load_energy_joules_total"] == 0.0 and one["forge_load_own_busy_seconds_total"] == 0.0
-    ok, line = slot.health(fleet.max_age_s)
+    ok, line = slot.health(gpu_slots.max_age_s)
     assert ok and "paused" in line
 
 
 def test_a_yielding_gpu_says_so() -> None:
-    fleet, _, _ = simulated_fleet("--duration 10 --sim-foreign 5-20")
-    values = sample_values(scrape(fleet))
+    gpu_slots, _, _ = simulated_slots("--duration 10 --sim-foreign 5-20")
+    values = sample_values(scrape(gpu_slots))
     states = {labels["state"]: value for labels, value in values["forge_load_state"]}
     assert states["yielding"] == 1.0 and sum(states.values()) == 1.0
     assert values["forge_load_target_ratio"][0][1] == 0.0  # holds nothing while a job runs
@@ -209,9 +212,9 @@ def test_a_yielding_gpu_says_so() -> None:
 
 
 def test_a_failed_gpu_keeps_its_counters_but_not_stale_readings() -> None:
-    fleet, slot, _ = simulated_fleet("--duration 5")
+    gpu_slots, slot, _ = simulated_slots("--duration 5")
     slot.failed("GPU 0 was lost", 4)
-    values = sample_values(scrape(fleet))
+    values = sample_values(scrape(gpu_slots))
     assert values["forge_load_up"][0][1] == 0.0
     assert {labels["state"] for labels, value in values["forge_load_state"] if value == 1.0} == {"failed"}
     assert values["forge_load_own_busy_seconds_total"][0][1] > 2.0
@@ -220,24 +223,24 @@ def test_a_failed_gpu_keeps_its_counters_but_not_stale_readings() -> None:
 
 
 def test_a_gpu_that_never_opened_still_shows_as_failed() -> None:
-    fleet = Fleet(clock=FakeClock())
-    fleet.add("3").failed("no usable GPU: GPU 3 does not exist", 3)
-    values = sample_values(scrape(fleet))
+    gpu_slots = GpuSlots(clock=FakeClock())
+    gpu_slots.add("3").failed("no usable GPU: GPU 3 does not exist", 3)
+    values = sample_values(scrape(gpu_slots))
     assert values["forge_load_up"] == [({"gpu": "3", "UUID": ""}, 0.0)]
     assert "forge_load_yields_total" not in values
 
 
 def test_our_registry_is_our_own() -> None:
-    fleet, _, _ = simulated_fleet("--duration 1")
-    ours = generate_latest(metrics.make_registry(fleet)).decode()
+    gpu_slots, _, _ = simulated_slots("--duration 1")
+    ours = generate_latest(metrics.make_registry(gpu_slots)).decode()
     assert "process_cpu_seconds_total" not in ours and "python_gc" not in ours
     assert "forge_load_" not in generate_latest(REGISTRY).decode()
 
 
 def test_exposition_lines_look_like_dcgm_exporters() -> None:
     # dcgm-exporter: DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-604ac76c-...",...} 0
-    fleet, slot, _ = simulated_fleet("--duration 1")
-    text = generate_latest(metrics.make_registry(fleet)).decode()
+    gpu_slots, slot, _ = simulated_slots("--duration 1")
+    text = generate_latest(metrics.make_registry(gpu_slots)).decode()
     assert f'forge_load_up{{UUID="{slot.uuid}",gpu="0"}} 1.0' in text
 
 
@@ -254,9 +257,9 @@ def get(url: str) -> tuple[int, str, str]:
 
 def test_server_answers_metrics_health_and_404() -> None:
     clock = FakeClock()
-    fleet = Fleet(clock=clock)
-    slot = fleet.add("0")
-    server = metrics.serve(fleet, "127.0.0.1", 0)
+    gpu_slots = GpuSlots(clock=clock)
+    slot = gpu_slots.add("0")
+    server = http_server.serve(gpu_slots, "127.0.0.1", 0)
     try:
         base = f"http://127.0.0.1:{server.port}"
         status, kind, body = get(base + "/health")
@@ -278,7 +281,7 @@ def test_a_taken_port_is_a_config_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError) as info:
-            metrics.serve(Fleet(), "127.0.0.1", port)
+            http_server.serve(GpuSlots(), "127.0.0.1", port)
     message = str(info.value)
     assert f"FORGE_METRICS_PORT={port}" in message and "\n" not in message
 
@@ -384,7 +387,7 @@ def test_gpu_and_gpus_together_exit_2() -> None:
 
 
 def test_missing_prometheus_client_exits_2_with_the_fix() -> None:
-    code = ("import sys; sys.modules['prometheus_client'] = None; from forge_load.app import main; "
+    code = ("import sys; sys.modules['prometheus_client'] = None; from forge_load.service.app import main; "
             "raise SystemExit(main(['--simulate', '--metrics-port', '0', '--duration', '1']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=forge_env(),
                             timeout=30, cwd=ROOT)
@@ -394,7 +397,7 @@ def test_missing_prometheus_client_exits_2_with_the_fix() -> None:
 
 
 def test_without_a_metrics_port_prometheus_client_is_not_imported() -> None:
-    code = ("import sys, io; from forge_load.app import main; "
+    code = ("import sys, io; from forge_load.service.app import main; "
             "rc = main(['--simulate', '--sim-speed', '0', '--duration', '1'], io.StringIO()); "
             "print(rc, 'prometheus_client' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=forge_env(),
@@ -501,13 +504,13 @@ def test_the_metric_reference_lists_every_metric_with_its_type() -> None:
 
 
 def test_a_held_gpu_counts_its_holds_and_never_names_a_holder(tmp_path: Path) -> None:
-    from forge_load import holds
+    from forge_load.operators import holds
 
     uuid = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0
     for holder in ("slurm-41", "slurm-42"):
         holds.place(str(tmp_path), holds.Hold(uuid, holder, "a job", 0.0, None))
-    fleet, _, _ = simulated_fleet(f"--duration 3 --hold-dir {tmp_path}")
-    text = scrape(fleet)
+    gpu_slots, _, _ = simulated_slots(f"--duration 3 --hold-dir {tmp_path}")
+    text = scrape(gpu_slots)
     values = sample_values(text)
     states = {labels["state"]: value for labels, value in values["forge_load_state"]}
     assert states == {s: float(s == "held") for s in metrics.STATES}

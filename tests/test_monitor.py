@@ -1,4 +1,4 @@
-"""forge_load.monitor: the three foreign-activity signals, sample hold-back, own share, fallbacks, schedule.
+"""forge_load.control.monitor: the three foreign-activity signals, sample hold-back, own share, fallbacks, schedule.
 
 The probe is a table: each row sets what the GPU reports at one poll."""
 
@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from forge_load.monitor import Monitor, Reading
-from forge_load.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
-from forge_load.sampling import DEFAULT_WINDOW_S, FALLBACK_AFTER_S
-from forge_load.signals import Observation, Thresholds
-from forge_load.worker import BusyLog
+from forge_load.control.detectors import Observation, Thresholds
+from forge_load.control.monitor import Monitor, Reading
+from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
+from forge_load.control.sampling import DEFAULT_WINDOW_S, FALLBACK_AFTER_S
+from forge_load.control.worker import BusyLog
 
 OWN_PID = 100
 OWN_MIB = 500.0

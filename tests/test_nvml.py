@@ -1,4 +1,4 @@
-"""forge_load.nvml against a fake pynvml table (tests/fake_pynvml.py), plus a real-GPU check marked `gpu`."""
+"""forge_load.gpu.nvml against a fake pynvml table (tests/fake_pynvml.py), plus a real-GPU check marked `gpu`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pynvml
 import pytest
 from fake_pynvml import MIB, FakeDevice, FakeNvml, FakeProcess
 
-from forge_load.backend import NvidiaBackend
-from forge_load.nvml import NvmlProbe, list_devices
-from forge_load.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.control.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.gpu.backend import NvidiaBackend
+from forge_load.gpu.nvml import NvmlProbe, list_devices
 
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
@@ -210,7 +210,7 @@ def test_missing_pynvml_module_is_no_gpu_with_install_hint(monkeypatch: pytest.M
 
 
 def test_importing_forge_load_nvml_does_not_need_pynvml() -> None:
-    code = "import sys; sys.modules['pynvml'] = None; import forge_load.nvml; print('ok')"
+    code = "import sys; sys.modules['pynvml'] = None; import forge_load.gpu.nvml; print('ok')"
     root = pathlib.Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -623,8 +623,8 @@ class Polled:
     """A Monitor on the fake pynvml, polled every POLL_S of virtual time (the probe's clocks follow)."""
 
     def __init__(self, fake: FakeNvml, clocks: Clocks) -> None:
-        from forge_load.monitor import Monitor
-        from forge_load.worker import BusyLog
+        from forge_load.control.monitor import Monitor
+        from forge_load.control.worker import BusyLog
 
         self.fake, self.clocks = fake, clocks
         self.dev = fake.devices[0]
@@ -692,7 +692,7 @@ def test_memory_below_the_move_threshold_does_not_read_the_lists_but_a_small_job
         fake: FakeNvml, clocks: Clocks) -> None:
     """Memory creeping by less than half the memory signal's threshold leaves the lists alone; a process that
     came without moving memory (none real: every context costs memory) is still listed within the longest gap."""
-    from forge_load.monitor import PROCESS_REFRESH_MAX_S
+    from forge_load.control.monitor import PROCESS_REFRESH_MAX_S
 
     polled = Polled(fake, clocks)
     polled.until(20.0)

@@ -13,11 +13,12 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from forge_load.app import NO_CONTROLS, Controls, Runtime, SimRun, run_simulated
-from forge_load.config import load_config
-from forge_load.pause import PauseSwitch
-from forge_load.powercap import MARGIN_RATIO
-from forge_load.sim import IDLE_POWER_W, MAX_POWER_W, SimGpu, SimProbe
+from forge_load.config.load import load_config
+from forge_load.control.powercap import MARGIN_RATIO
+from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W, SimGpu, SimProbe
+from forge_load.operators.pause import PauseSwitch
+from forge_load.service.loop import SimRun, run_simulated
+from forge_load.service.runtime import NO_CONTROLS, Controls, Runtime
 
 BERLIN = ZoneInfo("Europe/Berlin")
 SPAN_W = MAX_POWER_W - IDLE_POWER_W
@@ -133,13 +134,13 @@ def test_the_energy_counter_is_the_devices_energy_while_filling() -> None:
     last_reading_s = run.rt.monitor.latest().t_s  # type: ignore[union-attr]
     filling = [(0.0, run.t("yield")), (run.t("resume"), last_reading_s)]  # counted from reading to reading
     expected_j = model_energy_j(run.gpu, filling)
-    assert run.rt.filler.energy_j == pytest.approx(expected_j, rel=1e-9)
+    assert run.rt.filler.energy.energy_j == pytest.approx(expected_j, rel=1e-9)
     assert expected_j == pytest.approx(45 * (IDLE_POWER_W + 0.5 * SPAN_W), rel=0.02)  # a sanity check of the spans
     stop = run.of("stop")[0]
     assert stop["energy_j"] == round(expected_j, 1) and stop["energy_source"] == "counter"
     assert run.of("start")[0]["energy_source"] == "counter"
     # The time yielding is not ours: the job's energy there is not in the counter.
-    assert run.rt.filler.energy_j < model_energy_j(run.gpu, [(0.0, last_reading_s)]) - 10 * IDLE_POWER_W
+    assert run.rt.filler.energy.energy_j < model_energy_j(run.gpu, [(0.0, last_reading_s)]) - 10 * IDLE_POWER_W
 
 
 def test_without_an_energy_counter_the_power_readings_are_integrated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +150,7 @@ def test_without_an_energy_counter_the_power_readings_are_integrated(monkeypatch
     expected_j = model_energy_j(run.gpu, [(0.0, run.t("yield")), (run.t("resume"), last_reading_s)])
     # A 1-s mean lags a step in power by half a second: at each start of filling (the start and the resume) the
     # integral misses about half a second of the filler's ~315 W; a yield after steady filling loses nothing.
-    missed_j = expected_j - run.rt.filler.energy_j
+    missed_j = expected_j - run.rt.filler.energy.energy_j
     assert 2 * 0.4 * 0.5 * SPAN_W <= missed_j <= 2 * 0.6 * 0.5 * SPAN_W
     assert run.of("stop")[0]["energy_source"] == "power" and run.of("start")[0]["energy_source"] == "power"
 
@@ -169,7 +170,7 @@ def test_the_energy_counter_survives_a_counter_that_goes_back(monkeypatch: pytes
     after = next(i for i, t_s in enumerate(read_at) if t_s >= 10.0)
     lost_j = model_energy_j(run.gpu, [(read_at[after - 1], read_at[after])])  # the one poll interval across it
     assert read_at[after] - read_at[after - 1] == pytest.approx(0.1)
-    assert run.rt.filler.energy_j == pytest.approx(expected_j - lost_j, rel=1e-9)
+    assert run.rt.filler.energy.energy_j == pytest.approx(expected_j - lost_j, rel=1e-9)
 
 
 # --- pauses ---------------------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def test_the_pause_file_pauses_until_its_time_and_the_counter_stops(tmp_path: Pa
     assert run.gpu.busy_ratio(30.0, 40.0) == pytest.approx(0.5, abs=0.02)  # filling again
     last_s = run.rt.monitor.latest().t_s  # type: ignore[union-attr]
     expected_j = model_energy_j(run.gpu, [(0.0, float(paused["t"])), (float(unpaused["t"]), last_s)])
-    assert run.rt.filler.energy_j == pytest.approx(expected_j, rel=1e-9)  # type: ignore[arg-type]
+    assert run.rt.filler.energy.energy_j == pytest.approx(expected_j, rel=1e-9)  # type: ignore[arg-type]
     assert run.rt.filler.status(run.rt.now()).yields == 0  # a pause is no yield
 
 

@@ -81,7 +81,7 @@ def test_sigusr1_pauses_and_sigusr2_resumes() -> None:
 
 def test_sigusr1_at_start_up_is_not_lost_and_kills_nothing() -> None:
     # SIGUSR1's default action would end the process: it is caught from the first moment, like SIGTERM.
-    run = Process("--log-interval", "0.2", options=("--signal-on-import", "SIGUSR1:forge_load.app"))
+    run = Process("--log-interval", "0.2", options=("--signal-on-import", "SIGUSR1:forge_load.service.app"))
     try:
         start = run.until("start")
         paused = run.until("pause")

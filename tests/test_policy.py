@@ -1,10 +1,10 @@
-"""forge_load.policy: filling / yielding / boosted, with reasons, in passed-in time."""
+"""forge_load.control.policy: filling / yielding / boosted, with reasons, in passed-in time."""
 
 from __future__ import annotations
 
 import pytest
 
-from forge_load.policy import Policy, State, Transition
+from forge_load.control.policy import Policy, State, Transition
 
 
 def make(target: float = 0.5, boost: float = 0.6, resume_after_s: float = 10.0,

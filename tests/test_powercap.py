@@ -1,4 +1,4 @@
-"""forge_load.powercap: the duty limit that keeps board power under FORGE_MAX_POWER_W, against model boards."""
+"""forge_load.control.powercap: the duty limit that keeps board power under FORGE_MAX_POWER_W, against model boards."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from forge_load.powercap import DEFAULT_BOARD_LIMIT_W, MARGIN_RATIO, RELEASE_BAND, CapChange, PowerCap
+from forge_load.control.powercap import DEFAULT_BOARD_LIMIT_W, MARGIN_RATIO, RELEASE_BAND, CapChange, PowerCap
 
 IDLE_W = 70.0
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from forge_load.probe import UtilSample
-from forge_load.scoring import busy_samples, tracking
+from forge_load.control.probe import UtilSample
+from forge_load.control.scoring import busy_samples, tracking
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -279,7 +279,7 @@ def test_a_gpu_cuda_cannot_see_is_no_usable_gpu_with_what_cuda_sees(vgpu: VgpuFa
 
 NVML_POLL = r'''
 import json, time
-from forge_load.nvml import NvmlProbe
+from forge_load.gpu.nvml import NvmlProbe
 probe = NvmlProbe("0")
 stamps, since = [], float("-inf")
 end = time.monotonic() + 3.0

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from forge_load.scoring import one_second_readings, tracking
-from forge_load.worker import QUEUE_S
+from forge_load.control.scoring import one_second_readings, tracking
+from forge_load.control.worker import QUEUE_S
 from tests.simrun import simulate
 
 WINDOWS_S = (1 / 6, 0.25, 0.5, 1.0)
@@ -142,8 +142,9 @@ def test_while_filling_the_loop_wakes_for_its_bursts_not_for_every_poll() -> Non
     bursts (plus status lines), not once per poll on top; every sample still reaches the controller once."""
     import io
 
-    from forge_load.app import Runtime, run_simulated
-    from forge_load.config import load_config
+    from forge_load.config.load import load_config
+    from forge_load.service.loop import run_simulated
+    from forge_load.service.runtime import Runtime
 
     config = load_config("--simulate --sim-speed 0 --log-format json --duration 20 --target 0.5".split(), env={})
     steps: list[float] = []

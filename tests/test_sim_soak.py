@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from forge_load import sim
-from forge_load.app import run_simulated
-from forge_load.config import ConfigError, SimConfig, describe, load_config
-from forge_load.sim import SimGpu, SimProbe, VirtualClock
+from forge_load.config.load import load_config
+from forge_load.config.settings import describe
+from forge_load.config.sim import SimConfig
+from forge_load.config.values import ConfigError
+from forge_load.gpu import sim
+from forge_load.gpu.sim import SimGpu, SimProbe, VirtualClock
+from forge_load.service.loop import run_simulated
 
 REPO = Path(__file__).resolve().parents[1]
 

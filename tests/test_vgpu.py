@@ -25,7 +25,7 @@ from vgpu.pytest_plugin import VgpuFactory
 ROOT = Path(__file__).resolve().parent.parent
 VGPU_CLI = ROOT / "scripts" / "vgpu"
 MIB = 1 << 20
-WAVE_S, OVERHEAD_S, LATENCY_S = 1e-4, 8e-6, 5e-6  # the defaults, as forge_load/sim.py's
+WAVE_S, OVERHEAD_S, LATENCY_S = 1e-4, 8e-6, 5e-6  # the defaults, as forge_load/gpu/sim.py's
 PER_WAVE = 132 * 8  # 256-thread blocks resident on the whole device at once
 STAMP_S = 2e-6  # the kernel record's times are printed to the microsecond
 
@@ -164,7 +164,7 @@ NUMBA_BURN = r'''
 import json, os
 import numpy as np
 from numba import cuda
-from forge_load import kernels
+from forge_load.gpu import kernels
 cuda.select_device(0)
 dev = cuda.get_current_device()
 stream = cuda.stream()
@@ -494,7 +494,7 @@ def test_cli_keeps_the_nvml_calls_file_current_while_the_command_runs(tmp_path: 
 BURST = r'''
 import json, os, time
 import pynvml
-from forge_load.launcher import CudaLauncher
+from forge_load.gpu.launcher import CudaLauncher
 pynvml.nvmlInit()
 uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
 launcher = CudaLauncher(uuid if isinstance(uuid, str) else uuid.decode())
@@ -526,7 +526,7 @@ def test_not_supported_injection_and_forge_load_reads_it_as_unavailable(vgpu: Vg
     r = run_py(gpu, r'''
 import json
 import pynvml as n
-from forge_load.nvml import NvmlProbe
+from forge_load.gpu.nvml import NvmlProbe
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
 try:
@@ -542,7 +542,7 @@ with NvmlProbe("0") as probe:
 
 OLD_DRIVER = DRIVER + r'''
 import pynvml as n
-from forge_load.nvml import NvmlProbe
+from forge_load.gpu.nvml import NvmlProbe
 n.nvmlInit()
 h = n.nvmlDeviceGetHandleByIndex(0)
 try:

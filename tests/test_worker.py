@@ -1,4 +1,4 @@
-"""forge_load.worker: the BusyLog and the Worker's pacing, against the simulated GPU in virtual time."""
+"""forge_load.control.worker: the BusyLog and the Worker's pacing, against the simulated GPU in virtual time."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from forge_load.config import SimConfig
-from forge_load.probe import GpuFailedError
-from forge_load.sim import LAUNCH_LATENCY_S, LAUNCH_OVERHEAD_S, WAVE_S, SimGpu, SimLauncher, VirtualClock
-from forge_load.worker import IDLE_PLAN, MAX_KERNELS, BusyLog, Completed, Plan, Worker
+from forge_load.config.sim import SimConfig
+from forge_load.control.probe import GpuFailedError
+from forge_load.control.worker import IDLE_PLAN, MAX_KERNELS, BusyLog, Completed, Plan, Worker
+from forge_load.gpu.sim import LAUNCH_LATENCY_S, LAUNCH_OVERHEAD_S, WAVE_S, SimGpu, SimLauncher, VirtualClock
 
 # --- BusyLog ----------------------------------------------------------------------------------------
 

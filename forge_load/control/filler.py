@@ -1,0 +1,368 @@
+"""The control loop of one GPU: Monitor readings and pauses -> policy -> controller (under the power cap's
+duty limit) -> Worker, and the log lines; the energy is counted by energy.py's EnergyMeter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from forge_load.control.controller import Controller
+from forge_load.control.detectors import ShareSample
+from forge_load.control.energy import EnergyMeter
+from forge_load.control.monitor import Monitor, Reading
+from forge_load.control.policy import FILLING_STATES, Policy, State, Transition
+from forge_load.control.powercap import CapChange, PowerCap
+from forge_load.control.quantity import UTILIZATION, Quantity
+from forge_load.control.status import GpuStatus
+from forge_load.control.worker import IDLE_PLAN, Worker
+from forge_load.log import EventLog
+from forge_load.operators.hold_watch import FillerHolds
+from forge_load.operators.pause import Pauses, shown_time
+
+# Lines a signal storm can repeat (SIGUSR1/SIGUSR2 by turns: each change of the pause's reasons): each kind is
+# written at most once per LINES_EVERY_S. A line that comes sooner is held, the latest replacing the one held, and
+# written when its second is up (or before any other line, so the log stays in order) with `coalesced`: how many
+# changes it stands for that have no line. Only the lines wait: the pause itself acts at once.
+COALESCED_KINDS = {"pause": "pause", "unpause": "pause", "drained": "drained", "power_capped": "power_capped"}
+LINES_EVERY_S = 1.0
+
+
+@dataclass
+class IntervalStats:
+    """Means over the NVML samples of one status interval."""
+
+    util_sum: float = 0.0
+    own_sum: float = 0.0
+    foreign_sum: float = 0.0
+    count: int = 0
+
+    def mean(self, total: float) -> float | None:
+        return total / self.count if self.count else None
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A line held back (COALESCED_KINDS): the latest of its kind, and how many changes before it had no line."""
+
+    event: str
+    t_s: float
+    fields: dict[str, object]
+    coalesced: int
+
+
+class Filler:
+    """`power_cap` limits the duty (FORGE_MAX_POWER_W); `pauses` says when not to run at all; `holds` when a hold
+    names this GPU (and takes the acknowledgement); `on_transition` is told after every change of state (the
+    process title follows it)."""
+
+    def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy,
+                 log: EventLog, start_s: float, log_interval_s: float, stale_after_s: float = 2.0,
+                 heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION,
+                 power_cap: PowerCap | None = None, pauses: Pauses | None = None,
+                 on_transition: Callable[[], None] | None = None, holds: FillerHolds | None = None) -> None:
+        self.monitor = monitor
+        self.quantity = quantity  # what the target is a target of
+        self.worker = worker
+        self.controller = controller
+        self.policy = policy
+        self.log = log
+        self.start_s = start_s
+        self.log_interval_s = log_interval_s
+        self.stale_after_s = stale_after_s
+        self.heartbeat = heartbeat
+        self.yields = 0
+        self.yielding_s = 0.0
+        self.last: Reading | None = None
+        self.last_share: ShareSample | None = None
+        self._seq = 0
+        self._stats = IntervalStats()
+        self._next_status_s = start_s + log_interval_s
+        self._last_beat_s = float("-inf")
+        self._yield_since_s: float | None = None
+        self._draining = False  # a yield's (or a pause's) last kernels are still running
+        self.power_cap = power_cap
+        self._power_pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover
+        self._power_seen_t_s: float | None = None  # when the power reading last learnt from was read
+        self.pauses = pauses
+        self.on_transition = on_transition
+        self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
+        self._pause_reason: str | None = None
+        self.holds = holds
+        self.holds_begun = 0
+        self._holds_checked = False  # asked at the first step, before anything is launched; then every reading
+        self._held: dict[str, _Held] = {}  # by kind: the latest line not yet written
+        self._written_s: dict[str, float] = {}  # kind -> when its last line was written
+        self._holds_generation = 0  # and at once when the in-process holds change (HoldBoard)
+        # Energy: the device's, over the time between two readings that began while we were filling.
+        self.energy = EnergyMeter()  # the device's energy while we fill
+        controller.start(start_s)
+
+    @property
+    def state(self) -> State:
+        return self.policy.state
+
+    def step(self, now_s: float) -> float:
+        """React to a new reading, drive the Worker, log; returns when to step again."""
+        if self.monitor.failure is not None:
+            raise self.monitor.failure
+        reading = self.monitor.take()
+        fresh = reading is not None and reading.seq != self._seq
+        if self.holds is not None and (fresh or not self._holds_checked
+                                       or self.holds.generation != self._holds_generation):
+            if fresh and reading is not None and reading.reason is not None:
+                self.holds.foreign_seen(now_s)  # a held GPU at work is not idle: no age-out
+            self._check_holds(now_s)
+        if self.pauses is not None and (fresh or self.pauses.generation != self._pause_generation):
+            self._check_pauses(now_s)
+        if reading is not None and fresh:
+            self._seq = reading.seq
+            self._react(now_s, reading)
+        elif reading is None or now_s - reading.t_s > self.stale_after_s:
+            self._decide(now_s, f"no reading from NVML for {self.stale_after_s:.0f} s")
+        due_s = self.worker.step(now_s)
+        if self._draining and not self.worker.in_flight:
+            self._draining = False
+            last_end_t = round(self.worker.busy_log.last_end_s - self.start_s, 6)
+            self._emit(now_s, "drained", {**self.fields(now_s), "last_kernel_end_t": last_end_t})
+        if self.holds is not None:  # at once when drained, so that `hold --wait` returns at once
+            problem = self.holds.acknowledge(now_s, self.policy.state.value, self.drained)
+            if problem is not None:
+                self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+        if now_s >= self._next_status_s:
+            self._status(now_s)
+        if self._held and now_s >= self._held_due_s():
+            self.flush_lines(now_s)
+        if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:
+            self._last_beat_s = now_s
+            self.heartbeat()
+        # While filling, the next burst takes the readings in between; otherwise each one may end a wait. A
+        # pause file is read at each reading, as fast as a yield: with one, every reading still wakes us.
+        self.monitor.wake_every_reading = (self.policy.state not in FILLING_STATES or self._draining
+                                           or (self.pauses is not None and self.pauses.pause_file is not None))
+        ack_due_s = self.holds.ack_due_s if self.holds is not None else float("inf")
+        return min(due_s, self._next_status_s, self._held_due_s(), ack_due_s)
+
+    def _held_due_s(self) -> float:
+        """When the first held line is due to be written (inf when none is held)."""
+        return min((self._written_s[kind] + LINES_EVERY_S for kind in self._held), default=float("inf"))
+
+    def _emit(self, now_s: float, event: str, fields: dict[str, object]) -> None:
+        """Write a line at `now_s`, or hold it (COALESCED_KINDS); every held line goes first, in order."""
+        kind = COALESCED_KINDS.get(event)
+        if kind is not None and (kind in self._held
+                                 or now_s - self._written_s.get(kind, float("-inf")) < LINES_EVERY_S):
+            held = self._held.get(kind)
+            self._held[kind] = _Held(event, now_s, fields, 0 if held is None else held.coalesced + 1)
+            return
+        self.flush_lines(now_s)
+        self.log.emit(event, t=now_s - self.start_s, **fields)
+        if kind is not None:
+            self._written_s[kind] = now_s
+
+    def flush_lines(self, now_s: float) -> None:
+        """Write the held lines now (before a line that must follow them, and before the stop line)."""
+        held, self._held = self._held, {}
+        for kind, line in sorted(held.items(), key=lambda item: item[1].t_s):
+            extra: dict[str, object] = {"coalesced": line.coalesced} if line.coalesced else {}
+            self.log.emit(line.event, t=line.t_s - self.start_s, **line.fields, **extra)
+            self._written_s[kind] = now_s
+
+    def _react(self, now_s: float, reading: Reading) -> None:
+        self.last = reading
+        if reading.samples:
+            self.last_share = reading.samples[-1]
+        for share in reading.samples:
+            self._stats.util_sum += share.util_ratio
+            self._stats.own_sum += share.own_ratio
+            self._stats.foreign_sum += share.foreign_ratio
+            self._stats.count += 1
+        self.energy.add(reading)
+        self._decide(now_s, reading.reason, reading)
+        self._observe_power(now_s, reading)
+        if self.policy.state in FILLING_STATES:
+            self._plan(now_s, reading)
+        self.energy.counting = self.policy.state in FILLING_STATES
+
+    def _plan(self, now_s: float, reading: Reading | None) -> None:
+        """The controller's plan for the Worker, under the power cap's duty limit; without a reading (an unpause
+        between polls), from what the controller already knows."""
+        limit = self.power_cap.duty_limit if self.power_cap is not None else 1.0
+        samples = self.quantity.samples(reading) if reading is not None else []
+        window_s = reading.window_s if reading is not None else self.monitor.window_s
+        plan = self.controller.update(self.policy.current_target, samples, window_s, self.worker.launch_s,
+                                      max_duty=limit)
+        self.worker.set_plan(plan)
+        if self.power_cap is not None:
+            self._log_cap(now_s, self.power_cap.after_plan(plan.duty_ratio, limit))
+
+    def _decide(self, now_s: float, reason: str | None, reading: Reading | None = None) -> None:
+        self._apply(now_s, self.policy.update(now_s, reason), reading)
+
+    def _check_pauses(self, now_s: float) -> None:
+        """A pause begins (or its reasons change) or ends: as fast as a yield, and logged like one."""
+        assert self.pauses is not None
+        self._pause_generation = self.pauses.generation
+        verdict = self.pauses.check()
+        if verdict.reason is not None and verdict.reason != self._pause_reason:
+            self._pause_reason = verdict.reason
+            self._apply(now_s, self.policy.pause(now_s, verdict.reason))
+        elif verdict.reason is None and self._pause_reason is not None:
+            self._pause_reason = None
+            self._apply(now_s, self.policy.unpause(now_s, verdict.ended or "no reason to pause left"))
+            if self.policy.state in FILLING_STATES:
+                self._plan(now_s, None)  # at once, not at the next poll
+
+    @property
+    def drained(self) -> bool:
+        """No kernel of ours in flight, and none to come."""
+        return self.policy.state not in FILLING_STATES and not self.worker.in_flight
+
+    def _check_holds(self, now_s: float) -> None:
+        """Holds begin or end: a `hold` line per holder (the first one holds the GPU, as fast as a yield) and a
+        `release` line per holder gone (the last one lets it fill again); each problem once."""
+        assert self.holds is not None
+        self._holds_checked = True
+        self._holds_generation = self.holds.generation
+        changes, problems = self.holds.check(now_s)
+        for problem in problems:
+            self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+        releases = [c for c in changes if c.event == "release"]
+        for change in changes:
+            extra: dict[str, object] = {"holder": change.holder}
+            if change.event == "hold":
+                self.holds_begun += 1
+                if change.until_unix_s is not None:
+                    extra["until"] = shown_time(change.until_unix_s)
+                reason = change.reason or f"held by {change.holder}"
+                if not self.policy.held:
+                    self._apply(now_s, self.policy.hold(now_s, reason), extra=extra)
+                    continue
+            else:
+                reason = change.reason
+                if self.policy.held and not self.holds.held and change is releases[-1]:
+                    self._apply(now_s, self.policy.release(now_s, reason), extra=extra)
+                    if self.policy.state in FILLING_STATES:
+                        self._plan(now_s, None)  # at once, not at the next poll
+                    continue
+            fields = self.fields(now_s)
+            fields.update(reason=reason, **extra)
+            self._emit(now_s, change.event, fields)
+
+    def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None,
+               extra: dict[str, object] | None = None) -> None:
+        if transition is None:
+            return
+        filling_before = self.worker.plan.duty_ratio > 0 or self.worker.in_flight > 0
+        if transition.state not in FILLING_STATES:
+            self.worker.set_plan(IDLE_PLAN)  # no kernel is launched after this line
+            self._draining = self._draining or filling_before
+        if transition.state is State.YIELDING and self._yield_since_s is None:
+            # Every spell of yielding counts, also one an unpause begins (a job seen during the pause).
+            self.yields += 1
+            self._yield_since_s = now_s
+        elif transition.state is not State.YIELDING and self._yield_since_s is not None:
+            self.yielding_s += now_s - self._yield_since_s
+            self._yield_since_s = None
+        if transition.event in ("resume", "unpause", "release") and transition.state in FILLING_STATES:
+            self.controller.start(now_s)
+        extra = dict(extra or {})
+        if reading is not None and reading.signals:
+            extra["signals"] = ",".join(reading.signals)
+        fields = self.fields(now_s)
+        fields.update(reason=transition.reason, **extra)
+        self._emit(now_s, transition.event, fields)
+        if transition.state not in FILLING_STATES and self.power_cap is not None:
+            self._log_cap(now_s, self.power_cap.stop_binding())
+        if self.on_transition is not None:
+            self.on_transition()
+
+    def _observe_power(self, now_s: float, reading: Reading) -> None:
+        """The power cap learns from every reading: board power against our busy share of the same second.
+
+        A reading waits until every kernel of ours that ran before it is timed: a burst still in flight would
+        read our share low and the watts it costs high (bursts last up to a twelfth of a second)."""
+        if self.power_cap is None:
+            return
+        # Power is read about once a second (monitor.py): each reading of it is learnt from once.
+        if self._power_pending is None and reading.power_w is not None and reading.power_t_s != self._power_seen_t_s:
+            self._power_seen_t_s = reading.power_t_s
+            self._power_pending = (now_s, reading)
+        busy = self.worker.busy_log
+        if self._power_pending is None or busy.complete_until_s < self._power_pending[0]:
+            return
+        at_s, pending = self._power_pending
+        self._power_pending = None
+        own_ratio = min(busy.busy_s(at_s - 1.0, at_s), 1.0)
+        before_ratio = min(busy.busy_s(at_s - 2.0, at_s - 1.0), 1.0)
+        steady = abs(own_ratio - before_ratio) <= 0.1 * max(own_ratio, before_ratio) + 0.01
+        self.power_cap.observe(pending.power_w, own_ratio, quiet=pending.reason is None, steady=steady)
+
+    def _log_cap(self, now_s: float, change: CapChange | None) -> None:
+        if change is None:
+            return
+        fields = self.fields(now_s)
+        fields.update(capped=change.binding, power_w=None if change.power_w is None else round(change.power_w, 1),
+                      max_power_w=change.cap_w, duty_limit=round(change.duty_limit, 4))
+        self._emit(now_s, "power_capped", fields)
+
+    def seconds_yielding(self, now_s: float) -> float:
+        open_s = now_s - self._yield_since_s if self._yield_since_s is not None else 0.0
+        return self.yielding_s + open_s
+
+    def _status(self, now_s: float) -> None:
+        stats = self._stats
+        extra: dict[str, object] = {}
+        if self.last is not None and self.last.power_w is not None:
+            extra["power_w"] = round(self.last.power_w, 1)
+        extra["energy_j"] = round(self.energy.energy_j, 1)
+        if self.power_cap is not None:
+            extra["power_capped"] = self.power_cap.binding
+        fields = self.fields(now_s)
+        fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
+                      foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
+        self._emit(now_s, "status", fields)
+        self._stats = IntervalStats()
+        while self._next_status_s <= now_s:
+            self._next_status_s += self.log_interval_s
+
+    def status(self, now_s: float) -> GpuStatus:
+        """The snapshot the log lines and the metrics both read."""
+        last, share, policy = self.last, self.last_share, self.policy
+        plan = self.worker.plan
+        filling = policy.state in FILLING_STATES
+        return GpuStatus(
+            state=policy.state.value,
+            target=policy.current_target if filling else policy.target,
+            holding=policy.current_target,
+            util_ratio=share.util_ratio if share else None,
+            own_ratio=share.own_ratio if share else None,
+            foreign_ratio=share.foreign_ratio if share else None,
+            multiplier=plan.multiplier if plan.duty_ratio > 0 else 0,
+            own_mem_mib=last.own_mem_mib if last is not None else None,
+            power_w=last.power_w if last is not None else None,
+            temperature_c=last.temperature_c if last is not None else None,
+            yields=self.yields,
+            yielding_s=self.seconds_yielding(now_s),
+            own_busy_s=self.worker.busy_log.total_busy_s,
+            energy_j=self.energy.energy_j,
+            power_cap_w=self.power_cap.cap_w if self.power_cap is not None else None,
+            power_capped=self.power_cap is not None and self.power_cap.binding and filling,
+            holds=len(self.holds.watch.honoured) if self.holds is not None else 0,
+            holds_begun=self.holds_begun,
+        )
+
+    def fields(self, now_s: float) -> dict[str, object]:
+        """The fields every event line of this GPU carries: state, target, latest shares, multiplier, memory."""
+        return line_fields(self.status(now_s))
+
+
+def line_fields(status: GpuStatus) -> dict[str, object]:
+    return {
+        "state": status.state,
+        "target": status.target,
+        "util": status.util_ratio,
+        "own": status.own_ratio,
+        "foreign": status.foreign_ratio,
+        "multiplier": status.multiplier,
+        "gpu_mem_mib": round(status.own_mem_mib, 1) if status.own_mem_mib is not None else None,
+    }

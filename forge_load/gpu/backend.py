@@ -1,0 +1,96 @@
+"""Where GPUs come from: the machine's own, through NVML and CUDA, or the simulated GPU; chosen in one place.
+
+A backend lists the devices, opens a GPU's probe, and opens its launcher once the probe has read the device's
+memory before our context exists. The virtual GPU (vgpu/) stands in for the driver's libraries, so to
+forge_load it is simply the machine's own GPU. The run loop that drives a GPU is service/loop.py's: in wall-clock time
+with a Monitor thread for a real GPU, in virtual time in one thread for the simulated one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from forge_load.config.settings import Config
+from forge_load.config.sim import SimConfig
+from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
+from forge_load.control.worker import Launcher
+from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe, VirtualClock
+
+MIG_NOTE: str = (
+    "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
+    "utilization, and foreign-job detection falls back to processes and memory"
+)
+
+
+class Backend(Protocol):
+    virtual_time: bool  # the simulated GPU runs in virtual time, in one thread
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every GPU this process can fill, in index order."""
+
+    def open_probe(self, selector: str) -> Probe:
+        """The GPU an index or UUID names; NoGpuError (exit 3) if there is none."""
+
+    def open_launcher(self, probe: Probe) -> Launcher:
+        """Our context on the probe's GPU."""
+
+    def start_fields(self, info: DeviceInfo) -> dict[str, object]:
+        """What the start line adds for this backend."""
+
+
+class NvidiaBackend:
+    """The machine's GPUs: NVML (nvml.py) and numba-cuda (launcher.py), imported only when used."""
+
+    virtual_time = False
+
+    def devices(self) -> list[DeviceInfo]:
+        from forge_load.gpu import nvml
+
+        return nvml.list_devices()
+
+    def open_probe(self, selector: str) -> Probe:
+        from forge_load.gpu import nvml
+
+        return nvml.NvmlProbe(selector)
+
+    def open_launcher(self, probe: Probe) -> Launcher:
+        from forge_load.gpu import launcher
+
+        return launcher.CudaLauncher(probe.info.uuid)
+
+    def start_fields(self, info: DeviceInfo) -> dict[str, object]:
+        return {"note": f"GPU {info.index} ({info.uuid}): {MIG_NOTE}"} if info.mig_enabled else {}
+
+
+class SimBackend:
+    """The simulated GPUs (`--sim-gpus` of them), each on a virtual clock of its own."""
+
+    virtual_time = True
+
+    def __init__(self, config: SimConfig, keep_history: bool = False) -> None:
+        self.config = config
+        self.keep_history = keep_history
+
+    def devices(self) -> list[DeviceInfo]:
+        return [SimGpu(self.config, VirtualClock(), i).info for i in range(self.config.gpus)]
+
+    def open_probe(self, selector: str) -> SimProbe:
+        uuids = [info.uuid for info in self.devices()]
+        index = int(selector) if selector.isdigit() else uuids.index(selector) if selector in uuids else -1
+        if not 0 <= index < self.config.gpus:
+            visible = ", ".join(f"{i} {u}" for i, u in enumerate(uuids))
+            raise NoGpuError(f"GPU {selector} does not exist: {self.config.gpus} simulated (--sim-gpus): {visible}")
+        return SimProbe(SimGpu(self.config, VirtualClock(), index, keep_history=self.keep_history))
+
+    def open_launcher(self, probe: Probe) -> SimLauncher:
+        if not isinstance(probe, SimProbe):
+            raise TypeError(f"the simulated GPU launches only beside its own probe, not {type(probe).__name__}")
+        return SimLauncher(probe.gpu)
+
+    def start_fields(self, info: DeviceInfo) -> dict[str, object]:
+        return {"simulated": True}
+
+
+def backend_for(config: Config, keep_history: bool = False) -> NvidiaBackend | SimBackend:
+    """The one place the backend is chosen from the config."""
+    return SimBackend(config.sim, keep_history) if config.simulate else NvidiaBackend()

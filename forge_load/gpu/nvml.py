@@ -1,0 +1,492 @@
+"""The Probe on a real GPU, through NVML. The only module in forge_load that imports pynvml.
+
+pynvml is NVIDIA's `nvidia-ml-py` package (not the deprecated `pynvml` package). It is imported lazily,
+and the module can be passed in, so forge_load imports (and its tests run) where it is missing.
+
+Errors: every query goes through `_call`, which maps NVML's errors in one place:
+  - not supported / no permission / function missing in this driver -> the query returns None;
+  - GPU lost, driver gone, unknown error -> GpuFailedError ("GPU 0 (GPU-...) was lost: ..."), exit 4;
+  - any other NVMLError during a query -> GpuFailedError with NVML's message (never swallowed);
+  - any NVML error while opening the GPU -> NoGpuError with a hint, exit 3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from forge_load.control.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.gpu.nvml_values import MIB, StampClock, boot_clock, merge_processes, sample_value
+
+INIT_HINT: str = (
+    "is the NVIDIA driver installed and loaded (does `nvidia-smi` work)? "
+    "In Docker, start the container with `--gpus device=N` (or `--gpus all`) and the NVIDIA container "
+    "toolkit installed; or run with --simulate to try forge_load without a GPU"
+)
+INSTALL_HINT: str = (
+    "the NVML Python bindings are missing: `pip install nvidia-ml-py` (module pynvml), "
+    "or run with --simulate to try forge_load without a GPU"
+)
+
+
+class _Unavailable(Exception):
+    """Internal: this GPU/driver does not offer the query (NotSupported, NoPermission, missing function)."""
+
+
+class _NeverRaised(Exception):
+    """Stands in for an NVMLError subclass that an older pynvml does not define, so `except` never matches."""
+
+
+_NOT_GIVEN: Any = object()  # `_call` without a value for NOT_FOUND: NOT_FOUND is an error
+_NO_SAMPLES: Any = object()  # nvmlDeviceGetSamples answered NOT_FOUND: nothing new in the buffer
+
+
+def _load_nvml(nvml: ModuleType | None) -> ModuleType:
+    if nvml is not None:
+        return nvml
+    try:
+        import pynvml  # the only import of pynvml in the project
+    except ImportError as err:
+        raise NoGpuError(f"cannot import pynvml ({err}): {INSTALL_HINT}") from err
+    module: ModuleType = pynvml
+    return module
+
+
+def _err_class(nvml: ModuleType, name: str) -> type[BaseException]:
+    cls = getattr(nvml, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, BaseException) else _NeverRaised
+
+
+def _err_text(err: BaseException) -> str:
+    # NVMLError.__str__ may need the library for unknown codes; never let the message itself fail.
+    try:
+        text = str(err)
+    except Exception:  # noqa: BLE001 - a message is all we want here
+        text = ""
+    return text or type(err).__name__
+
+
+def _text(value: str | bytes) -> str:
+    """Older pynvml returns bytes for names, UUIDs and versions."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _call(
+    nvml: ModuleType,
+    names: str | tuple[str, ...],
+    *args: Any,
+    fail: Callable[[str, bool], Exception],
+    optional: bool = True,
+    not_found: Any = _NOT_GIVEN,
+    **kwargs: Any,
+) -> Any:
+    """Run one NVML query and map its errors; the one place where NVMLErrors are interpreted.
+
+    `names` are tried in order: a name the pynvml module lacks (AttributeError) or whose C symbol the driver
+    lacks (NVMLError_FunctionNotFound) moves on to the next, for the _v3 -> _v2 -> plain fallbacks.
+    Returns the value, or `not_found` where NVML says NOT_FOUND and a value is given for it.
+    Raises _Unavailable where the query is not offered (only when `optional`), else `fail(message, lost)`.
+    """
+    error_base = _err_class(nvml, "NVMLError")
+    function_missing = (
+        _err_class(nvml, "NVMLError_FunctionNotFound"),
+        # pynvml's unversioned wrappers turn FunctionNotFound into this (not an NVMLError).
+        _err_class(nvml, "NVMLLibraryMismatchError"),
+    )
+    unsupported = (
+        _err_class(nvml, "NVMLError_NotSupported"),
+        _err_class(nvml, "NVMLError_NoPermission"),
+        # A struct version this driver does not know (e.g. nvmlMemory_v2 on an old driver).
+        _err_class(nvml, "NVMLError_ArgumentVersionMismatch"),
+    )
+    lost = (
+        _err_class(nvml, "NVMLError_GpuIsLost"),
+        _err_class(nvml, "NVMLError_Unknown"),
+        _err_class(nvml, "NVMLError_DriverNotLoaded"),
+        _err_class(nvml, "NVMLError_ResetRequired"),
+    )
+    not_found_cls = _err_class(nvml, "NVMLError_NotFound")
+
+    chain = (names,) if isinstance(names, str) else names
+    for name in chain:
+        fn = getattr(nvml, name, None)
+        if fn is None:
+            continue
+        try:
+            return fn(*args, **kwargs)
+        except function_missing:
+            continue
+        except unsupported as err:
+            if optional:
+                raise _Unavailable(name) from err
+            raise fail(f"{name} is not available: {_err_text(err)}", False) from err
+        except not_found_cls as err:
+            if not_found is not _NOT_GIVEN:
+                return not_found
+            raise fail(f"{name} failed: {_err_text(err)}", False) from err
+        except lost as err:
+            raise fail(f"{_err_text(err)} ({name})", True) from err
+        except error_base as err:
+            raise fail(f"{name} failed: {_err_text(err)}", False) from err
+    if optional:
+        raise _Unavailable(chain[-1])
+    raise fail(f"{' / '.join(chain)} is missing from this pynvml or NVIDIA driver", False)
+
+
+def _nvml_init(nvml: ModuleType) -> None:
+    try:
+        nvml.nvmlInit()
+    except _err_class(nvml, "NVMLError") as err:
+        raise NoGpuError(f"NVML could not start ({_err_text(err)}): {INIT_HINT}") from err
+
+
+def _nvml_shutdown(nvml: ModuleType) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except _err_class(nvml, "NVMLError"):
+        pass  # nothing useful to do when the driver is already gone
+
+
+def _setup_fail(message: str, lost: bool) -> Exception:
+    # While opening the GPU, any failure means "no usable GPU" (exit 3), not "the GPU failed" (exit 4).
+    return NoGpuError(f"cannot use the GPU: {message}")
+
+
+def _device_count(nvml: ModuleType) -> int:
+    return int(_call(nvml, "nvmlDeviceGetCount", fail=_setup_fail, optional=False))
+
+
+def _device_uuid(nvml: ModuleType, handle: Any) -> str:
+    return _text(_call(nvml, "nvmlDeviceGetUUID", handle, fail=_setup_fail, optional=False))
+
+
+def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
+    """DeviceInfo for an open handle; setup errors become NoGpuError."""
+    name = _text(_call(nvml, "nvmlDeviceGetName", handle, fail=_setup_fail, optional=False))
+    uuid = _device_uuid(nvml, handle)
+    memory = _call(nvml, "nvmlDeviceGetMemoryInfo", handle, fail=_setup_fail, optional=False)
+    try:
+        driver = _text(_call(nvml, "nvmlSystemGetDriverVersion", fail=_setup_fail))
+    except _Unavailable:
+        driver = "unknown"
+    # A MIG instance handle (UUID "MIG-...") is a MIG device whatever GetMigMode says about it.
+    mig_enabled = uuid.startswith("MIG-")
+    try:
+        current_mode, _pending_mode = _call(nvml, "nvmlDeviceGetMigMode", handle, fail=_setup_fail)
+        mig_enabled = mig_enabled or int(current_mode) == int(getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+    except (_Unavailable, NoGpuError):
+        pass  # GPUs without MIG answer NotSupported (or InvalidArgument on a MIG handle): not enabled
+    return DeviceInfo(
+        index=index,
+        uuid=uuid,
+        name=name,
+        memory_total_mib=int(memory.total) / MIB,
+        driver_version=driver,
+        mig_enabled=mig_enabled,
+        compute_mode=_compute_mode(nvml, handle),
+    )
+
+
+# nvmlComputeMode_t (nvml.h): 0 default, 1 exclusive thread ("Support Removed"), 2 prohibited, 3 exclusive process
+_COMPUTE_MODES = {0: ComputeMode.DEFAULT, 1: ComputeMode.EXCLUSIVE_THREAD, 2: ComputeMode.PROHIBITED,
+                  3: ComputeMode.EXCLUSIVE_PROCESS}
+
+
+def _compute_mode(nvml: ModuleType, handle: Any) -> ComputeMode:
+    """The GPU's compute mode; UNKNOWN where NVML does not say (a MIG instance, an old driver)."""
+    try:
+        value = _call(nvml, "nvmlDeviceGetComputeMode", handle, fail=_setup_fail)
+    except (_Unavailable, NoGpuError):
+        return ComputeMode.UNKNOWN
+    return _COMPUTE_MODES.get(int(value), ComputeMode.UNKNOWN)
+
+
+def _index_of(nvml: ModuleType, handle: Any, uuid: str, count: int) -> int:
+    """The NVML index of a handle opened by UUID (-1 where it has none, e.g. a MIG instance w/o parent)."""
+    try:
+        return int(_call(nvml, "nvmlDeviceGetIndex", handle, fail=_setup_fail))
+    except (_Unavailable, NoGpuError):
+        pass
+    try:  # a MIG instance: report its parent GPU's index
+        parent = _call(nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle, fail=_setup_fail)
+        return int(_call(nvml, "nvmlDeviceGetIndex", parent, fail=_setup_fail))
+    except (_Unavailable, NoGpuError):
+        pass
+    for index in range(count):
+        candidate = _call(nvml, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False)
+        if _device_uuid(nvml, candidate) == uuid:
+            return index
+    return -1
+
+
+def _visible(nvml: ModuleType, count: int) -> str:
+    """'2 GPUs are visible: 0 GPU-..., 1 GPU-...' for error messages."""
+    if count == 0:
+        return "no GPU is visible to this process"
+    uuids: list[str] = []
+    for index in range(count):
+        try:
+            handle = _call(nvml, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False)
+            uuids.append(f"{index} {_device_uuid(nvml, handle)}")
+        except NoGpuError:
+            uuids.append(f"{index} (unreadable)")
+    plural = "GPU is" if count == 1 else "GPUs are"
+    return f"{count} {plural} visible to this process: {', '.join(uuids)}"
+
+
+def list_devices(nvml: ModuleType | None = None) -> list[DeviceInfo]:
+    """Every GPU NVML shows this process, in index order (for the fleet script and multi-GPU mode)."""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        infos: list[DeviceInfo] = []
+        for index in range(_device_count(lib)):
+            handle = _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False)
+            infos.append(_describe(lib, handle, index))
+        return infos
+    finally:
+        _nvml_shutdown(lib)
+
+
+def device_uuids(nvml: ModuleType | None = None) -> list[str]:
+    """The UUID of every GPU NVML shows this process, in index order; NoGpuError without NVML. Only UUIDs: the
+    hold command resolves an index with it in a Slurm prolog, where every call counts."""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        return [_device_uuid(lib, _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False))
+                for index in range(_device_count(lib))]
+    finally:
+        _nvml_shutdown(lib)
+
+
+def device_id_uuids(device_id: str, nvml: ModuleType | None = None) -> tuple[str, ...]:
+    """The UUIDs a device plugin's device id names, for holding what the kubelet assigned (service/kubelet.py):
+    a MIG device's UUID gives itself and its GPU's; an index `N` gives GPU N's UUID, `N:M` (MIG device M of GPU N,
+    the NVIDIA device plugin's index ids) GPU N's and that MIG device's. Empty when NVML does not know the id;
+    NoGpuError when NVML cannot be asked at all. (A GPU UUID needs no NVML: it names itself.)"""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        try:
+            if device_id.startswith("MIG-"):
+                mig = _call(lib, "nvmlDeviceGetHandleByUUID", device_id, fail=_setup_fail, optional=False)
+                parent = _call(lib, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig, fail=_setup_fail,
+                               optional=False)
+                return (device_id, _device_uuid(lib, parent))
+            gpu, colon, mig_index = device_id.partition(":")
+            if not gpu.isdigit() or (colon and not mig_index.isdigit()):
+                return ()
+            handle = _call(lib, "nvmlDeviceGetHandleByIndex", int(gpu), fail=_setup_fail, optional=False)
+            uuids: tuple[str, ...] = (_device_uuid(lib, handle),)
+            if colon:
+                mig = _call(lib, "nvmlDeviceGetMigDeviceHandleByIndex", handle, int(mig_index), fail=_setup_fail,
+                            optional=False)
+                uuids += (_device_uuid(lib, mig),)
+            return uuids
+        except NoGpuError:
+            return ()  # NVML answered, but not with a device for this id
+    finally:
+        _nvml_shutdown(lib)
+
+
+class NvmlProbe:
+    """The Probe protocol for one GPU through NVML.
+
+    `gpu` is an NVML index ("0") or a UUID ("GPU-..." / "MIG-..."). Inside a container started with
+    `--gpus device=N`, the one visible GPU is index 0. The clocks are arguments so tests can fix them:
+    NVML stamps samples with the CPU wall clock, while the rest of forge_load runs on time.monotonic().
+    """
+
+    info: DeviceInfo
+
+    def __init__(
+        self,
+        gpu: str,
+        nvml: ModuleType | None = None,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        mono_clock: Callable[[], float] = time.monotonic,
+        boot_clock: Callable[[], float] = boot_clock,
+    ) -> None:
+        self._nvml: ModuleType = _load_nvml(nvml)
+        self._stamps = StampClock(wall_clock, mono_clock, boot_clock)
+        self._last_stamp_us = -1
+        self._close_lock = threading.Lock()
+        self._closed = False
+        _nvml_init(self._nvml)
+        try:
+            self._handle, self.info = self._open(str(gpu).strip())
+        except BaseException:
+            _nvml_shutdown(self._nvml)  # balance nvmlInit's reference count
+            self._closed = True
+            raise
+        with contextlib.suppress(GpuFailedError):  # the first poll reports a failing GPU
+            buffered = self._raw_samples(0)
+            if buffered:
+                self._stamps.calibrate(stamp_us for stamp_us, _ in buffered)
+
+    def _open(self, gpu: str) -> tuple[Any, DeviceInfo]:
+        lib = self._nvml
+        count = _device_count(lib)
+        if gpu.isdigit():
+            index = int(gpu)
+            if index >= count:
+                raise NoGpuError(
+                    f"GPU index {index} does not exist: {_visible(lib, count)} "
+                    "(inside a container started with --gpus device=N, the GPU is index 0)"
+                )
+            handle = _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False)
+        elif gpu.startswith(("GPU-", "MIG-")):
+            try:
+                handle = _call(lib, "nvmlDeviceGetHandleByUUID", gpu, fail=_setup_fail, optional=False)
+            except NoGpuError as err:
+                raise NoGpuError(f"no GPU with UUID {gpu}: {_visible(lib, count)}") from err
+            index = _index_of(lib, handle, gpu, count)
+        else:
+            raise NoGpuError(f"GPU {gpu!r} is neither an index (0, 1, ...) nor a UUID (GPU-..., MIG-...)")
+        return handle, _describe(lib, handle, index)
+
+    @property
+    def sample_clock(self) -> str:
+        """Which clock the sample stamps are on: unix, boot, monotonic, relative (none fits: anchored on the newest
+        sample), or pending (no sample seen yet)."""
+        return self._stamps.name
+
+    # --- the one error-mapping path for every query ---
+
+    def _fail(self, message: str, lost: bool) -> Exception:
+        what = "was lost" if lost else "failed"
+        return GpuFailedError(f"GPU {self.info.index} ({self.info.uuid}) {what}: {message}")
+
+    def _query(
+        self, names: str | tuple[str, ...], *args: Any, not_found: Any = _NOT_GIVEN, **kwargs: Any
+    ) -> Any:
+        """The value, or None where this GPU/driver does not offer it; GpuFailedError when the GPU fails."""
+        if self._closed:
+            raise RuntimeError("NvmlProbe is closed")
+        try:
+            return _call(self._nvml, names, *args, fail=self._fail, not_found=not_found, **kwargs)
+        except _Unavailable:
+            return None
+
+    # --- Probe ---
+
+    def _raw_samples(self, last_seen_us: int) -> list[tuple[int, float]] | None:
+        """(stamp in µs, percent) of the buffered samples stamped after `last_seen_us`; None: unsupported."""
+        result = self._query(
+            "nvmlDeviceGetSamples",
+            self._handle,
+            getattr(self._nvml, "NVML_GPU_UTILIZATION_SAMPLES", 1),
+            last_seen_us,
+            not_found=_NO_SAMPLES,  # NOT_FOUND: no new samples in the buffer (normal when idle)
+        )
+        if result is None:
+            return None
+        if result is _NO_SAMPLES:
+            return []
+        value_type, raw_samples = result
+        return [(int(raw.timeStamp), sample_value(raw.sampleValue, value_type)) for raw in raw_samples]
+
+    def utilization_samples(self, since_s: float) -> list[UtilSample] | None:
+        # The cursor is NVML's own stamp of the newest sample returned, never a stamp rebuilt from
+        # converted times: a rebuilt one jitters below it, and NVML hands the same sample back.
+        since_us = -1
+        if self._stamps.name != "pending" and math.isfinite(since_s):
+            since_us = math.floor((since_s + self._stamps.offset_s()) * 1e6)
+        last_seen_us = max(self._last_stamp_us, since_us, 0)
+        raw = self._raw_samples(last_seen_us)
+        if raw is None:
+            return None
+        fresh = [(stamp_us, percent) for stamp_us, percent in raw if stamp_us > self._last_stamp_us]
+        if not fresh:
+            return []
+        if self._stamps.name == "pending":
+            self._stamps.calibrate(stamp_us for stamp_us, _ in fresh)
+        self._last_stamp_us = max(stamp_us for stamp_us, _ in fresh)
+        offset_s = self._stamps.offset_s()
+        samples = [UtilSample(t_s=stamp_us / 1e6 - offset_s, ratio=min(1.0, max(0.0, percent / 100.0)))
+                   for stamp_us, percent in fresh]
+        return sorted((s for s in samples if s.t_s > since_s), key=lambda s: s.t_s)
+
+    def utilization_ratio(self) -> float | None:
+        rates = self._query("nvmlDeviceGetUtilizationRates", self._handle)
+        if rates is None:
+            return None
+        return min(1.0, max(0.0, float(rates.gpu) / 100.0))
+
+    def memory_used_mib(self) -> float | None:
+        # v2's `used` excludes the memory the driver reserves, so it moves only with contexts and allocations.
+        version_v2 = getattr(self._nvml, "nvmlMemory_v2", None)
+        if version_v2 is not None:
+            try:
+                memory = self._query("nvmlDeviceGetMemoryInfo", self._handle, version=version_v2)
+            except TypeError:
+                memory = None  # an old pynvml whose nvmlDeviceGetMemoryInfo takes no version
+            if memory is not None:
+                return int(memory.used) / MIB
+            # else: a driver without the v2 struct; v1's `used` includes the reserved memory
+        memory = self._query("nvmlDeviceGetMemoryInfo", self._handle)
+        return None if memory is None else int(memory.used) / MIB
+
+    def processes(self) -> list[GpuProcess] | None:
+        # Only processes in this PID namespace are listed (drivers 535.113+ drop the others), so an empty
+        # list inside a container without --pid=host does not mean the GPU is free.
+        compute = self._query(
+            (
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                "nvmlDeviceGetComputeRunningProcesses_v2",
+                "nvmlDeviceGetComputeRunningProcesses",
+            ),
+            self._handle,
+        )
+        graphics = self._query(
+            (
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                "nvmlDeviceGetGraphicsRunningProcesses_v2",
+                "nvmlDeviceGetGraphicsRunningProcesses",
+            ),
+            self._handle,
+        )
+        if compute is None and graphics is None:
+            return None
+        return merge_processes((compute or []), (graphics or []))
+
+    def power_w(self) -> float | None:
+        milliwatts = self._query("nvmlDeviceGetPowerUsage", self._handle)
+        return None if milliwatts is None else float(milliwatts) / 1000.0
+
+    def energy_j(self) -> float | None:
+        # Volta and newer: the board's energy since the driver loaded, in mJ (docs/design.md §9).
+        millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._handle)
+        return None if millijoules is None else int(millijoules) / 1000.0
+
+    def power_limit_w(self) -> float | None:
+        milliwatts = self._query("nvmlDeviceGetEnforcedPowerLimit", self._handle)
+        return None if milliwatts is None else float(milliwatts) / 1000.0
+
+    def temperature_c(self) -> float | None:
+        celsius = self._query(
+            "nvmlDeviceGetTemperature", self._handle, getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)
+        )
+        return None if celsius is None else float(celsius)
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        _nvml_shutdown(self._nvml)
+
+    def __enter__(self) -> NvmlProbe:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+

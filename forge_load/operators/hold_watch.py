@@ -1,0 +1,239 @@
+"""The filler's side of the holds: the holds kept in this process (HoldBoard, the kubelet's), one GPU's watch over
+the directory and the board (HoldWatch), and what the filler honours and acknowledges (FillerHolds). The format
+on disk and its safe reads are holds.py."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from forge_load.operators import holds as disk
+from forge_load.operators.holds import ACK_REFRESH_S, DEFAULT_IDLE_AGE_OUT_S, Ack, Hold, HoldsView, ack_name
+
+FAIL_SAFE_HOLDER = "-"  # no holder's name (HOLDER_RE): the GPU held because its holds cannot be counted or read
+
+
+@dataclass(frozen=True)
+class HoldChange:
+    event: str  # "hold" or "release"; holder FAIL_SAFE_HOLDER for the fail safe
+    holder: str
+    reason: str  # the hold's reason ("hold"), or why it ended: released, expired, aged out ("release")
+    until_unix_s: float | None = None
+
+class HoldBoard:
+    """Holds kept in this process, never on disk: what an engine the filler asks itself says (the kubelet's
+    pod-resources List, service/kubelet.py). One writer replaces them all at once; every GPU's HoldWatch reads
+    its own. Such a hold has no end time: it ends when the writer leaves it out, or by the idle age-out; its
+    `since_unix_s` stamps it, so one that ends and comes back is a new hold."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holds: dict[str, tuple[Hold, ...]] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self.generation = 0  # moves on every change
+
+    def replace(self, holds: Iterable[Hold]) -> bool:
+        """Every hold of the board, at once; whether anything changed (listeners are told then)."""
+        by_gpu: dict[str, list[Hold]] = {}
+        for hold in holds:
+            by_gpu.setdefault(hold.gpu_uuid, []).append(hold)
+        new = {gpu: tuple(sorted(held, key=lambda h: h.holder)) for gpu, held in by_gpu.items()}
+        with self._lock:
+            if new == self._holds:
+                return False
+            self._holds = new
+            self.generation += 1
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+        return True
+
+    def holds_for(self, gpu_uuid: str) -> tuple[Hold, ...]:
+        with self._lock:
+            return self._holds.get(gpu_uuid, ())
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+
+class HoldWatch:
+    """One GPU's holds as its filler sees them, asked on every poll.
+
+    The directory is listed again only when its mtime moved, or a second has passed since it was last listed (a
+    change in the same clock tick as a listing would not move the mtime), so polling ten times a second costs a
+    stat. `board` adds the holds kept in this process (HoldBoard): honoured like a file's, a file's hold of the
+    same holder first. `check` says what began and ended since the last call, and each problem once. The idle age-out:
+    a hold that has seen no foreign work on its GPU for `idle_age_out_s` (filler time, counted from when this
+    filler first saw it, or from the last foreign work) is no longer honoured until its file is rewritten.
+    """
+
+    def __init__(self, hold_dir: str, gpu_uuid: str, idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S,
+                 board: HoldBoard | None = None) -> None:
+        self.hold_dir = hold_dir
+        self.gpu_uuid = gpu_uuid
+        self.board = board
+        self.idle_age_out_s = idle_age_out_s  # 0: never
+        self.honoured: dict[str, Hold] = {}
+        self.fail_safe: str | None = None
+        self._view = HoldsView()
+        self._mtime_ns: int | None = None
+        self._listed_s = -math.inf
+        self._said: set[str] = set()
+        self._seen_s: dict[str, float] = {}  # holder -> filler time it was first honoured (or rewritten)
+        self._stamp: dict[str, int] = {}  # holder -> its file's mtime: a rewrite (a refresh) moves it
+        self._aged: dict[str, int] = {}  # holders aged out, and their file's mtime then
+        self._last_foreign_s = -math.inf
+        self.generation = 0  # moves whenever a hold file of this GPU changed
+
+    @property
+    def held(self) -> bool:
+        return bool(self.honoured) or self.fail_safe is not None
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        """The holders honoured now; under the fail safe, every holder a file names."""
+        if self.fail_safe is not None:
+            return tuple(sorted(set(self.honoured) | set(self._view.named)))
+        return tuple(sorted(self.honoured))
+
+    def foreign_seen(self, now_s: float) -> None:
+        """Foreign work on the GPU now: no hold on it is idle."""
+        self._last_foreign_s = now_s
+
+    def _changed(self, now_s: float) -> bool:
+        try:
+            mtime_ns: int | None = os.stat(self.hold_dir).st_mtime_ns
+        except OSError:
+            mtime_ns = None
+        if mtime_ns != self._mtime_ns or now_s - self._listed_s >= 1.0:
+            self._mtime_ns = mtime_ns
+            self._listed_s = now_s
+            return True
+        return False
+
+    def check(self, now_s: float, now_unix_s: float) -> tuple[list[HoldChange], list[str]]:
+        """(what began and ended, problems not said before); `now_s` on the filler's clock."""
+        if self._changed(now_s):
+            before = self._view.mtimes_ns
+            self._view = disk.read_holds(self.hold_dir, self.gpu_uuid, now_unix_s)
+            if self._view.mtimes_ns != before:
+                self.generation += 1  # a hold of this GPU placed, refreshed or removed: acknowledge it at once
+        view = self._view
+        holds, stamps = list(view.holds), dict(view.mtimes_ns)
+        if self.board is not None:
+            from_files = {h.holder for h in view.holds} | {h.holder for h in view.expired}
+            for hold in self.board.holds_for(self.gpu_uuid):
+                if hold.holder not in from_files:
+                    holds.append(hold)
+                    stamps[hold.holder] = round(hold.since_unix_s * 1e9)
+        problems = [p for p in view.problems if p not in self._said]
+        self._said = set(view.problems)  # only what is there now: bounded, and said again if it comes back
+        fail_safe_before, self.fail_safe = self.fail_safe, view.fail_safe
+        live: dict[str, Hold] = {}
+        why_gone: dict[str, str] = {h.holder: "expired" for h in view.expired}
+        for hold in holds:
+            if hold.until_unix_s is not None and hold.until_unix_s <= now_unix_s:
+                why_gone[hold.holder] = "expired"  # expired since the directory was read
+                continue
+            stamp = stamps.get(hold.holder, 0)
+            if self._aged.get(hold.holder) == stamp:
+                continue
+            self._aged.pop(hold.holder, None)
+            if self._stamp.get(hold.holder) != stamp:
+                self._seen_s[hold.holder] = now_s  # new or refreshed: its idle time counts from now
+                self._stamp[hold.holder] = stamp
+            idle_from_s = max(self._seen_s[hold.holder], self._last_foreign_s)
+            if self.idle_age_out_s > 0 and now_s - idle_from_s >= self.idle_age_out_s:
+                self._aged[hold.holder] = stamp
+                why_gone[hold.holder] = "aged out"
+                continue
+            live[hold.holder] = hold
+        changes = [HoldChange("release", holder, why_gone.get(holder, "released"))
+                   for holder in sorted(self.honoured) if holder not in live]
+        changes += [HoldChange("hold", holder, hold.reason, hold.until_unix_s)
+                    for holder, hold in sorted(live.items()) if holder not in self.honoured]
+        for holder in set(self._stamp) - set(live) - set(self._aged):
+            self._stamp.pop(holder, None)
+            self._seen_s.pop(holder, None)
+        for holder in set(self._aged) - {h.holder for h in holds}:
+            self._aged.pop(holder)  # its file is gone: a new one is a new hold
+        self.honoured = live
+        if self.fail_safe is not None and fail_safe_before is None:
+            changes.append(HoldChange("hold", FAIL_SAFE_HOLDER, self.fail_safe))
+        elif self.fail_safe is None and fail_safe_before is not None:
+            changes.insert(0, HoldChange("release", FAIL_SAFE_HOLDER, "the hold directory can be read again"))
+        return changes, problems
+
+
+class FillerHolds:
+    """A filler's side of one GPU's holds: the watch, and the acknowledgement it keeps in the directory (written
+    at once on every change of what it honours, its state or its drain, and at least every ACK_REFRESH_S).
+
+    The acknowledgement is written only where the directory exists (the filler never creates it); a write that
+    fails is said once (`ack_problem`) and tried again at the next change or refresh."""
+
+    def __init__(self, hold_dir: str, gpu_uuid: str, pid: int, wall_clock: Callable[[], float],
+                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None) -> None:
+        self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s, board)
+        self.hold_dir = hold_dir
+        self.gpu_uuid = gpu_uuid
+        self.pid = pid
+        self.wall_clock = wall_clock
+        self._last: tuple[str, tuple[str, ...], bool, int] | None = None
+        self._written_s = -math.inf
+        self._failed: str | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.watch.held
+
+    @property
+    def generation(self) -> int:
+        """Moves when the in-process holds change: the filler asks again at once, not at its next reading."""
+        return self.watch.board.generation if self.watch.board is not None else 0
+
+    def check(self, now_s: float) -> tuple[list[HoldChange], list[str]]:
+        return self.watch.check(now_s, self.wall_clock())
+
+    def foreign_seen(self, now_s: float) -> None:
+        self.watch.foreign_seen(now_s)
+
+    @property
+    def ack_due_s(self) -> float:
+        """When the acknowledgement is due to be refreshed (the filler's loop wakes for it even while a burst's
+        wake-ups take the readings in between)."""
+        return self._written_s + ACK_REFRESH_S
+
+    def acknowledge(self, now_s: float, state: str, drained: bool) -> str | None:
+        """Write the acknowledgement if it changed or is due; a problem line the first time a write fails."""
+        said = (state, self.watch.holders, drained, self.watch.generation)  # a refreshed hold is acknowledged too
+        if said == self._last and now_s < self.ack_due_s:  # the same sum: woken at it, it writes
+            return None
+        self._last, self._written_s = said, now_s
+        try:
+            disk.write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock()))
+        except FileNotFoundError:
+            return None  # no hold directory (not mounted): nothing to acknowledge to
+        except OSError as error:
+            problem = (f"cannot write the acknowledgement {os.path.join(self.hold_dir, ack_name(self.gpu_uuid))} "
+                       f"({error.strerror or error}): `forge-load hold --wait` cannot see this filler drain; "
+                       "is the hold directory mounted read-write?")
+            first, self._failed = self._failed is None, problem
+            return problem if first else None
+        self._failed = None
+        return None
+
+    def close(self) -> None:
+        """The filler stops: no acknowledgement left behind (`hold --wait` need not wait for it to go stale)."""
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.hold_dir, ack_name(self.gpu_uuid)))

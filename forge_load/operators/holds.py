@@ -1,0 +1,372 @@
+"""Holds: named requests that one GPU's filler not run (docs/holds.md). Pure stdlib; no clock is read here.
+
+On disk (format 1), one flat directory (FORGE_HOLD_DIR, default /run/forge-load/holds):
+  - `hold.<GPU-UUID>.<HOLDER>.json`: a hold, UTF-8 JSON of at most HOLD_MAX_BYTES;
+  - `filler.<GPU-UUID>.json`: that GPU's filler's acknowledgement (what it honours, whether it has drained);
+  - dot files: the temporary files of atomic writes (write, then rename), never holds.
+
+Every read refuses what is not a regular file (links are not followed), never blocks on a FIFO, reads at most
+HOLD_MAX_BYTES + 1 bytes and looks at most at MAX_ENTRIES names; the problems come back as lines for the filler
+to log, once each. Beyond MAX_HOLDS holds on one GPU, the GPU is held (fail safe).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+FORMAT: int = 1
+DEFAULT_HOLD_DIR: str = "/run/forge-load/holds"
+HOLD_MAX_BYTES: int = 4096
+MAX_HOLDS: int = 256  # per GPU; more and the GPU is held whatever they say
+MAX_ENTRIES: int = 4096  # names looked at in the directory per read; more and every GPU is held
+ACK_MAX_BYTES: int = 1 << 20  # our own file: every holder of a GPU held fail safe fits
+ACK_STALE_S: float = 3.0  # an acknowledgement older than this has no live filler behind it
+ACK_REFRESH_S: float = 1.0
+# A hold over a GPU without foreign work for this long has lost its holder (docs/holds.md: why a day).
+DEFAULT_IDLE_AGE_OUT_S: float = 86400.0
+DIR_MODE: int = 0o755
+FILE_MODE: int = 0o644
+
+HOLDER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", re.ASCII)
+_HEX = "[0-9a-fA-F]"
+_UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+GPU_UUID_RE = re.compile(rf"(?:GPU|MIG)-{_UUID}", re.ASCII)
+HOLD_PREFIX, ACK_PREFIX, SUFFIX = "hold.", "filler.", ".json"
+
+
+class HoldError(Exception):
+    """A hold that cannot be written or read as asked; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    gpu_uuid: str
+    holder: str
+    reason: str
+    since_unix_s: float
+    until_unix_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Ack:
+    gpu_uuid: str
+    pid: int
+    state: str
+    held_by: tuple[str, ...]
+    drained: bool
+    written_unix_s: float
+
+
+@dataclass(frozen=True)
+class HoldsView:
+    """What one GPU's holds say now: the holds honoured (unexpired), the problems met (one line each, stable
+    text, so that a caller can log each once), and `fail_safe`: why the GPU is held whatever the holds say."""
+
+    holds: tuple[Hold, ...] = ()
+    problems: tuple[str, ...] = ()
+    fail_safe: str | None = None
+    expired: tuple[Hold, ...] = ()
+    mtimes_ns: dict[str, int] = field(default_factory=dict, compare=False)  # holder -> its file's mtime
+    named: tuple[str, ...] = ()  # every holder a file names for this GPU, readable or not
+
+    @property
+    def held(self) -> bool:
+        return bool(self.holds) or self.fail_safe is not None
+
+
+def valid_holder(holder: str) -> bool:
+    return HOLDER_RE.fullmatch(holder) is not None
+
+
+def valid_gpu_uuid(uuid: str) -> bool:
+    return GPU_UUID_RE.fullmatch(uuid) is not None
+
+
+def hold_name(gpu_uuid: str, holder: str) -> str:
+    return f"{HOLD_PREFIX}{gpu_uuid}.{holder}{SUFFIX}"
+
+
+def ack_name(gpu_uuid: str) -> str:
+    return f"{ACK_PREFIX}{gpu_uuid}{SUFFIX}"
+
+
+def parse_hold_name(name: str) -> tuple[str, str] | None:
+    """(GPU UUID, holder) of a hold's file name; None for any other name."""
+    if not (name.startswith(HOLD_PREFIX) and name.endswith(SUFFIX)):
+        return None
+    uuid, dot, holder = name[len(HOLD_PREFIX):-len(SUFFIX)].partition(".")
+    if not dot or not valid_gpu_uuid(uuid) or not valid_holder(holder):
+        return None
+    return uuid, holder
+
+
+# --- reading and writing files --------------------------------------------------------------------------------
+
+def read_small(path: str, max_bytes: int = HOLD_MAX_BYTES) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`, without following a link or blocking on a FIFO;
+    HoldError (with why) for anything else, FileNotFoundError when it is gone."""
+    return _read_regular(path, max_bytes)[0]
+
+
+def _read_regular(path: str, max_bytes: int) -> tuple[bytes, int]:
+    """read_small's bytes and the file's mtime (ns)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise HoldError("is a symbolic link") from None
+        raise HoldError(f"cannot be read ({error.strerror or error})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise HoldError("is not a regular file")
+        data = os.read(fd, max_bytes + 1)
+    except OSError as error:
+        raise HoldError(f"cannot be read ({error.strerror or error})") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise HoldError(f"is larger than {max_bytes} bytes")
+    return data, info.st_mtime_ns
+
+
+def write_atomic(directory: str, name: str, data: bytes) -> None:
+    """`directory/name` holds `data`, whole or not at all: a dot file beside it, then a rename."""
+    # A fresh name, made exclusively: in a directory others may write, no link or file of theirs is written through.
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, FILE_MODE)  # the umask does not decide who can read a hold
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _load(data: bytes) -> dict[str, object]:
+    try:
+        loaded = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise HoldError("is not JSON") from None
+    if not isinstance(loaded, dict):
+        raise HoldError("is not a JSON object")
+    fmt = loaded.get("format")
+    if fmt != FORMAT or isinstance(fmt, bool):
+        raise HoldError(f"has format {json.dumps(fmt)[:20]}, this forge-load reads format {FORMAT}")
+    return loaded
+
+
+def hold_to_json(hold: Hold) -> bytes:
+    return json.dumps({"format": FORMAT, "gpu": hold.gpu_uuid, "holder": hold.holder, "reason": hold.reason,
+                       "since_unix_s": hold.since_unix_s, "until_unix_s": hold.until_unix_s}).encode("utf-8")
+
+
+def hold_from_json(data: bytes, gpu_uuid: str, holder: str) -> Hold:
+    """The hold a file named for (gpu_uuid, holder) holds; HoldError for anything but format 1 that agrees."""
+    loaded = _load(data)
+    if loaded.get("gpu") != gpu_uuid or loaded.get("holder") != holder:
+        raise HoldError("names another GPU or holder than its file name")
+    reason = loaded.get("reason", "")
+    since = _number(loaded.get("since_unix_s"))
+    until_raw = loaded.get("until_unix_s")
+    until = _number(until_raw)
+    if not isinstance(reason, str) or since is None or (until_raw is not None and until is None):
+        raise HoldError("lacks a reason, since_unix_s or until_unix_s of the right type")
+    return Hold(gpu_uuid, holder, reason, since, until)
+
+
+def ack_to_json(ack: Ack) -> bytes:
+    return json.dumps({"format": FORMAT, "gpu": ack.gpu_uuid, "pid": ack.pid, "state": ack.state,
+                       "held_by": list(ack.held_by), "drained": ack.drained,
+                       "written_unix_s": ack.written_unix_s}).encode("utf-8")
+
+
+def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
+    loaded = _load(data)
+    pid, state, held_by, drained = (loaded.get(k) for k in ("pid", "state", "held_by", "drained"))
+    written = _number(loaded.get("written_unix_s"))
+    if (loaded.get("gpu") != gpu_uuid or not isinstance(pid, int) or isinstance(pid, bool)
+            or not isinstance(state, str) or not isinstance(held_by, list)
+            or not all(isinstance(h, str) for h in held_by) or not isinstance(drained, bool) or written is None):
+        raise HoldError("is not a filler's acknowledgement of this GPU")
+    return Ack(gpu_uuid, pid, state, tuple(str(h) for h in held_by), drained, written)
+
+
+# --- the API ---------------------------------------------------------------------------------------------
+
+def ensure_dir(hold_dir: str) -> None:
+    """The directory, made (mode 0755) with its parents where missing; HoldError when it cannot be."""
+    try:
+        if not os.path.lexists(hold_dir):
+            os.makedirs(hold_dir, mode=DIR_MODE, exist_ok=True)
+            os.chmod(hold_dir, DIR_MODE)  # whatever the umask: every filler must be able to read it
+    except OSError as error:
+        raise HoldError(f"cannot create {hold_dir} ({error.strerror or error})") from None
+    if not os.path.isdir(hold_dir):
+        raise HoldError(f"{hold_dir} is not a directory")
+
+
+def place(hold_dir: str, hold: Hold) -> Hold:
+    """Write (or refresh) a hold; a refresh keeps the first `since_unix_s`. Returns the hold as written."""
+    if not valid_gpu_uuid(hold.gpu_uuid) or not valid_holder(hold.holder):
+        raise HoldError(f"not a GPU UUID and holder: {hold.gpu_uuid!r} {hold.holder!r}")
+    name = hold_name(hold.gpu_uuid, hold.holder)
+    try:
+        previous = hold_from_json(read_small(os.path.join(hold_dir, name)), hold.gpu_uuid, hold.holder)
+        hold = Hold(hold.gpu_uuid, hold.holder, hold.reason, previous.since_unix_s, hold.until_unix_s)
+    except (FileNotFoundError, HoldError):
+        pass  # a new hold, or one unreadable: replaced
+    data = hold_to_json(hold)
+    if len(data) > HOLD_MAX_BYTES:
+        raise HoldError(f"the hold would be larger than {HOLD_MAX_BYTES} bytes: shorten the reason")
+    try:
+        write_atomic(hold_dir, name, data)
+    except OSError as error:
+        raise HoldError(f"cannot write {os.path.join(hold_dir, name)} ({error.strerror or error})") from None
+    return hold
+
+
+def release(hold_dir: str, gpu_uuid: str, holder: str) -> bool:
+    """Remove a hold; False when there was none."""
+    try:
+        os.unlink(os.path.join(hold_dir, hold_name(gpu_uuid, holder)))
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        raise HoldError(f"cannot remove {hold_name(gpu_uuid, holder)} from {hold_dir} "
+                        f"({error.strerror or error})") from None
+    return True
+
+
+def _names(hold_dir: str) -> Iterator[str]:
+    with os.scandir(hold_dir) as entries:
+        for entry in entries:
+            yield entry.name
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The hold names of a directory by GPU, what else it holds, and whether it was too long to read whole."""
+
+    holds: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID -> holders
+    ignored: tuple[str, ...] = ()  # names that are neither holds, acknowledgements nor dot files
+    truncated: bool = False
+    missing: bool = False  # no such directory
+
+
+def list_dir(hold_dir: str) -> Listing:
+    holds: dict[str, list[str]] = {}
+    ignored: list[str] = []
+    try:
+        for count, name in enumerate(_names(hold_dir)):
+            if count >= MAX_ENTRIES:
+                return Listing(holds, tuple(ignored), truncated=True)
+            parsed = parse_hold_name(name)
+            if parsed is not None:
+                holds.setdefault(parsed[0], []).append(parsed[1])
+            elif not name.startswith(".") and not (name.startswith(ACK_PREFIX) and name.endswith(SUFFIX)):
+                ignored.append(name)
+    except (FileNotFoundError, NotADirectoryError):
+        return Listing(missing=True)
+    except OSError as error:
+        raise HoldError(f"cannot list {hold_dir} ({error.strerror or error})") from None
+    return Listing(holds, tuple(ignored))
+
+
+def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing | None = None) -> HoldsView:
+    """The holds on one GPU honoured now (sorted by holder), and the problems met on the way."""
+    try:
+        listing = listing if listing is not None else list_dir(hold_dir)
+    except HoldError as error:
+        return HoldsView(problems=(f"hold directory: {error}: GPU held until it can be read",),
+                         fail_safe=str(error))
+    problems: list[str] = []
+    if listing.ignored:  # one line for them all: a directory shared with other files must not flood the log
+        shown = ", ".join(repr(name) for name in listing.ignored[:5])
+        more = f" and {len(listing.ignored) - 5} more" if len(listing.ignored) > 5 else ""
+        problems.append(f"hold directory {hold_dir}: {shown}{more} not named as a hold "
+                        "(hold.<GPU-UUID>.<HOLDER>.json): ignored")
+    if listing.truncated:
+        why = f"hold directory {hold_dir} has more than {MAX_ENTRIES} entries: GPU held until it has fewer"
+        return HoldsView(problems=(*problems, why), fail_safe=why)
+    holders = sorted(listing.holds.get(gpu_uuid, []))
+    if len(holders) > MAX_HOLDS:
+        why = f"more than {MAX_HOLDS} holds on this GPU in {hold_dir}: GPU held until there are fewer"
+        return HoldsView(problems=(*problems, why), fail_safe=why, named=tuple(holders))
+    honoured: list[Hold] = []
+    expired: list[Hold] = []
+    mtimes_ns: dict[str, int] = {}
+    for holder in holders:
+        name = hold_name(gpu_uuid, holder)
+        try:
+            data, mtimes_ns[holder] = _read_regular(os.path.join(hold_dir, name), HOLD_MAX_BYTES)
+            hold = hold_from_json(data, gpu_uuid, holder)
+        except FileNotFoundError:
+            continue  # released while we read
+        except HoldError as error:
+            problems.append(f"hold file {os.path.join(hold_dir, name)} {error}: ignored")
+            continue
+        if hold.until_unix_s is not None and hold.until_unix_s <= now_unix_s:
+            expired.append(hold)
+        else:
+            honoured.append(hold)
+    return HoldsView(tuple(honoured), tuple(problems), expired=tuple(expired), mtimes_ns=mtimes_ns,
+                     named=tuple(holders))
+
+
+def all_holds(hold_dir: str) -> tuple[list[Hold], list[str]]:
+    """Every readable hold in the directory (expired ones too), by GPU then holder, and the problems."""
+    listing = list_dir(hold_dir)
+    holds: list[Hold] = []
+    problems: list[str] = []
+    for uuid in sorted(listing.holds):
+        view = read_holds(hold_dir, uuid, -math.inf, listing)
+        holds.extend(view.holds)
+        problems.extend(p for p in view.problems if p not in problems)
+    if listing.truncated:
+        problems.append(f"more than {MAX_ENTRIES} entries: only the first were read")
+    return holds, problems
+
+
+def write_ack(hold_dir: str, ack: Ack) -> None:
+    write_atomic(hold_dir, ack_name(ack.gpu_uuid), ack_to_json(ack))
+
+
+def read_ack(hold_dir: str, gpu_uuid: str) -> Ack | None:
+    """The filler's acknowledgement of one GPU; None when there is none or it cannot be read as one."""
+    try:
+        return ack_from_json(read_small(os.path.join(hold_dir, ack_name(gpu_uuid)), ACK_MAX_BYTES), gpu_uuid)
+    except (FileNotFoundError, NotADirectoryError, HoldError):
+        return None
+
+
+def acknowledged(ack: Ack | None, holder: str, placed_unix_s: float, now_unix_s: float) -> bool:
+    """Whether `hold --wait` may return for this GPU: no live filler there (no acknowledgement, or one older than
+    ACK_STALE_S: fail open), or its filler honours `holder`, has drained, and said so after the hold was placed."""
+    if ack is None or now_unix_s - ack.written_unix_s > ACK_STALE_S:
+        return True
+    return holder in ack.held_by and ack.drained and ack.written_unix_s >= placed_unix_s

@@ -1,0 +1,319 @@
+"""Exclusive compute mode (docs/exclusive.md): our CUDA context exists only while our kernels may run.
+
+In EXCLUSIVE_PROCESS mode a GPU takes one process's context at a time, idle or not, so an idle context of ours
+makes a job's context creation fail (CUDA_ERROR_DEVICE_UNAVAILABLE): yielding after the job appears protects
+nothing. There the GPU's thread in the main process holds no context at all. It supervises with NVML and the
+holds only, and the GPU work runs in a child process (`python -m forge_load.service.exclusive_child`: the filler
+for that one GPU) that it starts while nothing stands in the way and ends, drained, on a hold, a pause or a foreign
+process. Its acknowledgement says `drained` only once the child has exited: the context went with it.
+
+Without a hold directory nothing announces a job before it starts, so the supervisor fills nothing and creates
+no context; it says so in its start line. The child ends itself whenever its filler stops filling (a yield or a
+pause): it never sits on an idle context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol, TextIO
+
+from forge_load.config.settings import Config
+from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
+from forge_load.control.status import GpuStatus
+from forge_load.log import EventLog
+from forge_load.operators.hold_watch import FillerHolds
+from forge_load.operators.pause import Pauses, shown_time
+from forge_load.service.runtime import stop_reason
+
+CHILD_MODULE = "forge_load.service.exclusive_child"  # its main
+END_WAIT_S = 5.0  # a child not gone this long after SIGTERM is killed (its context goes either way)
+ENDING_POLL_S = 0.01  # while a child ends: the acknowledgement follows its exit within this
+
+# The states the supervisor reports (/metrics, the process title, the acknowledgement).
+FILLING, HELD, PAUSED, YIELDING = "filling", "held", "paused", "yielding"
+
+
+def prohibited_error(info: DeviceInfo) -> NoGpuError:
+    return NoGpuError(f"GPU {info.index} ({info.uuid}) is in PROHIBITED compute mode: no process may create a "
+                      "CUDA context on it, so there is nothing to fill (nvidia-smi -c DEFAULT or EXCLUSIVE_PROCESS "
+                      "allows it)")
+
+
+def holds_configured(hold_dir: str) -> bool:
+    """Holds are configured when their directory exists: the hold commands, the Slurm prolog or the deploy files
+    made it. A filler cannot tell a directory nobody writes from one whose next job is not announced yet."""
+    return os.path.isdir(hold_dir)
+
+
+class Child(Protocol):
+    """The GPU work in a process of its own: the only thing here that ever holds a CUDA context."""
+
+    def start(self) -> int:
+        """Start it; its pid."""
+
+    def end(self) -> None:
+        """Ask it to end: it stops launching, its kernels drain, it exits (and its context goes)."""
+
+    def kill(self) -> None: ...
+
+    def poll(self) -> int | None:
+        """Its exit code once it has exited and been reaped, else None."""
+
+
+class ChildProcess:
+    """`python -m forge_load.service.exclusive_child` with the config and the supervisor's start (time.monotonic(),
+    which is the system's: the child logs on the same timeline) pickled on its stdin; stdin stays open, so the
+    child sees EOF (and ends) when this process dies, whatever killed it."""
+
+    def __init__(self, config: Config, start_s: float) -> None:
+        self.config = config
+        self.start_s = start_s
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> int:
+        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE, close_fds=True)
+        stdin = proc.stdin
+        assert stdin is not None
+        try:
+            pickle.dump((self.config, self.start_s), stdin)
+            stdin.flush()
+        except OSError:
+            pass  # it died at once: poll() says so
+        self._proc = proc
+        return proc.pid
+
+    def end(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+
+    def poll(self) -> int | None:
+        if self._proc is None:
+            return None
+        code = self._proc.poll()
+        if code is not None and self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        return code
+
+
+def child_config(config: Config, info: DeviceInfo) -> Config:
+    """The child fills one GPU, by UUID, and nothing else: the supervisor owns the metrics, the heartbeat, the
+    pauses, the holds and the duration."""
+    # hold_dir "": no holds at all (app.build): the supervisor reads and acknowledges them, never the child
+    return dataclasses.replace(config, gpu=info.uuid, gpus=None, metrics_port=None, duration_s=0.0, pause_file=None,
+                               active_hours=None, hold_dir="")
+
+
+class Supervisor:
+    """One exclusive-mode GPU: starts the child while nothing stands in the way, ends it when something does, and
+    acknowledges the holds. Stepped by the caller with its clock (the holds read the wall clock they were given), so
+    tests run it in virtual time."""
+
+    def __init__(self, info: DeviceInfo, probe: Probe, child: Child, holds: FillerHolds, log: EventLog,
+                 pauses: Pauses | None, resume_after_s: float, foreign_mem_mib: float, start_s: float,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.info = info
+        self.on_change = on_change  # told after every change of state (the process title follows it)
+        self.probe = probe
+        self.child = child
+        self.holds = holds
+        self.watch = holds.watch
+        self.holds_begun = 0
+        self.log = log
+        self.pauses = pauses
+        self.resume_after_s = resume_after_s
+        self.foreign_mem_mib = foreign_mem_mib
+        self.start_s = start_s
+        self.baseline_mib = probe.memory_used_mib() or 0.0  # before any context of ours
+        self.child_pid: int | None = None
+        self.ending_since_s: float | None = None  # asked to end at; None while running unasked or not running
+        self.our_pids: set[int] = set()
+        self.busy_until_s = -math.inf  # a foreign process, or the child's own yield: wait until then
+        self.why_not: str | None = None  # why no child may run now (None: it may)
+        self.blocked_state = FILLING  # the state that reason stands for: held, paused or yielding
+        self.yields = 0
+
+    @property
+    def running(self) -> bool:
+        return self.child_pid is not None
+
+    @property
+    def state(self) -> str:
+        return FILLING if self.why_not is None else self.blocked_state
+
+    def _t(self, now_s: float) -> float:
+        return now_s - self.start_s
+
+    def _foreign(self) -> str | None:
+        """A process other than ours on the GPU, or (with no child of ours) memory nobody of ours holds."""
+        processes = self.probe.processes() or []
+        others = sorted(p.pid for p in processes if p.pid not in self.our_pids)
+        if others:
+            return f"process {others[0]} on the GPU" + (f" (and {len(others) - 1} more)" if len(others) > 1 else "")
+        if not self.running:
+            used_mib = self.probe.memory_used_mib()
+            if used_mib is not None and used_mib - self.baseline_mib >= self.foreign_mem_mib:
+                return f"{used_mib - self.baseline_mib:.0f} MiB of GPU memory in use by another process"
+        return None
+
+    def step(self, now_s: float) -> float:
+        """Act on the holds, the pauses and NVML now; returns when to step again."""
+        state_before = self.state
+        changes, problems = self.holds.check(now_s)
+        for problem in problems:
+            self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
+        for change in changes:
+            reason = change.reason or (f"held by {change.holder}" if change.event == "hold" else "")
+            fields: dict[str, object] = {"holder": change.holder, "reason": reason}
+            if change.until_unix_s is not None:
+                fields["until"] = shown_time(change.until_unix_s)
+            self.holds_begun += change.event == "hold"
+            self.log.emit(change.event, t=self._t(now_s), **fields)
+        self._reap(now_s)  # first: a child that ended by itself counts in what follows
+        pause = self.pauses.check().reason if self.pauses is not None else None
+        foreign = self._foreign()
+        if foreign is not None:
+            self.watch.foreign_seen(now_s)
+            self.busy_until_s = max(self.busy_until_s, now_s + self.resume_after_s)
+        why: str | None = None
+        if self.watch.held:
+            self.blocked_state, why = HELD, f"held by {','.join(self.watch.holders) or 'the fail-safe'}"
+        elif pause is not None:
+            self.blocked_state, why = PAUSED, f"paused: {pause}"
+        elif foreign is not None:
+            self.blocked_state, why = YIELDING, f"foreign job: {foreign}"
+        elif now_s < self.busy_until_s:
+            self.blocked_state, why = YIELDING, f"no foreign job for {self.resume_after_s:g} s first"
+        self.why_not = why
+        if self.running and why is not None and self.ending_since_s is None:
+            self._end(now_s, why)
+        elif self.running and self.ending_since_s is not None and now_s - self.ending_since_s > END_WAIT_S:
+            self.log.emit("child_kill", t=self._t(now_s), child_pid=self.child_pid,
+                          reason=f"not gone {END_WAIT_S:g} s after it was asked to end")
+            self.child.kill()
+        elif not self.running and why is None:
+            self.child_pid = self.child.start()
+            self.our_pids.add(self.child_pid)
+            self.log.emit("child_start", t=self._t(now_s), child_pid=self.child_pid,
+                          reason="nothing holds the GPU: the child creates our context and fills")
+        self.acknowledge(now_s)
+        if self.on_change is not None and self.state != state_before:
+            self.on_change()
+        return now_s + (ENDING_POLL_S if self.ending_since_s is not None else 0.1)
+
+    def _end(self, now_s: float, why: str) -> None:
+        self.ending_since_s = now_s
+        self.log.emit("child_end", t=self._t(now_s), child_pid=self.child_pid, reason=why)
+        self.child.end()
+
+    def _reap(self, now_s: float) -> None:
+        if not self.running:
+            return
+        code = self.child.poll()
+        if code is None:
+            return
+        asked = self.ending_since_s is not None
+        self.log.emit("drained", t=self._t(now_s), child_pid=self.child_pid, exit_code=code, context="gone",
+                      reason="asked to end" if asked else "the child ended by itself")
+        if not asked:  # it yielded, or its GPU failed: not again before a quiet while
+            self.yields += 1
+            self.busy_until_s = max(self.busy_until_s, now_s + self.resume_after_s)
+        self.child_pid = None
+        self.ending_since_s = None
+
+    def acknowledge(self, now_s: float) -> None:
+        """Drained means no child of ours: no context of ours on the GPU, let alone a kernel."""
+        problem = self.holds.acknowledge(now_s, self.state, drained=not self.running)
+        if problem is not None:
+            self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
+
+    def close(self, now_s: float, wait: Callable[[float], None], clock: Callable[[], float]) -> None:
+        """End the child (if any) and wait for it; killed after END_WAIT_S."""
+        self.why_not, self.blocked_state = "the filler stops", "stopped"
+        if self.running and self.ending_since_s is None:
+            self._end(now_s, self.why_not)
+        while self.running:
+            now = clock()
+            if self.ending_since_s is not None and now - self.ending_since_s > END_WAIT_S:
+                self.child.kill()
+            self._reap(now)
+            if self.running:
+                wait(ENDING_POLL_S)
+
+    def status(self) -> GpuStatus:
+        return supervisor_status(self.state, self.yields, len(self.watch.honoured), self.holds_begun)
+
+
+def supervisor_status(state: str, yields: int = 0, holds: int = 0, holds_begun: int = 0) -> GpuStatus:
+    """What /metrics and the title show of an exclusive-mode GPU: its state and holds; the shares and the memory are
+    the child's, in its log lines."""
+    return GpuStatus(state=state, target=0.0, holding=0.0, util_ratio=None, own_ratio=None, foreign_ratio=None,
+                     multiplier=0, own_mem_mib=None, power_w=None, temperature_c=None, yields=yields,
+                     yielding_s=0.0, own_busy_s=0.0, holds=holds, holds_begun=holds_begun)
+
+
+def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Event, wake: threading.Event,
+              attach: Callable[[Callable[[], GpuStatus]], None], beat: Callable[[], None],
+              pauses: Pauses | None, child: Child | None = None, hold_dir: str | None = None,
+              on_change: Callable[[], None] | None = None) -> None:
+    """One exclusive-mode GPU until `stop` or the duration: in the GPU's thread of the main process, which never
+    creates a context here. `attach` hands the slot its status; `child` and `hold_dir` are for tests."""
+    info = probe.info
+    start_s = time.monotonic()
+    log = EventLog(config.log_format, stream, clock=time.monotonic, start_s=start_s,
+                   static={"gpu": info.index, "uuid": info.uuid})
+    hold_dir = hold_dir or config.hold_dir
+    mode = info.compute_mode.value
+    end_s = start_s + config.duration_s if config.duration_s > 0 else math.inf
+    if not holds_configured(hold_dir):
+        log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=False, filling=False,
+                 reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
+                        f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled "
+                        "until the directory appears")
+        idle = supervisor_status(PAUSED)
+        attach(lambda: idle)
+        while not stop.is_set() and time.monotonic() < end_s and not holds_configured(hold_dir):
+            beat()
+            stop.wait(min(1.0, max(end_s - time.monotonic(), 0.0)))
+        if stop.is_set() or time.monotonic() >= end_s:
+            log.emit("stop", state=PAUSED, reason=_stop_reason(stop, end_s))
+            return
+    log.emit("exclusive", compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
+             reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
+                    "it fills, and ends on a hold, a pause or a foreign job")
+    child = child or ChildProcess(child_config(config, info), start_s)
+    holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s)
+    sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
+                     on_change)
+    attach(sup.status)
+    try:
+        while not stop.is_set() and time.monotonic() < end_s:
+            due_s = sup.step(time.monotonic())
+            beat()
+            wake.wait(max(min(due_s, end_s) - time.monotonic(), 0.0))
+            wake.clear()
+    finally:
+        sup.close(time.monotonic(), time.sleep, time.monotonic)
+        sup.holds.close()  # as any filler that stops: `hold --wait` need not wait for the acknowledgement to age
+        log.emit("stop", state=sup.state, reason=_stop_reason(stop, end_s), yields=sup.yields)
+
+
+def _stop_reason(stop: threading.Event, end_s: float) -> str:
+    return stop_reason(stop) if stop.is_set() else "duration reached"
+

@@ -1,0 +1,181 @@
+"""One filler thread per GPU (FORGE_GPUS; one GPU is one thread too): which GPUs, each one's thread, its failure
+kept in its slot, and the process's exit code when every one has ended."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO, cast
+
+from forge_load.config.settings import Config
+from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
+from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
+from forge_load.gpu.backend import Backend, backend_for
+from forge_load.log import EventLog, LogStream, internal_error
+from forge_load.service.exclusive import supervise as run_exclusive
+from forge_load.service.loop import run_real, run_simulated
+from forge_load.service.runtime import (
+    DRAIN_LIMIT_S,
+    EXIT_CONFIG,
+    EXIT_GPU_FAILED,
+    EXIT_INTERNAL,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    NO_CONTROLS,
+    Controls,
+    GpuTakenError,
+    Runtime,
+    StopEvent,
+    pauses_for,
+    say,
+    stop_reason,
+)
+
+# --- several GPUs in one process -------------------------------------------------------------------------------
+
+def shared_stream(out: TextIO, stop: threading.Event, wake: threading.Event) -> TextIO:
+    """`out` for every GPU thread at once: a LogStream (main()'s) already writes one whole line at a time; any other
+    stream is put behind one, whose failed write stops the fillers as main()'s does."""
+    if isinstance(out, LogStream):
+        return out
+
+    def failed(_error: OSError) -> None:
+        stop.set()
+        wake.set()
+
+    return cast(TextIO, LogStream(out, failed))
+
+
+def gpu_selectors(config: Config, backend: Backend) -> list[str]:
+    """The GPUs FORGE_GPUS names: `all` is every GPU the backend shows, in index order.
+
+    A GPU named both by index and by UUID is filled once (by its first name): the names are resolved to
+    UUIDs before any filler starts, rather than two fillers taking each other for a foreign job.
+    """
+    if config.gpus is None:
+        return [config.gpu]
+    if config.gpus != "all":
+        named = list(config.gpus)
+        if all(n.isdigit() for n in named) or not any(n.isdigit() for n in named):
+            return named  # config refuses a name given twice; only an index and a UUID can meet
+        uuid_of = {str(info.index): info.uuid for info in backend.devices()}
+        selectors: list[str] = []
+        for name in named:
+            if uuid_of.get(name, name) not in {uuid_of.get(s, s) for s in selectors}:
+                selectors.append(name)
+        return selectors
+    selectors = [str(info.index) for info in backend.devices()]
+    if not selectors:
+        raise NoGpuError("FORGE_GPUS=all but NVML shows no GPU: in Kubernetes, set NVIDIA_VISIBLE_DEVICES=all "
+                         "with runtimeClassName: nvidia; in Docker, --gpus all")
+    return selectors
+
+
+OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools and tests look inside)
+
+
+def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
+            wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None,
+            controls: Controls = NO_CONTROLS, supervise: bool = True) -> None:
+    """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised. `supervise`:
+    a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child)."""
+    started: list[Runtime] = []
+
+    def beat() -> None:
+        slot.beat()
+        heartbeat()
+
+    def attach(rt: Runtime) -> None:
+        started.append(rt)
+        slot.attach(rt.info, lambda: rt.filler.status(rt.now()))
+        if controls.on_transition is not None:
+            controls.on_transition()
+        if on_start is not None:
+            on_start(slot, rt)
+
+    def exclusive(probe: Probe) -> None:
+        def attach_status(snapshot: Callable[[], GpuStatus]) -> None:
+            slot.attach(probe.info, snapshot)
+            if controls.on_transition is not None:
+                controls.on_transition()
+
+        run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls),
+                      on_change=controls.on_transition)
+
+    try:
+        if backend.virtual_time:
+            run_simulated(config, stream, stop, heartbeat=beat, on_start=attach, controls=controls)
+        else:
+            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls,
+                     exclusive=exclusive if supervise else None)
+        slot.stopped()
+        return
+    except NoGpuError as error:
+        reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
+    except GpuTakenError as error:
+        reason, code = str(error), EXIT_CONFIG
+    except GpuFailedError as error:
+        reason, code = str(error), EXIT_GPU_FAILED
+    except Exception as error:  # noqa: BLE001 - a bug, but one GPU's: the others go on
+        reason, code = internal_error(error), EXIT_INTERNAL
+    slot.failed(reason, code)
+    if started:  # on the filler's own clock, like its other lines
+        started[0].log.emit("error", reason=reason, exit_code=code)
+    else:
+        static: dict[str, object] = {"gpu": slot.index, "uuid": slot.uuid or None, "gpu_requested": config.gpu}
+        EventLog(config.log_format, stream, static=static).emit("error", t=0.0, reason=reason, exit_code=code)
+
+
+def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
+              gpu_slots: GpuSlots, heartbeat: Callable[[], None], on_start: OnStart | None = None,
+              controls: Controls = NO_CONTROLS) -> int:
+    """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
+    stream = shared_stream(out, stop, wake)
+    backend = backend_for(config)
+    slots: list[GpuSlot] = []
+    threads: list[threading.Thread] = []
+    stops: list[tuple[StopEvent, threading.Event]] = []
+    ended: list[threading.Event] = []
+    for selector in gpu_selectors(config, backend):
+        slot = gpu_slots.add(selector)
+        gpu_stop, gpu_wake, gpu_ended = StopEvent(), threading.Event(), threading.Event()
+
+        def body(selector: str = selector, slot: GpuSlot = slot, gpu_stop: StopEvent = gpu_stop,
+                 gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
+            try:
+                run_gpu(dataclasses.replace(config, gpu=selector), backend, slot, stream, gpu_stop, gpu_wake,
+                        heartbeat, on_start, controls)
+            finally:
+                gpu_ended.set()
+                wake.set()  # the main thread counts the fillers still running
+
+        slots.append(slot)
+        threads.append(threading.Thread(target=body, name=f"gpu-{selector}", daemon=True))
+        stops.append((gpu_stop, gpu_wake))
+        ended.append(gpu_ended)
+    for thread in threads:
+        thread.start()
+    while not all(e.is_set() for e in ended):
+        wake.wait()
+        wake.clear()
+        if stop.is_set():
+            for gpu_stop, gpu_wake in stops:
+                gpu_stop.request(stop_reason(stop))
+                gpu_wake.set()
+            for thread in threads:
+                thread.join(timeout=DRAIN_LIMIT_S + 2.0)
+            break
+    failed = [slot for slot in slots if slot.status == "failed"]
+    if not failed:
+        return EXIT_OK
+    if len(failed) == len(slots) and all(slot.exit_code == EXIT_NO_GPU for slot in failed):
+        reasons = "; ".join((slot.reason or "").removeprefix("no usable GPU: ") for slot in failed)
+        print(f"forge-load: no usable GPU: {reasons}", file=sys.stderr)
+        return EXIT_NO_GPU
+    if all(slot.exit_code == EXIT_CONFIG for slot in failed):  # GPUs another filler of this user fills
+        if len(failed) == len(slots):
+            say("forge-load: " + "; ".join(slot.reason or "" for slot in failed))
+        return EXIT_CONFIG
+    return EXIT_INTERNAL if any(slot.exit_code == EXIT_INTERNAL for slot in failed) else EXIT_GPU_FAILED

@@ -1,0 +1,330 @@
+"""Liveness from outside the process: the run loop touches a heartbeat file, and `python -m forge_load.health`
+exits 0 while it is fresh (with the metrics server on: while the filler's own /health says so), 1 otherwise.
+
+The health command reads its settings through forge_load.config, as the filler does: the same variables, the
+same checks, the same refusals (a bad value makes it exit 1 with that one line; Docker reserves exit 2).
+
+The heartbeat is written without trusting what is at its path: opened without following a symbolic link,
+without blocking on a FIFO, and written only when what was opened is a regular file of our own with no other
+name (a hard link could point at someone else's file). Anything else is refused: the filler warns once on
+stderr and the health check reports unhealthy, saying why. The default path is in a directory of our own,
+/tmp/forge_load-<uid>/ (mode 0700, created at need), which is refused too when it is a link, someone else's, or
+open to others: on a shared host no other user can make the filler write anywhere else, or look healthy.
+
+One heartbeat, one filler: the default file is named after the GPUs the settings select (heartbeat-gpu0,
+heartbeat-gpus-0,1, heartbeat-sim-gpu0, ...), so the health check given a filler's settings judges that filler and
+no other of the same user. A filler holds its heartbeat (an flock on `<heartbeat>.lock`, released when the process
+ends); a second filler that finds it held refuses to start (exit 2): with the default file it would fill the same
+GPUs, where the two would only yield to each other. A simulated one, which shares no GPU, warns and runs without.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import http.client
+import ipaddress
+import os
+import re
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from forge_load.config.load import load_config
+from forge_load.config.settings import Config
+from forge_load.config.values import ConfigError, url_host
+from forge_load.log import escape_controls
+
+DEFAULT_BASE = Path("/tmp")
+FILE_NAME = "heartbeat"
+EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1  # Docker's HEALTHCHECK: 0 healthy, 1 unhealthy, 2 reserved
+
+
+def heartbeat_name(config: Config) -> str:
+    """heartbeat-<the GPUs the settings select>: one per filler of a user on a host, found again from the same
+    settings by the health check (a filler's GPUs are what tell it from the user's others: one per GPU)."""
+    if config.gpus is None:
+        key = f"gpu{config.gpu}"
+    elif config.gpus == "all":
+        key = "gpus-all"
+    else:
+        key = "gpus-" + ",".join(sorted(config.gpus))
+    if config.simulate:
+        key = f"sim-{key}"
+    key = re.sub(r"[^A-Za-z0-9,._-]", "_", key)
+    if len(key) > 80:  # many UUIDs: short enough for a file name, still one per selection
+        key = f"{key[:40]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return f"{FILE_NAME}-{key}"
+
+
+def default_heartbeat_path(base: Path = DEFAULT_BASE, uid: int | None = None, config: Config | None = None) -> Path:
+    """/tmp/forge_load-<uid>/heartbeat-<GPUs>: per user and per filler, so that a filler and the health check
+    given its settings (same user) agree, and no other filler of the user answers for it."""
+    return base / f"forge_load-{os.geteuid() if uid is None else uid}" / heartbeat_name(config or Config())
+
+
+def heartbeat_location(config: Config) -> tuple[Path, bool]:
+    """Where the heartbeat is, and whether its directory must be a private one of our own (the default's)."""
+    if config.heartbeat_file:
+        return Path(config.heartbeat_file), False
+    return default_heartbeat_path(config=config), True
+
+
+def _shown(path: Path) -> str:
+    return escape_controls(str(path))
+
+
+def _private_dir_problem(path: Path, create: bool) -> str | None:
+    """None when `path` is a directory only we can write (made, mode 0700, when missing and `create`)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            return f"{_shown(path)} does not exist"
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass  # made at the same moment by another process: judged below like any other
+        except OSError as error:
+            return f"cannot create {_shown(path)}: {error.strerror}"
+        return _private_dir_problem(path, create=False)
+    except OSError as error:
+        return f"cannot look at {_shown(path)}: {error.strerror}"
+    if problem := _kind_problem(st, path, directory=True):
+        return problem
+    if st.st_mode & 0o022:
+        return f"{_shown(path)} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _file_problem(st: os.stat_result, path: Path) -> str | None:
+    """None when `st` is a heartbeat file we may write and trust: a regular file of ours, with one name."""
+    if problem := _kind_problem(st, path, directory=False):
+        return problem
+    if st.st_nlink != 1:
+        return f"{_shown(path)} has {st.st_nlink} names (hard links)"
+    return None
+
+
+def _kind_problem(st: os.stat_result, path: Path, directory: bool) -> str | None:
+    """None when `st` is a directory (or a regular file) of this user's, not reached through a link."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{_shown(path)} is a symbolic link"
+    if directory != stat.S_ISDIR(st.st_mode):
+        return f"{_shown(path)} is {'not a directory' if directory else 'a directory'}"
+    if not directory and not stat.S_ISREG(st.st_mode):
+        return f"{_shown(path)} is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"{_shown(path)} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    return None
+
+
+class Heartbeat:
+    """Touches the file at most once per `every_s` of wall time, however often (and from however many GPU
+    threads) it is called. A path it must not write is left alone; `on_refused` hears why, once per reason."""
+
+    def __init__(self, path: Path, every_s: float = 1.0, private_dir: bool = False,
+                 on_refused: Callable[[str], None] | None = None) -> None:
+        self.path = path
+        self.every_s = every_s
+        self.private_dir = private_dir
+        self.on_refused = on_refused
+        self._last_s = float("-inf")
+        self._lock = threading.Lock()
+        self._refused: set[str] = set()
+        self._written = False
+        self._claim_fd: int | None = None
+        self.writes = True  # False: another filler holds this heartbeat (claim()); this one leaves it alone
+
+    def __call__(self) -> None:
+        if not self.writes:
+            return
+        with self._lock:
+            now_s = time.monotonic()
+            if now_s - self._last_s < self.every_s:
+                return
+            self._last_s = now_s
+            problem = self._write()
+            if problem is not None and problem not in self._refused:
+                self._refused.add(problem)
+                if self.on_refused is not None:
+                    self.on_refused(problem)
+
+    def _write(self) -> str | None:
+        if self.private_dir and (problem := _private_dir_problem(self.path.parent, create=True)):
+            return problem
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                return f"{_shown(self.path)} is a symbolic link"
+            if error.errno == errno.EISDIR:
+                return f"{_shown(self.path)} is a directory"
+            if error.errno == errno.ENXIO:  # a FIFO nobody reads
+                return f"{_shown(self.path)} is not a regular file"
+            return f"cannot write {_shown(self.path)}: {error.strerror}"
+        try:
+            if problem := _file_problem(os.fstat(fd), self.path):
+                return problem
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{time.time():.3f}\n".encode())
+            self._written = True
+            return None
+        except OSError as error:
+            return f"cannot write {_shown(self.path)}: {error.strerror}"
+        finally:
+            os.close(fd)
+
+    def claim(self) -> str | None:
+        """Hold this heartbeat for this process: None when held now (or when it cannot be held: a path refused,
+        whose writes will say why), else the other holder's PID, as it wrote it ("?" when unreadable)."""
+        if self.private_dir and _private_dir_problem(self.path.parent, create=True):
+            return None
+        self._claim_fd, holder = claim_lock(self.path.with_name(self.path.name + ".lock"))
+        return holder
+
+    def clear(self) -> None:
+        """Remove the file at exit, if it is still the one we wrote."""
+        with self._lock:
+            try:
+                if self._written and _file_problem(os.lstat(self.path), self.path) is None:
+                    os.unlink(self.path)
+            except OSError:
+                pass
+            if self._claim_fd is not None:  # the lock file stays: removing it would race the next filler's claim
+                os.close(self._claim_fd)
+                self._claim_fd = None
+
+
+def claim_lock(lock: Path) -> tuple[int | None, str | None]:
+    """An exclusive hold on `lock` (flock, released when the process ends or the descriptor is closed).
+
+    (fd, None): held by this process now; (None, pid): held by another process, by the PID it wrote ("?" when
+    unreadable); (None, None): it cannot be held here (not a regular file of ours, or not writable): nothing is
+    claimed, and nothing refused for it. The file is left in place: removing it would race the next claim."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except OSError:
+        return None, None
+    try:
+        if _file_problem(os.fstat(fd), lock):
+            os.close(fd)
+            return None, None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            holder = ""
+        os.close(fd)
+        return None, holder if holder.isdigit() else "?"
+    except OSError:
+        os.close(fd)
+        return None, None
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
+
+
+def claim_gpu(uuid: str, base: Path = DEFAULT_BASE) -> tuple[int | None, str | None]:
+    """Hold a GPU for this filler among the user's fillers on this host (claim_lock on gpu-<UUID>.lock in the
+    user's private directory), whatever names it in the settings: an index, a UUID, FORGE_GPUS."""
+    directory = default_heartbeat_path(base).parent
+    if _private_dir_problem(directory, create=True):
+        return None, None  # a planted directory: the heartbeat warns about it
+    return claim_lock(directory / f"gpu-{re.sub(r'[^A-Za-z0-9._-]', '_', uuid)}.lock")
+
+
+def check(path: Path, max_age_s: float, private_dir: bool = False) -> tuple[bool, str]:
+    if private_dir and (problem := _private_dir_problem(path.parent, create=False)):
+        return False, f"no heartbeat: {problem}"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False, f"no heartbeat at {_shown(path)}"
+    except OSError as error:
+        return False, f"cannot read the heartbeat at {_shown(path)}: {error.strerror}"
+    if problem := _file_problem(st, path):
+        return False, f"no heartbeat: {problem}"
+    age_s = time.time() - st.st_mtime
+    if age_s > max_age_s:
+        return False, f"heartbeat {age_s:.0f} s old (limit {max_age_s:g} s)"
+    return True, f"heartbeat {age_s:.1f} s old"
+
+
+def health_address(config: Config) -> tuple[str, int] | None:
+    """Where the filler's /health answers, when its metrics server is on at a known port: its listen address,
+    or loopback when it listens on every address (0.0.0.0 or ::)."""
+    if not config.metrics_port:  # off, or 0 (any free port): the port is not known here
+        return None
+    ip = ipaddress.ip_address(config.metrics_addr)
+    if ip.is_unspecified:
+        return ("127.0.0.1" if ip.version == 4 else "::1"), config.metrics_port
+    return config.metrics_addr, config.metrics_port
+
+
+def check_server(host: str, port: int, timeout_s: float = 4.0) -> tuple[bool, str]:
+    where = f"http://{url_host(host)}:{port}/health"
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        body = response.read(64 * 1024).decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException) as error:
+        return False, f"{where}: {error}"
+    finally:
+        connection.close()
+    return response.status == 200, body or f"{where}: HTTP {response.status}"
+
+
+HELP = """\
+usage: python -m forge_load.health [FORGE-LOAD SETTINGS...]   (or: forge-load health ...)
+
+Says whether the forge-load filler these settings name is alive: for Docker's HEALTHCHECK, Kubernetes probes
+and operators. It takes the filler's own settings (the same FORGE_* variables and flags, checked the same way;
+see forge-load --help), so give it those of the filler to judge.
+
+What it checks:
+  - with FORGE_METRICS_PORT set (not 0): that filler's /health, at FORGE_METRICS_ADDR (0.0.0.0 means
+    127.0.0.1, :: means ::1), which judges every GPU's loop; it prints the answer (a verdict, a line per GPU);
+  - otherwise: the heartbeat file that filler's loop touches about once a second (FORGE_HEARTBEAT_FILE, by
+    default /tmp/forge_load-<uid>/heartbeat-<the GPUs it fills>), which must be a regular file of this user's
+    and younger than FORGE_HEALTH_MAX_AGE seconds (default 30); it prints its age, or what is wrong.
+
+Exit codes: 0 healthy; 1 unhealthy, or a setting the filler would refuse (said in one line). Never 2, which
+Docker reserves.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(HELP, end="")
+        return EXIT_HEALTHY
+    try:
+        config = load_config(args)
+    except ConfigError as error:
+        print(f"forge_load.health: {escape_controls(str(error))}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    address = health_address(config)
+    if address is not None:
+        # With the metrics server on, /health knows every GPU's loop; the file only says one is alive.
+        ok, message = check_server(*address)
+    else:
+        path, private = heartbeat_location(config)
+        ok, message = check(path, config.health_max_age_s, private_dir=private)
+    # The body from /health is a verdict line, then one line per GPU: Docker keeps it all.
+    print("\n".join(escape_controls(line) for line in message.splitlines()) or "unhealthy")
+    return EXIT_HEALTHY if ok else EXIT_UNHEALTHY
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,327 @@
+"""`forge-load hold|release|holds`: place, remove and list holds (docs/holds.md). Nothing of CUDA or numba is
+imported here, so a Slurm prolog stays fast; an index is resolved through NVML (pynvml) or, without it, the
+driver's /proc/driver/nvidia/gpus/*/information.
+
+Exit codes: 0 done; 1 `hold --wait` passed before every named GPU's filler acknowledged (the hold stays);
+2 bad input (one line naming the flag, the value and what is accepted) or a hold directory that cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from forge_load.log import escape_controls
+from forge_load.operators import holds
+from forge_load.operators.holds import Hold, HoldError
+
+EXIT_OK, EXIT_NOT_ACKNOWLEDGED, EXIT_BAD_INPUT = 0, 1, 2
+COMMANDS = ("hold", "release", "holds")
+PROC_GPUS = "/proc/driver/nvidia/gpus"
+MAX_REASON_CHARS = 1024
+MAX_WAIT_S = 3600.0
+WAIT_POLL_S = 0.02
+_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class BadInput(Exception):
+    """One line for the operator; exit 2."""
+
+
+def _shown(raw: str) -> str:
+    text = escape_controls(raw)
+    return repr(text if len(text) <= 80 else text[:80] + "...")
+
+
+def _bad(flag: str, raw: str, accepted: str) -> BadInput:
+    return BadInput(f"{flag}={_shown(raw)}: expected {accepted}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(message)
+
+
+# --- the GPUs ------------------------------------------------------------------------------------------
+
+def proc_uuids(root: str = PROC_GPUS) -> list[str]:
+    """The GPUs' UUIDs from the driver's /proc files, in NVML's default order (by PCI bus id: the directories are
+    named after it); [] without the driver."""
+    try:
+        buses = sorted(os.listdir(root))
+    except OSError:
+        return []
+    uuids: list[str] = []
+    for bus in buses:
+        try:
+            with open(os.path.join(root, bus, "information"), encoding="utf-8", errors="replace") as file:
+                text = file.read(65536)
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "GPU UUID" and holds.valid_gpu_uuid(value.strip()):
+                uuids.append(value.strip())
+    return uuids
+
+
+def host_uuids() -> list[str]:
+    """Every GPU of the host, in NVML's index order: NVML's answer, or the driver's /proc files without it."""
+    try:
+        from forge_load.control.probe import NoGpuError
+        from forge_load.gpu.nvml import device_uuids  # pynvml only
+
+        try:
+            return device_uuids()
+        except NoGpuError:
+            pass
+    except ImportError:
+        pass
+    return proc_uuids()
+
+
+def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) -> list[str]:
+    """`--gpu`: comma-separated indices or UUIDs, or `all`; UUIDs in the order given, each once."""
+    accepted = "all, or comma-separated GPU indices or UUIDs (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+    names = [n.strip() for n in raw.split(",")]
+    if not raw.strip() or any(not n for n in names):
+        raise _bad("--gpu", raw, accepted)
+    host: list[str] | None = None
+    if names == ["all"] or any(n.isdigit() for n in names):
+        host = uuids_of_host()
+        if not host:
+            raise BadInput(f"--gpu={_shown(raw)}: neither NVML nor {PROC_GPUS} shows a GPU on this host, so an "
+                           "index (or all) cannot be resolved: name the GPUs by UUID")
+    if names == ["all"]:
+        assert host is not None
+        return host
+    out: list[str] = []
+    for name in names:
+        if name.isascii() and name.isdigit():
+            assert host is not None
+            index = int(name)
+            if index >= len(host):
+                raise BadInput(f"--gpu={_shown(raw)}: index {index} is not a GPU of this host (0 to {len(host) - 1})")
+            uuid = host[index]
+        elif holds.valid_gpu_uuid(name):
+            uuid = name
+        else:
+            raise _bad("--gpu", raw, accepted)
+        if uuid not in out:
+            out.append(uuid)
+    return out
+
+
+# --- values ------------------------------------------------------------------------------------------------
+
+def parse_until(raw: str, now_unix_s: float) -> float:
+    """`--until`: an ISO 8601 time (local without an offset), a Unix time in seconds, or a duration from now such
+    as 90m, 12h or 2d."""
+    accepted = ("a time to come: ISO 8601 (2026-11-26T08:00:00+01:00), Unix seconds, or a duration from now "
+                "such as 90m, 12h, 2d")
+    text = raw.strip()
+    unit = text[-1:].lower()
+    if unit in _UNITS_S and text[:-1].replace(".", "", 1).isascii() and text[:-1].replace(".", "", 1).isdigit():
+        until_s = now_unix_s + float(text[:-1]) * _UNITS_S[unit]
+    else:
+        from forge_load.operators.pause import parse_until as parse_time
+
+        try:
+            parsed = parse_time(text)
+        except (ValueError, OverflowError, OSError):
+            raise _bad("--until", raw, accepted) from None
+        if parsed is None:
+            raise _bad("--until", raw, accepted)
+        until_s = parsed
+    if not math.isfinite(until_s) or until_s <= now_unix_s:
+        raise BadInput(f"--until={_shown(raw)}: that time has passed; expected {accepted}")
+    return until_s
+
+
+def parse_wait(raw: str) -> float:
+    accepted = f"seconds from 0 to {MAX_WAIT_S:g}"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _bad("--wait", raw, accepted) from None
+    if not raw.strip().replace(".", "", 1).isascii() or not 0 <= value <= MAX_WAIT_S:
+        raise _bad("--wait", raw, accepted)
+    return value
+
+
+def check_holder(raw: str) -> str:
+    if not holds.valid_holder(raw):
+        raise _bad("--holder", raw, "1 to 64 of A-Z a-z 0-9 _ . -, not starting with . or - (such as slurm-42)")
+    return raw
+
+
+def check_reason(raw: str) -> str:
+    if len(raw) > MAX_REASON_CHARS or escape_controls(raw) != raw:
+        raise _bad("--reason", raw, f"at most {MAX_REASON_CHARS} characters without control characters")
+    return raw
+
+
+def hold_dir_of(raw: str | None, env: dict[str, str] | os._Environ[str]) -> str:
+    if raw is not None:
+        flag, value = "--hold-dir", raw
+    elif "FORGE_HOLD_DIR" in env:
+        flag, value = "FORGE_HOLD_DIR", env["FORGE_HOLD_DIR"]
+    else:
+        return holds.DEFAULT_HOLD_DIR
+    if not value.startswith("/") or escape_controls(value) != value:
+        raise _bad(flag, value, "an absolute path, such as /run/forge-load/holds")
+    return value
+
+
+# --- the commands ------------------------------------------------------------------------------------------
+
+def _parser(command: str) -> _Parser:
+    parser = _Parser(prog=f"forge-load {command}", add_help=True)
+    parser.add_argument("--hold-dir", default=None, help=f"default FORGE_HOLD_DIR or {holds.DEFAULT_HOLD_DIR}")
+    if command in ("hold", "release"):
+        parser.add_argument("--gpu", required=command == "hold",
+                            help="comma-separated NVML indices of this host or GPU UUIDs, or all")
+        parser.add_argument("--holder", required=True, help="who holds: [A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+    if command == "hold":
+        parser.add_argument("--reason", default="", help="shown in the filler's log")
+        parser.add_argument("--until", default=None, help="expiry: ISO 8601, Unix seconds, or 90m / 12h / 2d")
+        parser.add_argument("--wait", default=None,
+                            help="seconds to wait for every named GPU's filler to have drained; exit 1 if not")
+    if command == "holds":
+        parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    return parser
+
+
+def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None],
+             uuids_of_host: Callable[[], list[str]]) -> int:
+    holder = check_holder(args.holder)
+    reason = check_reason(args.reason)
+    now_s = time.time()
+    until_s = parse_until(args.until, now_s) if args.until is not None else None
+    wait_s = parse_wait(args.wait) if args.wait is not None else None
+    gpus = resolve_gpus(args.gpu, uuids_of_host)
+    try:
+        holds.ensure_dir(hold_dir)
+        placed_s = time.time()
+        for uuid in gpus:
+            holds.place(hold_dir, Hold(uuid, holder, reason, placed_s, until_s))
+    except HoldError as error:
+        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+    if wait_s is None:
+        for uuid in gpus:
+            out(f"{uuid} held by {holder}")
+        return EXIT_OK
+    deadline_s = time.monotonic() + wait_s
+    waiting = list(gpus)
+    while True:
+        now_unix_s = time.time()
+        waiting = [u for u in waiting
+                   if not holds.acknowledged(holds.read_ack(hold_dir, u), holder, placed_s, now_unix_s)]
+        if not waiting or time.monotonic() >= deadline_s:
+            break
+        time.sleep(WAIT_POLL_S)
+    for uuid in gpus:
+        out(f"{uuid} held by {holder}" + (": its filler has not drained yet" if uuid in waiting else ""))
+    if waiting:
+        say(f"forge-load hold: {len(waiting)} GPU(s) not acknowledged by their filler within {wait_s:g} s "
+            f"(the hold stays): {', '.join(waiting)}")
+        return EXIT_NOT_ACKNOWLEDGED
+    return EXIT_OK
+
+
+def cmd_release(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None],
+                uuids_of_host: Callable[[], list[str]]) -> int:
+    holder = check_holder(args.holder)
+    if args.gpu is None or args.gpu.strip() == "all":  # every GPU it holds: the directory says which
+        try:
+            listing = holds.list_dir(hold_dir)
+        except HoldError as error:
+            raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+        gpus = sorted(uuid for uuid, holders in listing.holds.items() if holder in holders)
+    else:
+        gpus = resolve_gpus(args.gpu, uuids_of_host)
+    try:
+        for uuid in gpus:
+            if holds.release(hold_dir, uuid, holder):
+                out(f"{uuid} released by {holder}")
+    except HoldError as error:
+        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+    return EXIT_OK
+
+
+def _when(t_s: float | None) -> str:
+    if t_s is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_s))
+
+
+def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]) -> int:
+    try:
+        found, problems = holds.all_holds(hold_dir)
+    except HoldError as error:
+        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+    now_s = time.time()
+    acks = {uuid: holds.read_ack(hold_dir, uuid) for uuid in {h.gpu_uuid for h in found}}
+
+    def filler(hold: Hold) -> str:
+        ack = acks[hold.gpu_uuid]
+        if hold.until_unix_s is not None and hold.until_unix_s <= now_s:
+            return "expired"
+        if ack is None or now_s - ack.written_unix_s > holds.ACK_STALE_S:
+            return "no filler"
+        if hold.holder not in ack.held_by:
+            return "not honoured (yet, or aged out)"
+        return "drained" if ack.drained else "draining"
+
+    if args.json:
+        for hold in found:
+            out(json.dumps({"gpu": hold.gpu_uuid, "holder": hold.holder, "reason": hold.reason,
+                            "since_unix_s": hold.since_unix_s, "until_unix_s": hold.until_unix_s,
+                            "filler": filler(hold)}))
+    else:
+        rows = [("GPU", "HOLDER", "SINCE", "UNTIL", "FILLER", "REASON")]
+        rows += [(h.gpu_uuid, h.holder, _when(h.since_unix_s), _when(h.until_unix_s), filler(h),
+                  escape_controls(h.reason)) for h in found]
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        for row in rows:
+            out("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5])
+    for problem in problems:
+        say(f"forge-load holds: {problem}")
+    return EXIT_OK
+
+
+def say(text: str) -> None:
+    try:
+        print(escape_controls(text), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = None,
+         uuids_of_host: Callable[[], list[str]] = host_uuids) -> int:
+    """`argv` starts with the command's name."""
+    command, rest = argv[0], list(argv[1:])
+
+    def out(line: str) -> None:
+        print(escape_controls(line), flush=True)
+
+    try:
+        args = _parser(command).parse_args(rest)
+        hold_dir = hold_dir_of(args.hold_dir, os.environ if env is None else env)
+        if command == "hold":
+            return cmd_hold(args, hold_dir, out, uuids_of_host)
+        if command == "release":
+            return cmd_release(args, hold_dir, out, uuids_of_host)
+        return cmd_holds(args, hold_dir, out)
+    except BadInput as error:
+        say(f"forge-load {command}: {error}")
+        return EXIT_BAD_INPUT
+    except OSError as error:  # stdout closed, and the like
+        say(f"forge-load {command}: {error.strerror or error}")
+        return EXIT_BAD_INPUT

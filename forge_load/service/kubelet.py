@@ -1,0 +1,218 @@
+"""Holds for what the kubelet has assigned: the filler asks the kubelet's pod-resources API (v1
+PodResourcesLister.List, over its unix socket) which device ids each container has, and holds every GPU assigned
+to a container that is not ours, until the assignment is gone (docs/kubernetes-holds.md).
+
+The holds live in this process only (a HoldBoard, read by every GPU's HoldWatch like the hold directory's);
+no file is written. The client runs in a thread of its own: a kubelet that hangs stalls nothing else, a call
+waits at most CALL_TIMEOUT_S. List has no watch, so it is asked every POLL_S (a GPU assigned is held within
+POLL_S plus one call); after a failure the wait doubles up to BACKOFF_MAX_S, and the loss and the recovery are
+each said in one line. grpcio is imported only here, and only when FORGE_KUBELET_SOCKET is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from forge_load.log import internal_error
+from forge_load.operators.hold_watch import HoldBoard
+from forge_load.operators.holds import GPU_UUID_RE, Hold, valid_holder
+
+POLL_S = 0.25  # List every quarter second: a quarter of the 0.5-s goal, a few calls a second the kubelet allows
+BACKOFF_MAX_S = 8.0  # after failures, List at least this often: a restarted kubelet is found again soon
+CALL_TIMEOUT_S = 2.0
+MAX_MESSAGE_BYTES = 16 << 20  # List answers for every pod on the node; gRPC's default limit is 4 MiB
+NVIDIA_PREFIX = "nvidia.com/"  # the NVIDIA device plugin's resources (gpu, mig-1g.10gb, gpu.shared, ...)
+HOLDER_PREFIX = "k8s-"
+_REPLICA_SEP = "::"  # the NVIDIA device plugin's time-slicing and MPS replica ids: <id>::<n>
+_NOT_HOLDER = re.compile(r"[^A-Za-z0-9_.-]", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One device id the kubelet has assigned to one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str
+
+
+def assignments(response: Any) -> list[Assignment]:
+    """Every (container, device id) of a ListPodResourcesResponse."""
+    return [Assignment(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
+            for pod in response.pod_resources for container in pod.containers
+            for devices in container.devices for device_id in devices.device_ids]
+
+
+def base_device_id(device_id: str) -> str:
+    """The device a replica id shares (`GPU-...::3` -> `GPU-...`); any other id as it is."""
+    return device_id.split(_REPLICA_SEP, 1)[0]
+
+
+def holder_name(namespace: str, pod: str, container: str) -> str:
+    """`k8s-<namespace>_<pod>_<container>` in the holders' characters ([A-Za-z0-9_.-], 64 at most): Kubernetes names
+    hold no `_`, so it separates them; a name too long keeps its start and a hash of the whole."""
+    name = _NOT_HOLDER.sub("-", f"{HOLDER_PREFIX}{namespace}_{pod}_{container}")
+    if len(name) > 64:
+        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:10]
+        name = f"{name[:53]}-{digest}"
+    assert valid_holder(name), name
+    return name
+
+
+Resolve = Callable[[str], tuple[str, ...]]  # a device id (no replica suffix) -> the UUIDs it names; () unknown
+
+
+def nvml_resolver(nvml: Any = None) -> Resolve:
+    """Device ids through NVML (forge_load/gpu/nvml.py), each asked once: a GPU UUID names itself; a MIG device its own
+    UUID and its GPU's; an index that GPU's. An id NVML does not know names every GPU NVML shows (fail safe: an
+    assignment not understood is not filled beside)."""
+    from forge_load.gpu import nvml as nvml_module
+
+    cache: dict[str, tuple[str, ...]] = {}
+
+    def resolve(device_id: str) -> tuple[str, ...]:
+        if device_id.startswith("GPU-"):
+            return (device_id,)
+        if device_id not in cache:
+            uuids = nvml_module.device_id_uuids(device_id, nvml)
+            cache[device_id] = uuids or tuple(nvml_module.device_uuids(nvml))
+        return cache[device_id]
+
+    return resolve
+
+
+def simulated_resolver(device_id: str) -> tuple[str, ...]:
+    """The simulated GPU has no NVML: its UUIDs name themselves, and nothing else names any GPU."""
+    return (device_id,) if GPU_UUID_RE.fullmatch(device_id) else ()
+
+
+class KubeletHolds:
+    """Polls List and keeps `board` holding what it says. `own_pod` (namespace, name): this filler's pod, never
+    held for (the DaemonSet passes it by the downward API). `say` gets the few lines worth a log line."""
+
+    def __init__(self, socket_path: str, board: HoldBoard, say: Callable[[str], object], resolve: Resolve,
+                 own_pod: tuple[str, str] | None = None, wall_clock: Callable[[], float] = time.time,
+                 poll_s: float = POLL_S, list_pods: Callable[[], Any] | None = None) -> None:
+        self.socket_path = socket_path
+        self.board = board
+        self.say = say
+        self.resolve = resolve
+        self.own_pod = own_pod
+        self.wall_clock = wall_clock
+        self.poll_s = poll_s
+        self._list = list_pods or self._grpc_list
+        self._channel: Any = None
+        self._stub: Any = None
+        self._since: dict[tuple[str, str], float] = {}  # (holder, GPU UUID) -> when first seen
+        self._said_ids: set[str] = set()
+        self.reachable: bool | None = None  # None: not asked yet
+        self.polls = 0
+
+    # --- one poll ---
+
+    def _grpc_list(self) -> Any:
+        import grpc
+
+        from forge_load.podresources import api_pb2, api_pb2_grpc
+
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(
+                f"unix://{self.socket_path}",
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_S)
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()  # a new channel after a failure: gRPC's own reconnect backoff grows to minutes
+        self._channel = self._stub = None
+
+    def holds_of(self, found: Iterable[Assignment], now_unix_s: float) -> list[Hold]:
+        holds: dict[tuple[str, str], Hold] = {}
+        for item in found:
+            if self.own_pod is not None and item.pod == self.own_pod[1] and self.own_pod[0] in ("", item.namespace):
+                continue  # ours (a namespace not given: any pod of our name)
+            device_id = base_device_id(item.device_id)
+            if not (item.resource.startswith(NVIDIA_PREFIX) or GPU_UUID_RE.fullmatch(device_id)):
+                continue  # another vendor's devices, and ids that are no GPU's
+            try:
+                uuids = self.resolve(device_id)
+            except Exception as error:  # noqa: BLE001 - NVML gone: said once, the id holds nothing
+                uuids = ()
+                if device_id not in self._said_ids:
+                    self._said_ids.add(device_id)
+                    self.say(f"device id {device_id} ({item.resource}) cannot be looked up: {error}")
+            if device_id not in self._said_ids and not device_id.startswith("GPU-"):
+                self._said_ids.add(device_id)
+                shown = ", ".join(uuids) if uuids else "no GPU"
+                self.say(f"device id {device_id} ({item.resource}) is {shown}")
+            holder = holder_name(item.namespace, item.pod, item.container)
+            reason = f"Kubernetes {item.namespace}/{item.pod} container {item.container} ({item.resource})"
+            for uuid in uuids:
+                since = self._since.setdefault((holder, uuid), now_unix_s)
+                holds[(holder, uuid)] = Hold(uuid, holder, reason, since)
+        for key in set(self._since) - set(holds):
+            del self._since[key]  # gone: when it comes back, it is a new hold
+        return list(holds.values())
+
+    def poll(self) -> bool:
+        """One List, and the board set from it; False when the kubelet could not be asked (the board kept)."""
+        self.polls += 1
+        try:
+            response = self._list()
+        except Exception as error:  # noqa: BLE001 - grpc.RpcError and whatever a broken channel raises
+            self._close_channel()
+            if self.reachable is not False:
+                self.say(f"pod-resources at {self.socket_path} cannot be reached ({_why(error)}): "
+                         "no holds from it until it can (the holds it gave stay; NVML detection goes on)")
+            self.reachable = False
+            return False
+        if self.reachable is False:
+            self.say(f"pod-resources at {self.socket_path} reached again")
+        self.reachable = True
+        self.board.replace(self.holds_of(assignments(response), self.wall_clock()))
+        return True
+
+    # --- the thread ---
+
+    def run(self, stop: threading.Event) -> None:
+        wait_s = self.poll_s
+        said_bug = False
+        try:
+            while not stop.is_set():
+                try:
+                    ok = self.poll()
+                except Exception as error:  # noqa: BLE001 - a bug: said once; the fillers and their NVML go on
+                    ok = False
+                    if not said_bug:
+                        said_bug = True
+                        self.say(internal_error(error))
+                wait_s = self.poll_s if ok else min(max(wait_s * 2, self.poll_s), BACKOFF_MAX_S)
+                stop.wait(wait_s)
+        finally:
+            self._close_channel()
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop,), name="kubelet", daemon=True)
+        thread.start()
+        return thread
+
+
+def _why(error: BaseException) -> str:
+    code = getattr(error, "code", None)
+    details = getattr(error, "details", None)
+    if callable(code) and callable(details):  # grpc.RpcError
+        try:
+            text = f"{code().name}: {details()}"
+            return text if len(text) <= 200 else text[:197] + "..."
+        except Exception:  # noqa: BLE001 - an RpcError that is no Call: its text will do
+            pass
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,198 @@
+"""One GPU's filler wired from the config (build, open_runtime), its start and stop lines, and what every layer of
+the service shares: the exit codes, the stop request and its reason, a line on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from forge_load import __version__
+from forge_load.config.settings import Config, describe
+from forge_load.control.controller import make_controller
+from forge_load.control.detectors import Thresholds
+from forge_load.control.energy import EnergyMeter
+from forge_load.control.filler import Filler, line_fields
+from forge_load.control.monitor import Monitor
+from forge_load.control.policy import Policy
+from forge_load.control.powercap import PowerCap
+from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
+from forge_load.control.worker import BusyLog, Launcher, Worker
+from forge_load.gpu.backend import Backend
+from forge_load.log import EventLog, escape_controls
+from forge_load.operators.hold_watch import FillerHolds, HoldBoard
+from forge_load.operators.pause import Pauses, PauseSwitch
+from forge_load.operators.schedule import local_zone
+
+EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
+DRAIN_LIMIT_S = 0.5
+MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
+
+
+class GpuTakenError(Exception):
+    """Another filler of this user on this host fills the GPU already: this one leaves it (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What steers every GPU's filler from outside at run time: the signals' pause switch (SIGUSR1, SIGUSR2), who is
+    told when a filler changes state (the process title), and the holds kept in this process (the kubelet's)."""
+
+    switch: PauseSwitch | None = None
+    on_transition: Callable[[], None] | None = None
+    board: HoldBoard | None = None
+
+
+NO_CONTROLS = Controls()
+
+
+@dataclass
+class Runtime:
+    """One GPU's filler, wired: what a run loop steps, and what tests and the benchmark inspect."""
+
+    config: Config
+    info: DeviceInfo
+    probe: Probe
+    launcher: Launcher
+    monitor: Monitor
+    worker: Worker
+    filler: Filler
+    log: EventLog
+    start_s: float
+    now: Callable[[], float] = time.monotonic  # the clock the filler runs on (virtual when simulated)
+
+
+def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], float], stream: TextIO,
+          baseline_mem_mib: float, own_mem_context_mib: float, start_s: float,
+          on_reading: Callable[[], None] | None = None,
+          heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
+          wall_clock: Callable[[], float] = time.time) -> Runtime:
+    """`wall_clock` is the Unix time the active hours, the pause file's and the holds' times are read against."""
+    busy_log = BusyLog()
+    monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
+                      own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
+                      poll_interval_s=config.poll_interval_s, start_s=start_s, on_reading=on_reading)
+    worker = Worker(launcher, busy_log)
+    policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
+                    config.boost_after_s, now_s=start_s)
+    log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
+                   static={"gpu": probe.info.index, "uuid": probe.info.uuid})
+    power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
+    pauses = pauses_for(config, controls, wall_clock)
+    holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
+    if config.hold_dir:
+        holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
+                            controls.board)
+    filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
+                    log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
+                    heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition,
+                    holds=holds)
+    return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
+
+
+def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], float] = time.time) -> Pauses | None:
+    """Every reason to pause that is configured; None when none is."""
+    if controls.switch is None and config.pause_file is None and config.active_hours is None:
+        return None
+    return Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock, tz=local_zone(config.time_zone),
+                  on_host_error=lambda why: say(f"forge-load: warning: {why}"))
+
+
+def log_start(rt: Runtime, extra: dict[str, object]) -> None:
+    """The first poll happens before any launch, so a foreign job already there is seen first."""
+    # the unix time of t=0, for lining logs up (t=0 is a parent's start where the log is offset to its timeline)
+    wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
+    rt.monitor.step(rt.start_s)
+    reading = rt.monitor.latest()
+    if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
+        raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
+                         f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
+    seeing, blind = rt.monitor.sight()
+    fields: dict[str, object] = dict(describe(rt.config))
+    fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
+    fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
+                  gpu_mem_context_mib=round(rt.monitor.own_mem_context_mib, 1),
+                  gpu_mem_process_mib=reading.own_mem_process_mib if reading else None,
+                  wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
+                  driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
+                  nvml_clock=rt.probe.sample_clock, energy_source=EnergyMeter.source_of(reading),
+                  compute_mode=rt.info.compute_mode.value,
+                  **rt.launcher.describe(), **extra)
+    if rt.filler.power_cap is not None:
+        fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
+    fields["signals"] = ",".join(seeing)  # the foreign-job signals that work on this GPU
+    rt.log.emit("start", t=0.0, **fields)
+    if blind:
+        rest = (f"foreign jobs are seen only by {','.join(seeing)}" if seeing
+                else "no foreign job can be seen on this GPU: the filler will not step aside for one")
+        said = "; ".join(f"{name}: {why}" for name, why in blind.items())
+        rt.log.emit("warning", t=0.0, blind=",".join(blind), reason=f"blind foreign-job signals ({said}); {rest}")
+
+
+def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
+    rt.filler.flush_lines(now_s)  # a line held back by a signal storm comes before the stop line
+    status = rt.filler.status(now_s)
+    rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
+                yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),
+                energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy.source)
+    if rt.filler.holds is not None:
+        rt.filler.holds.close()
+
+
+def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[], float], stream: TextIO,
+                 on_reading: Callable[[], None] | None = None,
+                 heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
+                 wall_clock: Callable[[], float] = time.time) -> Runtime:
+    """Our context on the probe's GPU, and its filler wired; the memory it took is measured on the way."""
+    baseline_mib = probe.memory_used_mib() or 0.0  # before our context exists
+    launcher = backend.open_launcher(probe)
+    own_mib = max((probe.memory_used_mib() or baseline_mib) - baseline_mib, 0.0)
+    return build(config, probe, launcher, now, stream, baseline_mib, own_mib, start_s=now(),
+                 on_reading=on_reading, heartbeat=heartbeat, controls=controls, wall_clock=wall_clock)
+
+
+class StopEvent(threading.Event):
+    """A stop, and why: the first reason given is the one logged (a second signal changes nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason = "signal"
+        self._lock = threading.Lock()
+
+    def request(self, reason: str) -> None:
+        with self._lock:
+            if not self.is_set():
+                self.reason = reason
+                self.set()
+
+
+def stop_reason(stop: threading.Event) -> str:
+    """Why `stop` was set: its reason where it is a StopEvent (a plain Event, as tests pass, says "signal")."""
+    return stop.reason if isinstance(stop, StopEvent) else "signal"
+
+
+def request_stop(stop: StopEvent, wake: threading.Event, reason: str) -> None:
+    """Stop every filler, and wake the thread that waits for them."""
+    stop.request(reason)
+    wake.set()
+
+
+def say(text: str) -> None:
+    """One line on stderr, escaped; a closed stderr is no reason to fail."""
+    try:
+        print(escape_controls(text), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        to_devnull(sys.stderr)
+
+
+def to_devnull(stream: TextIO) -> None:
+    """Point a broken standard stream at /dev/null, so that the interpreter's last flush cannot fail."""
+    with contextlib.suppress(Exception):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
