@@ -184,7 +184,7 @@ def test_kernels_compile_and_link_in_the_image(docker_client: Any, forge_image: 
     code = ("import struct\n"
             "from numba import cuda\n"
             "from numba.cuda.cudadrv.driver import _Linker\n"
-            "from forge_load import kernels\n"
+            "from forge_load.gpu import kernels\n"
             "for cc in kernels.SUPPORTED_CC:\n"
             "    ptx, _ = cuda.compile_ptx(kernels.burn_py, kernels.BURN_SIGNATURE, cc=cc)\n"
             "    linker = _Linker(cc=cc)\n"
