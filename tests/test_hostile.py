@@ -1,6 +1,6 @@
 """Hostile and careless input, as a lasting family: every setting against a table of bad values (generated from
-forge_load.config.settings.SETTINGS, so a new setting inherits the checks), every timing setting at its extremes, signals
-at several moments (as PID 1 too), a closed or full stdout, hostile heartbeat paths, log lines that cannot be
+forge_load.config.settings.SETTINGS, so a new setting inherits the checks), every timing setting at its extremes,
+signals at several moments (as PID 1 too), a closed or full stdout, hostile heartbeat paths, log lines that cannot be
 forged, unknown variables, and the fleet script's input. In-process where it can be, subprocesses where the
 process itself is what is tested.
 """
