@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
@@ -40,7 +41,12 @@ def _opts(**changes: Any) -> Any:
     return fleet.Options(**base)
 
 
+HOLD_DIR = tempfile.mkdtemp(prefix="forge-fleet-holds-")  # `up` mounts and makes it: the test host's /run is not ours
+
+
 def run_fleet(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    if args[:1] == ("up",) and "--hold-dir" not in args:
+        args = (*args, "--hold-dir", HOLD_DIR)
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, check=False)
 
@@ -233,8 +239,8 @@ def test_simulated_fleet_up_status_logs_down(docker_client: Any, prefix: str) ->
     assert not container.attrs["HostConfig"].get("DeviceRequests")  # simulated: no GPU asked for
     assert "FORGE_TARGET=0.4" in container.attrs["Config"]["Env"]
     # The host's hold directory, read-write (the filler acknowledges there): `watch` reaches it with no flag.
-    assert f"{fleet.DEFAULT_HOLD_DIR}:{fleet.DEFAULT_HOLD_DIR}:rw" in container.attrs["HostConfig"]["Binds"]
-    assert f"FORGE_HOLD_DIR={fleet.DEFAULT_HOLD_DIR}" in container.attrs["Config"]["Env"]
+    assert f"{HOLD_DIR}:{HOLD_DIR}:rw" in container.attrs["HostConfig"]["Binds"]
+    assert f"FORGE_HOLD_DIR={HOLD_DIR}" in container.attrs["Config"]["Env"]
 
     # A second `up` with the same settings changes nothing.
     again = run_fleet("up", *common, "--target", "0.4", "-e", "FORGE_LOG_INTERVAL=1")
