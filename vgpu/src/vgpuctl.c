@@ -27,14 +27,21 @@ static void json_string(const char *s) {
     putchar('"');
 }
 
-static int show(const char *dir) {
+/* Attach to the state in `dir`; 0, or 1 with the reason said on stderr. */
+static int attach_dir(const char *dir, vgpu_view *v) {
     setenv(VGPU_ENV, dir, 1);
-    vgpu_view v;
     char why[512];
-    if (vgpu_attach(&v, why, sizeof why) != 0) {
+    if (vgpu_attach(v, why, sizeof why) != 0) {
         fprintf(stderr, "vgpuctl: %s\n", why);
         return 1;
     }
+    return 0;
+}
+
+static int show(const char *dir) {
+    vgpu_view v;
+    if (attach_dir(dir, &v) != 0)
+        return 1;
     vgpu_lock(&v);
     vgpu_reap(&v);
     const vgpu_state *st = v.st;
@@ -85,13 +92,9 @@ static int show(const char *dir) {
 }
 
 static int calls(const char *dir) {
-    setenv(VGPU_ENV, dir, 1);
     vgpu_view v;
-    char why[512];
-    if (vgpu_attach(&v, why, sizeof why) != 0) {
-        fprintf(stderr, "vgpuctl: %s\n", why);
+    if (attach_dir(dir, &v) != 0)
         return 1;
-    }
     const vgpu_state *st = v.st;  /* counters are atomic: no lock, so a slow driver call holds nobody up */
     printf("{\"now\":%.6f,\"cost_ms\":{", ((double)vgpu_now_ns() + (double)st->unix_offset_ns) / 1e9);
     int first = 1;
