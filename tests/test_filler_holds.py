@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from simrun import step_with
+
 from forge_load.config.load import load_config
 from forge_load.operators import holds
 from forge_load.operators.holds import Ack, Hold
@@ -29,27 +31,18 @@ class Scenario:
         self.hold_dir = hold_dir
         self.acks: list[Ack] = []
         self.holds_now: list[tuple[float, int]] = []
-        pending = sorted(actions, key=lambda a: a[0])
         config = load_config(f"--simulate --sim-speed 0 --log-format json --hold-dir {hold_dir} {flags}".split(),
                              env={})
 
-        def on_start(rt: Runtime) -> None:
-            real = rt.filler.step
-
-            def step(now_s: float) -> float:
-                while pending and pending[0][0] <= now_s:
-                    pending.pop(0)[1]()
-                due_s = real(now_s)
-                ack = holds.read_ack(str(hold_dir), UUID)
-                if ack is not None and (not self.acks or ack != self.acks[-1]):
-                    self.acks.append(ack)
-                self.holds_now.append((now_s, rt.filler.status(now_s).holds))
-                return due_s
-
-            rt.filler.step = step  # type: ignore[method-assign]
+        def after(rt: Runtime, now_s: float) -> None:
+            ack = holds.read_ack(str(hold_dir), UUID)
+            if ack is not None and (not self.acks or ack != self.acks[-1]):
+                self.acks.append(ack)
+            self.holds_now.append((now_s, rt.filler.status(now_s).holds))
 
         out = io.StringIO()
-        self.run = run_simulated(config, out, on_start=on_start, keep_history=True, wall_start_s=0.0)
+        self.run = run_simulated(config, out, on_start=step_with(actions, after), keep_history=True,
+                                 wall_start_s=0.0)
         self.events = [json.loads(line) for line in out.getvalue().splitlines()]
 
     def of(self, event: str) -> list[dict[str, object]]:

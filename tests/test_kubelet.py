@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from simrun import step_with
 
 from bench.kubelet import TestKubelet
 from forge_load.config.load import load_config
@@ -23,7 +24,7 @@ from forge_load.operators.holds import HOLDER_RE, Hold
 from forge_load.service import kubelet
 from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
 from forge_load.service.loop import run_simulated
-from forge_load.service.runtime import Controls, Runtime
+from forge_load.service.runtime import Controls
 from tests.fake_pynvml import FakeDevice, FakeNvml
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory
@@ -203,22 +204,9 @@ def simulated(board: HoldBoard, flags: str, actions: list[tuple[float, Callable[
               ) -> tuple[list[dict[str, object]], list[tuple[float, str]]]:
     """A simulated run whose board changes at virtual times (as the kubelet thread would); its lines, and the
     state after every step."""
-    pending = sorted(actions, key=lambda a: a[0])
     states: list[tuple[float, str]] = []
     config = load_config(f"--simulate --sim-speed 0 --log-format json {flags}".split(), env={})
-
-    def on_start(rt: Runtime) -> None:
-        real = rt.filler.step
-
-        def step(now_s: float) -> float:
-            while pending and pending[0][0] <= now_s:
-                pending.pop(0)[1]()
-            due_s = real(now_s)
-            states.append((now_s, rt.filler.state.value))
-            return due_s
-
-        rt.filler.step = step  # type: ignore[method-assign]
-
+    on_start = step_with(actions, lambda rt, now_s: states.append((now_s, rt.filler.state.value)))
     out = io.StringIO()
     run_simulated(config, out, on_start=on_start, controls=Controls(board=board), wall_start_s=0.0)
     return [json.loads(line) for line in out.getvalue().splitlines()], states
