@@ -1,5 +1,6 @@
-"""The control loop of one GPU: Monitor readings and pauses -> policy -> controller (under the power cap's
-duty limit) -> Worker, and the log lines; the energy is counted by energy.py's EnergyMeter."""
+"""The control loop of one GPU: Monitor readings, pauses and holds -> policy -> controller (under the power cap's
+duty limit) -> Worker, and what the log lines say. The lines are written through lines.py's LineGate, the power
+cap learns through powercap.py's PowerWatch, the energy is counted by energy.py's EnergyMeter."""
 
 from __future__ import annotations
 
@@ -9,22 +10,15 @@ from dataclasses import dataclass
 from forge_load.control.controller import Controller
 from forge_load.control.detectors import ShareSample
 from forge_load.control.energy import EnergyMeter
+from forge_load.control.lines import LineGate
 from forge_load.control.monitor import Monitor, Reading
 from forge_load.control.policy import FILLING_STATES, Policy, State, Transition
-from forge_load.control.powercap import CapChange, PowerCap
+from forge_load.control.powercap import CapChange, PowerCap, PowerWatch
 from forge_load.control.quantity import UTILIZATION, Quantity
 from forge_load.control.status import GpuStatus
 from forge_load.control.worker import IDLE_PLAN, Worker
-from forge_load.log import EventLog
 from forge_load.operators.hold_watch import FillerHolds
 from forge_load.operators.pause import Pauses, shown_time
-
-# Lines a signal storm can repeat (SIGUSR1/SIGUSR2 by turns: each change of the pause's reasons): each kind is
-# written at most once per LINES_EVERY_S. A line that comes sooner is held, the latest replacing the one held, and
-# written when its second is up (or before any other line, so the log stays in order) with `coalesced`: how many
-# changes it stands for that have no line. Only the lines wait: the pause itself acts at once.
-COALESCED_KINDS = {"pause": "pause", "unpause": "pause", "drained": "drained", "power_capped": "power_capped"}
-LINES_EVERY_S = 1.0
 
 
 @dataclass
@@ -41,61 +35,69 @@ class IntervalStats:
 
 
 @dataclass(frozen=True)
-class _Held:
-    """A line held back (COALESCED_KINDS): the latest of its kind, and how many changes before it had no line."""
+class Timing:
+    """When the filler started (the lines' t=0), how often it writes a status line, and how old the latest reading
+    may be before it stops filling."""
 
-    event: str
-    t_s: float
-    fields: dict[str, object]
-    coalesced: int
+    start_s: float
+    log_interval_s: float
+    stale_after_s: float = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Steering:
+    """What steers the loop from outside, and who it tells: `pauses` says when not to run at all; `holds` when a hold
+    names this GPU (and takes the acknowledgement); `power_cap` limits the duty (FORGE_MAX_POWER_W); `heartbeat` is
+    called about once a second while the loop steps; `on_transition` is told after every change of state (the
+    process title follows it)."""
+
+    pauses: Pauses | None = None
+    holds: FillerHolds | None = None
+    power_cap: PowerCap | None = None
+    heartbeat: Callable[[], None] | None = None
+    on_transition: Callable[[], None] | None = None
+
+
+NO_STEERING = Steering()
 
 
 class Filler:
-    """`power_cap` limits the duty (FORGE_MAX_POWER_W); `pauses` says when not to run at all; `holds` when a hold
-    names this GPU (and takes the acknowledgement); `on_transition` is told after every change of state (the
-    process title follows it)."""
+    """The loop's parts (monitor, worker, controller, policy), the gate its lines go through, its timing, and what
+    steers it from outside; `quantity` is what the target is a target of."""
 
-    def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy,
-                 log: EventLog, start_s: float, log_interval_s: float, stale_after_s: float = 2.0,
-                 heartbeat: Callable[[], None] | None = None, quantity: Quantity = UTILIZATION,
-                 power_cap: PowerCap | None = None, pauses: Pauses | None = None,
-                 on_transition: Callable[[], None] | None = None, holds: FillerHolds | None = None) -> None:
+    def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy, lines: LineGate,
+                 timing: Timing, steering: Steering = NO_STEERING, quantity: Quantity = UTILIZATION) -> None:
         self.monitor = monitor
-        self.quantity = quantity  # what the target is a target of
+        self.quantity = quantity
         self.worker = worker
         self.controller = controller
         self.policy = policy
-        self.log = log
-        self.start_s = start_s
-        self.log_interval_s = log_interval_s
-        self.stale_after_s = stale_after_s
-        self.heartbeat = heartbeat
+        self.lines = lines
+        self.timing = timing
+        self.pauses = steering.pauses
+        self.holds = steering.holds
+        self.power_cap = steering.power_cap
+        self.heartbeat = steering.heartbeat
+        self.on_transition = steering.on_transition
+        self.power_watch = PowerWatch(self.power_cap, worker.busy_log) if self.power_cap is not None else None
         self.yields = 0
         self.yielding_s = 0.0
         self.last: Reading | None = None
         self.last_share: ShareSample | None = None
         self._seq = 0
         self._stats = IntervalStats()
-        self._next_status_s = start_s + log_interval_s
+        self._next_status_s = timing.start_s + timing.log_interval_s
         self._last_beat_s = float("-inf")
         self._yield_since_s: float | None = None
         self._draining = False  # a yield's (or a pause's) last kernels are still running
-        self.power_cap = power_cap
-        self._power_pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover
-        self._power_seen_t_s: float | None = None  # when the power reading last learnt from was read
-        self.pauses = pauses
-        self.on_transition = on_transition
         self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
         self._pause_reason: str | None = None
-        self.holds = holds
         self.holds_begun = 0
         self._holds_checked = False  # asked at the first step, before anything is launched; then every reading
-        self._held: dict[str, _Held] = {}  # by kind: the latest line not yet written
-        self._written_s: dict[str, float] = {}  # kind -> when its last line was written
         self._holds_generation = 0  # and at once when the in-process holds change (HoldBoard)
         # Energy: the device's, over the time between two readings that began while we were filling.
         self.energy = EnergyMeter()  # the device's energy while we fill
-        controller.start(start_s)
+        controller.start(timing.start_s)
 
     @property
     def state(self) -> State:
@@ -117,21 +119,21 @@ class Filler:
         if reading is not None and fresh:
             self._seq = reading.seq
             self._react(now_s, reading)
-        elif reading is None or now_s - reading.t_s > self.stale_after_s:
-            self._decide(now_s, f"no reading from NVML for {self.stale_after_s:.0f} s")
+        elif reading is None or now_s - reading.t_s > self.timing.stale_after_s:
+            self._decide(now_s, f"no reading from NVML for {self.timing.stale_after_s:.0f} s")
         due_s = self.worker.step(now_s)
         if self._draining and not self.worker.in_flight:
             self._draining = False
-            last_end_t = round(self.worker.busy_log.last_end_s - self.start_s, 6)
-            self._emit(now_s, "drained", {**self.fields(now_s), "last_kernel_end_t": last_end_t})
+            last_end_t = round(self.worker.busy_log.last_end_s - self.timing.start_s, 6)
+            self.lines.emit(now_s, "drained", {**self.fields(now_s), "last_kernel_end_t": last_end_t})
         if self.holds is not None:  # at once when drained, so that `hold --wait` returns at once
             problem = self.holds.acknowledge(now_s, self.policy.state.value, self.drained)
             if problem is not None:
-                self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+                self.lines.emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
         if now_s >= self._next_status_s:
             self._status(now_s)
-        if self._held and now_s >= self._held_due_s():
-            self.flush_lines(now_s)
+        if now_s >= self.lines.due_s:
+            self.lines.flush(now_s)
         if self.heartbeat is not None and now_s - self._last_beat_s >= 1.0:
             self._last_beat_s = now_s
             self.heartbeat()
@@ -140,32 +142,7 @@ class Filler:
         self.monitor.wake_every_reading = (self.policy.state not in FILLING_STATES or self._draining
                                            or (self.pauses is not None and self.pauses.pause_file is not None))
         ack_due_s = self.holds.ack_due_s if self.holds is not None else float("inf")
-        return min(due_s, self._next_status_s, self._held_due_s(), ack_due_s)
-
-    def _held_due_s(self) -> float:
-        """When the first held line is due to be written (inf when none is held)."""
-        return min((self._written_s[kind] + LINES_EVERY_S for kind in self._held), default=float("inf"))
-
-    def _emit(self, now_s: float, event: str, fields: dict[str, object]) -> None:
-        """Write a line at `now_s`, or hold it (COALESCED_KINDS); every held line goes first, in order."""
-        kind = COALESCED_KINDS.get(event)
-        if kind is not None and (kind in self._held
-                                 or now_s - self._written_s.get(kind, float("-inf")) < LINES_EVERY_S):
-            held = self._held.get(kind)
-            self._held[kind] = _Held(event, now_s, fields, 0 if held is None else held.coalesced + 1)
-            return
-        self.flush_lines(now_s)
-        self.log.emit(event, t=now_s - self.start_s, **fields)
-        if kind is not None:
-            self._written_s[kind] = now_s
-
-    def flush_lines(self, now_s: float) -> None:
-        """Write the held lines now (before a line that must follow them, and before the stop line)."""
-        held, self._held = self._held, {}
-        for kind, line in sorted(held.items(), key=lambda item: item[1].t_s):
-            extra: dict[str, object] = {"coalesced": line.coalesced} if line.coalesced else {}
-            self.log.emit(line.event, t=line.t_s - self.start_s, **line.fields, **extra)
-            self._written_s[kind] = now_s
+        return min(due_s, self._next_status_s, self.lines.due_s, ack_due_s)
 
     def _react(self, now_s: float, reading: Reading) -> None:
         self.last = reading
@@ -178,7 +155,8 @@ class Filler:
             self._stats.count += 1
         self.energy.add(reading)
         self._decide(now_s, reading.reason, reading)
-        self._observe_power(now_s, reading)
+        if self.power_watch is not None:
+            self.power_watch.observe(now_s, reading)
         if self.policy.state in FILLING_STATES:
             self._plan(now_s, reading)
         self.energy.counting = self.policy.state in FILLING_STATES
@@ -225,7 +203,7 @@ class Filler:
         self._holds_generation = self.holds.generation
         changes, problems = self.holds.check(now_s)
         for problem in problems:
-            self._emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+            self.lines.emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
         releases = [c for c in changes if c.event == "release"]
         for change in changes:
             extra: dict[str, object] = {"holder": change.holder}
@@ -246,7 +224,7 @@ class Filler:
                     continue
             fields = self.fields(now_s)
             fields.update(reason=reason, **extra)
-            self._emit(now_s, change.event, fields)
+            self.lines.emit(now_s, change.event, fields)
 
     def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None,
                extra: dict[str, object] | None = None) -> None:
@@ -270,40 +248,15 @@ class Filler:
             extra["signals"] = ",".join(reading.signals)
         fields = self.fields(now_s)
         fields.update(reason=transition.reason, **extra)
-        self._emit(now_s, transition.event, fields)
+        self.lines.emit(now_s, transition.event, fields)
         if transition.state not in FILLING_STATES and self.power_cap is not None:
             self._log_cap(now_s, self.power_cap.stop_binding())
         if self.on_transition is not None:
             self.on_transition()
 
-    def _observe_power(self, now_s: float, reading: Reading) -> None:
-        """The power cap learns from every reading: board power against our busy share of the same second.
-
-        A reading waits until every kernel of ours that ran before it is timed: a burst still in flight would
-        read our share low and the watts it costs high (bursts last up to a twelfth of a second)."""
-        if self.power_cap is None:
-            return
-        # Power is read about once a second (monitor.py): each reading of it is learnt from once.
-        if self._power_pending is None and reading.power_w is not None and reading.power_t_s != self._power_seen_t_s:
-            self._power_seen_t_s = reading.power_t_s
-            self._power_pending = (now_s, reading)
-        busy = self.worker.busy_log
-        if self._power_pending is None or busy.complete_until_s < self._power_pending[0]:
-            return
-        at_s, pending = self._power_pending
-        self._power_pending = None
-        own_ratio = min(busy.busy_s(at_s - 1.0, at_s), 1.0)
-        before_ratio = min(busy.busy_s(at_s - 2.0, at_s - 1.0), 1.0)
-        steady = abs(own_ratio - before_ratio) <= 0.1 * max(own_ratio, before_ratio) + 0.01
-        self.power_cap.observe(pending.power_w, own_ratio, quiet=pending.reason is None, steady=steady)
-
     def _log_cap(self, now_s: float, change: CapChange | None) -> None:
-        if change is None:
-            return
-        fields = self.fields(now_s)
-        fields.update(capped=change.binding, power_w=None if change.power_w is None else round(change.power_w, 1),
-                      max_power_w=change.cap_w, duty_limit=round(change.duty_limit, 4))
-        self._emit(now_s, "power_capped", fields)
+        if change is not None:
+            self.lines.emit(now_s, "power_capped", {**self.fields(now_s), **change.fields()})
 
     def seconds_yielding(self, now_s: float) -> float:
         open_s = now_s - self._yield_since_s if self._yield_since_s is not None else 0.0
@@ -320,10 +273,10 @@ class Filler:
         fields = self.fields(now_s)
         fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
                       foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
-        self._emit(now_s, "status", fields)
+        self.lines.emit(now_s, "status", fields)
         self._stats = IntervalStats()
         while self._next_status_s <= now_s:
-            self._next_status_s += self.log_interval_s
+            self._next_status_s += self.timing.log_interval_s
 
     def status(self, now_s: float) -> GpuStatus:
         """The snapshot the log lines and the metrics both read."""

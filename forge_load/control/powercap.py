@@ -12,17 +12,26 @@ low; readings while filling steadily then teach it. A reading above the line rai
 below lowers it by a step per reading, so a mistake errs toward less power. The duty limit is where the line
 meets the cap less a margin: each reading aims from the operating point at the cap, which on a board whose power
 grows with duty converges from below, as a secant step would.
+
+Which readings it learns from, and when, is PowerWatch's: each power reading once, once our busy log covers it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+from forge_load.control.monitor import Reading
 
 DEFAULT_BOARD_LIMIT_W = 1500.0  # when NVML names no limit: above any single GPU's, so the first duty errs low
 MARGIN_RATIO = 0.05  # aim this far under the cap: NVML's readings wobble by a percent, our bursts' 1-s share by more
 MIN_LEARN_RATIO = 0.05  # below this busy share our power cannot be told from the readings' noise
 LOWER_WEIGHT = 0.2  # how far one reading below the line moves the slope toward it
 RELEASE_BAND = 0.01  # binding ends once the controller wants this much less duty than the limit
+# Our share of the second before a reading and of the one before that differ by at most this much of the larger,
+# plus the slack, when we were not mid-ramp ("steady").
+STEADY_RATIO = 0.1
+STEADY_SLACK_RATIO = 0.01
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,11 @@ class CapChange:
     power_w: float | None
     cap_w: float
     duty_limit: float
+
+    def fields(self) -> dict[str, object]:
+        """The `power_capped` line's own fields."""
+        return {"capped": self.binding, "power_w": None if self.power_w is None else round(self.power_w, 1),
+                "max_power_w": self.cap_w, "duty_limit": round(self.duty_limit, 4)}
 
 
 class PowerCap:
@@ -103,3 +117,42 @@ class PowerCap:
             return None
         self.binding = False
         return CapChange(False, self.power_w, self.cap_w, self.duty_limit)
+
+
+class BusyShares(Protocol):
+    """Our own busy time (worker.py's BusyLog): timed completely up to a time, and summed over a span."""
+
+    @property
+    def complete_until_s(self) -> float: ...
+
+    def busy_s(self, begin_s: float, end_s: float) -> float: ...
+
+
+class PowerWatch:
+    """What the cap learns from: every Monitor reading is handed to observe(), which teaches the cap board power
+    against our busy share of the same second.
+
+    Power is read about once a second (monitor.py): each reading of it is learnt from once. It waits until every
+    kernel of ours that ran before it is timed: a burst still in flight would read our share low and the watts it
+    costs high (bursts last up to a twelfth of a second)."""
+
+    def __init__(self, cap: PowerCap, busy: BusyShares) -> None:
+        self.cap = cap
+        self.busy = busy
+        self._pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover, and when
+        self._seen_t_s: float | None = None  # when the power reading last learnt from was read
+
+    def observe(self, now_s: float, reading: Reading) -> None:
+        """A new reading at `now_s`. A power reading not learnt from yet waits (one at a time) until the busy log
+        covers the time it came at; then the cap learns from it, with our share of the second before that time."""
+        if self._pending is None and reading.power_w is not None and reading.power_t_s != self._seen_t_s:
+            self._seen_t_s = reading.power_t_s
+            self._pending = (now_s, reading)
+        if self._pending is None or self.busy.complete_until_s < self._pending[0]:
+            return
+        at_s, pending = self._pending
+        self._pending = None
+        own_ratio = min(self.busy.busy_s(at_s - 1.0, at_s), 1.0)
+        before_ratio = min(self.busy.busy_s(at_s - 2.0, at_s - 1.0), 1.0)
+        steady = abs(own_ratio - before_ratio) <= STEADY_RATIO * max(own_ratio, before_ratio) + STEADY_SLACK_RATIO
+        self.cap.observe(pending.power_w, own_ratio, quiet=pending.reason is None, steady=steady)

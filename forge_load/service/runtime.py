@@ -17,7 +17,8 @@ from forge_load.config.settings import Config, describe
 from forge_load.control.controller import make_controller
 from forge_load.control.detectors import Thresholds
 from forge_load.control.energy import EnergyMeter
-from forge_load.control.filler import Filler, line_fields
+from forge_load.control.filler import Filler, Steering, Timing, line_fields
+from forge_load.control.lines import LineGate
 from forge_load.control.monitor import Monitor
 from forge_load.control.policy import Policy
 from forge_load.control.powercap import PowerCap
@@ -88,10 +89,11 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
     if config.hold_dir:
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
                             controls.board)
-    filler = Filler(monitor, worker, make_controller(config.controller), policy, log, start_s=start_s,
-                    log_interval_s=config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s),
-                    heartbeat=heartbeat, power_cap=power_cap, pauses=pauses, on_transition=controls.on_transition,
-                    holds=holds)
+    timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
+    steering = Steering(pauses=pauses, holds=holds, power_cap=power_cap, heartbeat=heartbeat,
+                        on_transition=controls.on_transition)
+    filler = Filler(monitor, worker, make_controller(config.controller), policy, LineGate(log, start_s), timing,
+                    steering)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
 
 
@@ -135,7 +137,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
 
 
 def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
-    rt.filler.flush_lines(now_s)  # a line held back by a signal storm comes before the stop line
+    rt.filler.lines.flush(now_s)  # a line held back by a signal storm comes before the stop line
     status = rt.filler.status(now_s)
     rt.log.emit("stop", t=now_s - rt.start_s, **line_fields(status), reason=reason, yields=status.yields,
                 yielding_s=round(status.yielding_s, 3), own_busy_s=round(status.own_busy_s, 3),
