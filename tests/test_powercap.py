@@ -6,7 +6,15 @@ from collections.abc import Callable
 
 import pytest
 
-from forge_load.control.powercap import DEFAULT_BOARD_LIMIT_W, MARGIN_RATIO, RELEASE_BAND, CapChange, PowerCap
+from forge_load.control.monitor import Reading
+from forge_load.control.powercap import (
+    DEFAULT_BOARD_LIMIT_W,
+    MARGIN_RATIO,
+    RELEASE_BAND,
+    CapChange,
+    PowerCap,
+    PowerWatch,
+)
 
 IDLE_W = 70.0
 
@@ -112,3 +120,86 @@ def test_binding_starts_at_the_limit_and_ends_a_band_below_it() -> None:
     assert cap.after_plan(1.0, 1.0) is None  # a limit of 1 is no cap
     cap.after_plan(limit, limit)
     assert cap.stop_binding() == CapChange(False, IDLE_W, 300.0, limit) and cap.stop_binding() is None
+
+
+# PowerWatch: which readings the cap learns from, and when, against a fake busy log.
+
+class FakeBusy:
+    """Our kernels as (start, end) spans, timed completely up to `complete_until_s`."""
+
+    def __init__(self, spans: list[tuple[float, float]], complete_until_s: float = float("-inf")) -> None:
+        self.spans = spans
+        self.complete_until_s = complete_until_s
+
+    def busy_s(self, begin_s: float, end_s: float) -> float:
+        return sum(max(min(b, end_s) - max(a, begin_s), 0.0) for a, b in self.spans)
+
+
+class RecordingCap(PowerCap):
+    def __init__(self) -> None:
+        super().__init__(300.0, board_limit_w=700.0)
+        self.seen: list[tuple[float | None, float, bool, bool]] = []
+
+    def observe(self, power_w: float | None, own_ratio: float, quiet: bool, steady: bool = True) -> None:
+        self.seen.append((power_w, round(own_ratio, 9), quiet, steady))
+        super().observe(power_w, own_ratio, quiet, steady)
+
+
+def reading(seq: int, power_w: float | None, power_t_s: float | None, reason: str | None = None) -> Reading:
+    return Reading(seq, t_s=float(seq), window_s=0.1, samples=(), memory_used_mib=None, own_mem_mib=None,
+                   own_mem_process_mib=None, foreign_mem_mib=None, foreign_pids=(), signals=(), reason=reason,
+                   power_w=power_w, power_t_s=power_t_s)
+
+
+def test_a_power_reading_waits_until_the_busy_log_covers_it_and_is_learnt_from_once() -> None:
+    busy = FakeBusy([(8.0, 8.5), (9.0, 9.5), (9.9, 10.2)], complete_until_s=9.95)  # the last burst still in flight
+    cap = RecordingCap()
+    watch = PowerWatch(cap, busy)
+    watch.observe(10.0, reading(1, 250.0, 9.98))
+    assert cap.seen == []
+    busy.complete_until_s = 10.05
+    watch.observe(10.1, reading(2, 260.0, 9.98))  # the same power reading again: not a second lesson
+    # Its own power, our share of the second before it came (9.0-9.5 and 9.9-10.0), and of the one before that.
+    assert cap.seen == [(250.0, 0.6, True, False)]
+    watch.observe(10.2, reading(3, 260.0, 9.98))
+    assert len(cap.seen) == 1
+    busy.complete_until_s = 11.0
+    watch.observe(11.0, reading(4, 270.0, 10.98))
+    assert cap.seen[1][0] == 270.0 and len(cap.seen) == 2
+
+
+def test_one_reading_waits_at_a_time() -> None:
+    busy = FakeBusy([], complete_until_s=0.0)
+    cap = RecordingCap()
+    watch = PowerWatch(cap, busy)
+    watch.observe(1.0, reading(1, 100.0, 0.9))
+    watch.observe(2.0, reading(2, 200.0, 1.9))  # still waiting on the first
+    busy.complete_until_s = 2.0
+    watch.observe(2.1, reading(3, 200.0, 1.9))
+    assert cap.seen == [(100.0, 0.0, True, True)]
+
+
+def test_readings_without_power_teach_nothing_and_a_foreign_one_is_not_quiet() -> None:
+    busy = FakeBusy([], complete_until_s=100.0)
+    cap = RecordingCap()
+    watch = PowerWatch(cap, busy)
+    watch.observe(1.0, reading(1, None, None))
+    watch.observe(2.0, reading(2, 400.0, 1.9, reason="foreign process 4242"))
+    assert cap.seen == [(400.0, 0.0, False, True)]
+    assert cap.idle_w is None  # a foreign job's power is not our idle
+
+
+@pytest.mark.parametrize(("before_s", "steady"), [(0.5, True), (0.46, True), (0.43, False), (0.0, False)])
+def test_steady_when_our_share_the_second_before_was_about_the_same(before_s: float, steady: bool) -> None:
+    # 0.5 s busy in the last second; `before_s` in the one before: within 10 % of the larger plus 0.01.
+    busy = FakeBusy([(8.0, 8.0 + before_s), (9.0, 9.5)], complete_until_s=10.0)
+    cap = RecordingCap()
+    PowerWatch(cap, busy).observe(10.0, reading(1, 200.0, 9.9))
+    assert cap.seen == [(200.0, 0.5, True, steady)]
+
+
+def test_a_share_over_one_counts_as_one() -> None:
+    busy = FakeBusy([(9.0, 10.0), (9.0, 9.5)], complete_until_s=10.0)  # overlapping spans sum past the second
+    cap = RecordingCap()
+    PowerWatch(cap, busy).observe(10.0, reading(1, 500.0, 9.9))
+    assert cap.seen == [(500.0, 1.0, True, False)]
