@@ -17,6 +17,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
 from forge_load.control.status import GpuSlot
 from forge_load.control.worker import Launcher
+from forge_load.gpu.clocks import WallLoopClock
 from forge_load.log import EventLog
 from forge_load.operators import holds
 from forge_load.operators.hold_watch import FillerHolds
@@ -223,7 +224,7 @@ def test_the_child_config_fills_one_gpu_by_uuid_and_nothing_else() -> None:
 class NoContextBackend:
     """A backend whose GPU is in `mode`; asking it for a launcher (our context) fails the test."""
 
-    virtual_time = False
+    claims_gpus = True
 
     def __init__(self, mode: ComputeMode) -> None:
         self.probe = FakeProbe(info=replace(FakeProbe().info, compute_mode=mode))
@@ -237,6 +238,9 @@ class NoContextBackend:
     def open_launcher(self, probe: Probe) -> Launcher:
         raise AssertionError("a CUDA context was created")
 
+    def open_clock(self, probe: Probe) -> WallLoopClock:
+        return WallLoopClock()
+
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
         return {}
 
@@ -244,7 +248,7 @@ class NoContextBackend:
 def run_gpu_once(backend: NoContextBackend, config: Config) -> tuple[GpuSlot, list[dict[str, object]]]:
     out = io.StringIO()
     slot = GpuSlot("0")
-    gpu_threads.run_gpu(config, backend, slot, out, threading.Event(), threading.Event(), heartbeat=lambda: None)
+    gpu_threads.run_gpu(config, backend, slot, out, threading.Event(), threading.Event())
     return slot, [json.loads(line) for line in out.getvalue().splitlines()]
 
 
