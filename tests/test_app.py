@@ -112,7 +112,7 @@ def test_text_and_json_lines_carry_the_same_fields() -> None:
 
 
 class Given:
-    """A backend that hands out the probe and launcher it was given: run_real on the simulated GPU in wall time."""
+    """A backend that hands out the probe and launcher it was given: the run loop on the simulated GPU in wall time."""
 
     claims_gpus = True
 
