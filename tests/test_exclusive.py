@@ -336,3 +336,39 @@ def test_the_child_ends_itself_when_its_filler_stops_filling(tmp_path: Path) -> 
     assert code == 0 and stop["event"] == "stop"
     assert stop["reason"] == "yielding in exclusive compute mode: ends, so that its context goes too"
     assert stop["t"] < 3.0  # at the yield, not at the 20-s duration
+
+
+# --- the kubelet's holds (kept in this process) reach the supervisor ------------------------------------------
+
+def test_a_hold_the_kubelet_gave_keeps_the_child_from_starting(tmp_path: Path) -> None:
+    """In exclusive mode a job cannot even create its context while our child holds one: the kubelet's
+    announcement (a hold on the in-process board) must reach the supervisor, with no hold directory at all."""
+    from forge_load.operators.hold_watch import HoldBoard
+    from forge_load.service import exclusive
+
+    board = HoldBoard()
+    board.replace([Hold(UUID, "kubelet-ns/pod", "assigned to ns/pod", time.time(), None)])
+    child = FakeChild(exits_when_asked=True)
+    out = io.StringIO()
+    config = Config(log_format="json", duration_s=0.5, hold_dir=str(tmp_path / "none"))
+    exclusive.supervise(config, NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS).probe, out,  # type: ignore[arg-type]
+                        threading.Event(), threading.Event(), lambda _s: None, lambda: None, None, child=child,
+                        board=board)
+    events = [json.loads(line)["event"] for line in out.getvalue().splitlines()]
+    assert child.starts == 0, events
+    assert "hold" in events
+
+
+def test_run_gpu_hands_the_kubelet_board_to_the_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from forge_load.operators.hold_watch import HoldBoard
+
+    seen: list[object] = []
+
+    def supervise(*_args: object, **kwargs: object) -> None:
+        seen.append(kwargs.get("board"))
+
+    monkeypatch.setattr(gpu_threads, "run_exclusive", supervise)
+    board = HoldBoard()
+    gpu_threads.run_gpu(Config(log_format="json"), NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS), GpuSlot("0"),
+                        io.StringIO(), threading.Event(), threading.Event(), runtime.Controls(board=board))
+    assert seen == [board]

@@ -105,7 +105,7 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
                 controls.on_transition()
 
         run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls),
-                      on_change=controls.on_transition)
+                      on_change=controls.on_transition, board=controls.board)
 
     try:
         run_loop(config, backend, stream, stop, wake, dataclasses.replace(controls, heartbeat=beat, on_start=attach),
