@@ -38,10 +38,19 @@ def run_loop(config: Config, backend: Backend, stream: TextIO, stop: threading.E
 
     A GPU in an exclusive compute mode is handed to `exclusive` (docs/exclusive.md) with its probe, before any
     context exists; without it (the exclusive mode's own child) it is filled here as any other."""
-    if controls.switch is not None:
-        controls.switch.add_listener(wake.set)  # a pause signal is acted on at once, not at the next poll
-    if controls.board is not None:
-        controls.board.add_listener(wake.set)  # and so is a hold the kubelet gave
+    # A pause signal is acted on at once, not at the next poll, and so is a hold the kubelet gave.
+    listened = [source for source in (controls.switch, controls.board) if source is not None]
+    for source in listened:
+        source.add_listener(wake.set)
+    try:
+        return _run(config, backend, stream, stop, wake, controls, exclusive)
+    finally:
+        for source in listened:
+            source.remove_listener(wake.set)
+
+
+def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event, wake: threading.Event,
+         controls: Controls, exclusive: Callable[[Probe], None] | None) -> Runtime | None:
     probe = backend.open_probe(config.gpu)
     mode = probe.info.compute_mode
     if mode is ComputeMode.PROHIBITED or (exclusive is not None and mode.exclusive):
@@ -92,10 +101,6 @@ def run_loop(config: Config, backend: Backend, stream: TextIO, stop: threading.E
     finally:
         # The Monitor may be inside an NVML call: NVML is shut down only once it has stopped.
         stop.set()
-        if controls.board is not None:
-            controls.board.remove_listener(wake.set)
-        if controls.switch is not None:
-            controls.switch.remove_listener(wake.set)
         clock.stop_monitor()
         # After a GPU failure these may fail too; the first error is the one to report.
         with contextlib.suppress(Exception):
