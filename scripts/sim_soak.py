@@ -223,8 +223,8 @@ def run_soak(hours: float = 24.0, target: float = 0.5, resume_after_s: float = 2
     wall_s, cpu_s = time.perf_counter(), time.process_time()
     try:
         stream = cast(TextIO, sink)  # EventLog needs only write() and flush()
-        code = gpu_threads.run_gpus(config, stream, threading.Event(), threading.Event(), gpu_slots, sampler,
-                             on_start=sampler.started)
+        code = gpu_threads.run_gpus(config, stream, threading.Event(), threading.Event(), gpu_slots,
+                                    runtime.Controls(heartbeat=sampler), on_start=sampler.started)
         sampler.finish()
     finally:
         if trace:

@@ -18,9 +18,10 @@ from simrun import WallClock
 from forge_load.config.load import load_config
 from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
 from forge_load.control.worker import Launcher
+from forge_load.gpu.clocks import WallLoopClock
 from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
 from forge_load.operators.pause import PauseSwitch
-from forge_load.service.loop import run_real
+from forge_load.service.loop import run_loop
 from forge_load.service.runtime import Controls, Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,9 +112,9 @@ def test_text_and_json_lines_carry_the_same_fields() -> None:
 
 
 class Given:
-    """A backend that hands out the probe and launcher it was given: run_real on the simulated GPU in wall time."""
+    """A backend that hands out the probe and launcher it was given: the run loop on the simulated GPU in wall time."""
 
-    virtual_time = False
+    claims_gpus = True
 
     def __init__(self, probe: Probe, launcher: Launcher) -> None:
         self.probe, self.launcher = probe, launcher
@@ -126,6 +127,9 @@ class Given:
 
     def open_launcher(self, probe: Probe) -> Launcher:
         return self.launcher
+
+    def open_clock(self, probe: Probe) -> WallLoopClock:
+        return WallLoopClock()
 
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
         return {}
@@ -150,7 +154,7 @@ def _threaded(config_flags: str,
     stop, wake = threading.Event(), threading.Event()
     error: BaseException | None = None
     try:
-        run_real(config, out, stop, wake, backend=Given(probe, SimLauncher(gpu)))
+        run_loop(config, Given(probe, SimLauncher(gpu)), out, stop, wake)
     except GpuFailedError as caught:
         error = caught
     return [json.loads(line) for line in out.getvalue().splitlines()], error
@@ -193,8 +197,8 @@ def test_threaded_loop_pauses_at_once_on_the_switch_and_resumes() -> None:
         runtimes.append(rt)
         started.append(rt.start_s)
 
-    run_real(config, out, threading.Event(), threading.Event(), backend=Given(SimProbe(gpu), SimLauncher(gpu)),
-             on_start=on_start, controls=Controls(switch))
+    run_loop(config, Given(SimProbe(gpu), SimLauncher(gpu)), out, threading.Event(), threading.Event(),
+             Controls(switch, on_start=on_start))
     thread.join()
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     pause, unpause = (next(e for e in events if e["event"] == name) for name in ("pause", "unpause"))
@@ -261,8 +265,8 @@ def test_after_a_gpu_failure_nvml_is_closed_only_once_the_monitor_has_stopped() 
     gpu = SimGpu(config.sim, WallClock())
     probe = SlowProbe(gpu)
     with pytest.raises(GpuFailedError):
-        run_real(config, io.StringIO(), threading.Event(), threading.Event(),
-                 backend=Given(probe, FailingLauncher(gpu, fail_after_s=0.5)))
+        run_loop(config, Given(probe, FailingLauncher(gpu, fail_after_s=0.5)), io.StringIO(), threading.Event(),
+                 threading.Event())
     time.sleep(0.2)  # a Monitor thread left running would query again by now
     assert probe.closed
     assert probe.misuse == []
@@ -282,5 +286,5 @@ def test_a_crash_in_the_monitor_thread_ends_the_run_with_that_error() -> None:
     probe.processes = processes  # type: ignore[method-assign]
     started_s = time.monotonic()
     with pytest.raises(KeyError):
-        run_real(config, io.StringIO(), threading.Event(), threading.Event(), backend=Given(probe, SimLauncher(gpu)))
+        run_loop(config, Given(probe, SimLauncher(gpu)), io.StringIO(), threading.Event(), threading.Event())
     assert time.monotonic() - started_s < 2.0  # at once, not at the end of the run

@@ -17,6 +17,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
 from forge_load.control.status import GpuSlot
 from forge_load.control.worker import Launcher
+from forge_load.gpu.clocks import WallLoopClock
 from forge_load.log import EventLog
 from forge_load.operators import holds
 from forge_load.operators.hold_watch import FillerHolds
@@ -223,7 +224,7 @@ def test_the_child_config_fills_one_gpu_by_uuid_and_nothing_else() -> None:
 class NoContextBackend:
     """A backend whose GPU is in `mode`; asking it for a launcher (our context) fails the test."""
 
-    virtual_time = False
+    claims_gpus = True
 
     def __init__(self, mode: ComputeMode) -> None:
         self.probe = FakeProbe(info=replace(FakeProbe().info, compute_mode=mode))
@@ -237,6 +238,9 @@ class NoContextBackend:
     def open_launcher(self, probe: Probe) -> Launcher:
         raise AssertionError("a CUDA context was created")
 
+    def open_clock(self, probe: Probe) -> WallLoopClock:
+        return WallLoopClock()
+
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
         return {}
 
@@ -244,7 +248,7 @@ class NoContextBackend:
 def run_gpu_once(backend: NoContextBackend, config: Config) -> tuple[GpuSlot, list[dict[str, object]]]:
     out = io.StringIO()
     slot = GpuSlot("0")
-    gpu_threads.run_gpu(config, backend, slot, out, threading.Event(), threading.Event(), heartbeat=lambda: None)
+    gpu_threads.run_gpu(config, backend, slot, out, threading.Event(), threading.Event())
     return slot, [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -332,3 +336,39 @@ def test_the_child_ends_itself_when_its_filler_stops_filling(tmp_path: Path) -> 
     assert code == 0 and stop["event"] == "stop"
     assert stop["reason"] == "yielding in exclusive compute mode: ends, so that its context goes too"
     assert stop["t"] < 3.0  # at the yield, not at the 20-s duration
+
+
+# --- the kubelet's holds (kept in this process) reach the supervisor ------------------------------------------
+
+def test_a_hold_the_kubelet_gave_keeps_the_child_from_starting(tmp_path: Path) -> None:
+    """In exclusive mode a job cannot even create its context while our child holds one: the kubelet's
+    announcement (a hold on the in-process board) must reach the supervisor, with no hold directory at all."""
+    from forge_load.operators.hold_watch import HoldBoard
+    from forge_load.service import exclusive
+
+    board = HoldBoard()
+    board.replace([Hold(UUID, "kubelet-ns/pod", "assigned to ns/pod", time.time(), None)])
+    child = FakeChild(exits_when_asked=True)
+    out = io.StringIO()
+    config = Config(log_format="json", duration_s=0.5, hold_dir=str(tmp_path / "none"))
+    exclusive.supervise(config, NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS).probe, out,  # type: ignore[arg-type]
+                        threading.Event(), threading.Event(), lambda _s: None, lambda: None, None, child=child,
+                        board=board)
+    events = [json.loads(line)["event"] for line in out.getvalue().splitlines()]
+    assert child.starts == 0, events
+    assert "hold" in events
+
+
+def test_run_gpu_hands_the_kubelet_board_to_the_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from forge_load.operators.hold_watch import HoldBoard
+
+    seen: list[object] = []
+
+    def supervise(*_args: object, **kwargs: object) -> None:
+        seen.append(kwargs.get("board"))
+
+    monkeypatch.setattr(gpu_threads, "run_exclusive", supervise)
+    board = HoldBoard()
+    gpu_threads.run_gpu(Config(log_format="json"), NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS), GpuSlot("0"),
+                        io.StringIO(), threading.Event(), threading.Event(), runtime.Controls(board=board))
+    assert seen == [board]

@@ -58,11 +58,12 @@ def test_launcher_times_its_kernels_with_events() -> None:
 
 def test_filler_holds_half_the_gpu_for_real() -> None:
     from forge_load.config.load import load_config
-    from forge_load.service.loop import run_real
+    from forge_load.gpu.backend import NvidiaBackend
+    from forge_load.service.loop import run_loop
 
     config = load_config("--duration 20 --log-interval 2 --log-format json --target 0.5".split(), env={})
     out = io.StringIO()
-    run_real(config, out, threading.Event(), threading.Event())
+    run_loop(config, NvidiaBackend(), out, threading.Event(), threading.Event())
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     print("\n".join(out.getvalue().splitlines()))
     statuses = [e for e in events if e["event"] == "status" and e["state"] == "filling"]

@@ -545,8 +545,8 @@ def test_a_closed_stdout_drains_the_kernels_and_closes_the_gpu() -> None:
 
     gpu_slots = GpuSlots(30.0, simulated=True)
     runtimes: list[runtime.Runtime] = []
-    code = gpu_threads.run_gpus(config, LogStream(Broken(), lost), stop, wake, gpu_slots, lambda: None,
-                         on_start=lambda _slot, rt: runtimes.append(rt))
+    code = gpu_threads.run_gpus(config, LogStream(Broken(), lost), stop, wake, gpu_slots,
+                                on_start=lambda _slot, rt: runtimes.append(rt))
     assert code == 0 and len(failures) == 1
     [slot] = gpu_slots.slots
     assert slot.status == "stopped"

@@ -2,8 +2,9 @@
 
 A backend lists the devices, opens a GPU's probe, and opens its launcher once the probe has read the device's
 memory before our context exists. The virtual GPU (vgpu/) stands in for the driver's libraries, so to
-forge_load it is simply the machine's own GPU. The run loop that drives a GPU is service/loop.py's: in wall-clock time
-with a Monitor thread for a real GPU, in virtual time in one thread for the simulated one.
+forge_load it is simply the machine's own GPU. A backend also supplies the clock its GPUs' loop runs on (clocks.py):
+wall-clock time with a Monitor thread for a real GPU, virtual time in one thread for the simulated one; the loop
+itself (service/loop.py) is one for both.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from forge_load.config.settings import Config
 from forge_load.config.sim import SimConfig
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.worker import Launcher
+from forge_load.gpu.clocks import LoopClock, VirtualLoopClock, WallLoopClock
 from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe, VirtualClock
 
 MIG_NOTE: str = (
@@ -23,7 +25,9 @@ MIG_NOTE: str = (
 
 
 class Backend(Protocol):
-    virtual_time: bool  # the simulated GPU runs in virtual time, in one thread
+    # Whether another process on this host can fill the same GPU: a real GPU is claimed by one filler of a user
+    # (service/health.py); each process's simulated GPUs are its own.
+    claims_gpus: bool
 
     def devices(self) -> list[DeviceInfo]:
         """Every GPU this process can fill, in index order."""
@@ -34,6 +38,9 @@ class Backend(Protocol):
     def open_launcher(self, probe: Probe) -> Launcher:
         """Our context on the probe's GPU."""
 
+    def open_clock(self, probe: Probe) -> LoopClock:
+        """The clock the probe's GPU's loop runs on, and how it waits."""
+
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
         """What the start line adds for this backend."""
 
@@ -41,7 +48,7 @@ class Backend(Protocol):
 class NvidiaBackend:
     """The machine's GPUs: NVML (nvml.py) and numba-cuda (launcher.py), imported only when used."""
 
-    virtual_time = False
+    claims_gpus = True
 
     def devices(self) -> list[DeviceInfo]:
         from forge_load.gpu import nvml
@@ -58,18 +65,23 @@ class NvidiaBackend:
 
         return launcher.CudaLauncher(probe.info.uuid)
 
+    def open_clock(self, probe: Probe) -> WallLoopClock:
+        return WallLoopClock()
+
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
         return {"note": f"GPU {info.index} ({info.uuid}): {MIG_NOTE}"} if info.mig_enabled else {}
 
 
 class SimBackend:
-    """The simulated GPUs (`--sim-gpus` of them), each on a virtual clock of its own."""
+    """The simulated GPUs (`--sim-gpus` of them), each on a virtual clock of its own. Their Unix time starts at
+    `wall_start_s` (default: when a GPU's loop starts) and moves with virtual time."""
 
-    virtual_time = True
+    claims_gpus = False
 
-    def __init__(self, config: SimConfig, keep_history: bool = False) -> None:
+    def __init__(self, config: SimConfig, keep_history: bool = False, wall_start_s: float | None = None) -> None:
         self.config = config
         self.keep_history = keep_history
+        self.wall_start_s = wall_start_s
 
     def devices(self) -> list[DeviceInfo]:
         return [SimGpu(self.config, VirtualClock(), i).info for i in range(self.config.gpus)]
@@ -86,6 +98,11 @@ class SimBackend:
         if not isinstance(probe, SimProbe):
             raise TypeError(f"the simulated GPU launches only beside its own probe, not {type(probe).__name__}")
         return SimLauncher(probe.gpu)
+
+    def open_clock(self, probe: Probe) -> VirtualLoopClock:
+        if not isinstance(probe, SimProbe) or not isinstance(probe.gpu.clock, VirtualClock):
+            raise TypeError("the simulated GPU's loop steps the virtual clock of its own probe")
+        return VirtualLoopClock(probe.gpu.clock, self.config.speed, self.wall_start_s)
 
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
         return {"simulated": True}

@@ -65,6 +65,11 @@ class PauseSwitch:
         with self._lock:
             self._listeners.append(listener)
 
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
     @property
     def by(self) -> str | None:
         """The signal that paused, while paused."""

@@ -118,7 +118,8 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     except ConfigError as error:
         say(f"forge-load: {error}")
         return EXIT_CONFIG
-    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(gpu_slots.slots)), board)
+    controls = Controls(switch, None if title is None else lambda: title.set(describe_title(gpu_slots.slots)), board,
+                        heartbeat=beat)
     if config.pause_file is not None and not os.path.isdir(os.path.dirname(config.pause_file)):
         say(f"forge-load: warning: FORGE_PAUSE_FILE={config.pause_file}: its directory does not exist (yet), so "
             "the file cannot appear: is the directory mounted?")
@@ -136,7 +137,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
             error_log.emit("stop", state="starting", reason=stop_reason(stop))
             code = EXIT_OK
         else:
-            code = run_gpus(config, log_out, stop, wake, gpu_slots, beat, controls=controls)  # one GPU: one slot
+            code = run_gpus(config, log_out, stop, wake, gpu_slots, controls)  # one GPU: one slot
             if controls.on_transition is not None:
                 controls.on_transition()  # stopped or failed, for the last moments
     except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none

@@ -31,7 +31,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.status import GpuStatus
 from forge_load.log import EventLog
-from forge_load.operators.hold_watch import FillerHolds
+from forge_load.operators.hold_watch import FillerHolds, HoldBoard
 from forge_load.operators.pause import Pauses, shown_time
 from forge_load.service.runtime import stop_reason
 
@@ -271,9 +271,10 @@ def supervisor_status(state: str, yields: int = 0, holds: int = 0, holds_begun: 
 def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Event, wake: threading.Event,
               attach: Callable[[Callable[[], GpuStatus]], None], beat: Callable[[], None],
               pauses: Pauses | None, child: Child | None = None, hold_dir: str | None = None,
-              on_change: Callable[[], None] | None = None) -> None:
+              on_change: Callable[[], None] | None = None, board: HoldBoard | None = None) -> None:
     """One exclusive-mode GPU until `stop` or the duration: in the GPU's thread of the main process, which never
-    creates a context here. `attach` hands the slot its status; `child` and `hold_dir` are for tests."""
+    creates a context here. `attach` hands the slot its status; `board` holds what the kubelet assigned (those
+    holds count as configured holds, with or without the directory); `child` and `hold_dir` are for tests."""
     info = probe.info
     start_s = time.monotonic()
     log = EventLog(config.log_format, stream, clock=time.monotonic, start_s=start_s,
@@ -281,7 +282,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     hold_dir = hold_dir or config.hold_dir
     mode = info.compute_mode.value
     end_s = start_s + config.duration_s if config.duration_s > 0 else math.inf
-    if not holds_configured(hold_dir):
+    if board is None and not holds_configured(hold_dir):
         log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=False, filling=False,
                  reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
                         f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled "
@@ -298,7 +299,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
                     "it fills, and ends on a hold, a pause or a foreign job")
     child = child or ChildProcess(child_config(config, info), start_s)
-    holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s)
+    holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s, board)
     sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
                      on_change)
     attach(sup.status)

@@ -59,8 +59,8 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
         started.append(rt)
 
     slot = GpuSlot(config.gpu)
-    gpu_threads.run_gpu(config, backend or NvidiaBackend(), slot, out, stop, wake, heartbeat=lambda: None,
-                        on_start=on_start, controls=runtime.Controls(on_transition=not_filling), supervise=False)
+    gpu_threads.run_gpu(config, backend or NvidiaBackend(), slot, out, stop, wake,
+                        runtime.Controls(on_transition=not_filling), on_start=on_start, supervise=False)
     return slot.exit_code if slot.status == "failed" else 0
 
 

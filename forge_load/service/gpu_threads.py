@@ -15,7 +15,7 @@ from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
 from forge_load.gpu.backend import Backend, backend_for
 from forge_load.log import EventLog, LogStream, internal_error
 from forge_load.service.exclusive import supervise as run_exclusive
-from forge_load.service.loop import run_real, run_simulated
+from forge_load.service.loop import run_loop
 from forge_load.service.runtime import (
     DRAIN_LIMIT_S,
     EXIT_CONFIG,
@@ -77,15 +77,18 @@ OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools a
 
 
 def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
-            wake: threading.Event, heartbeat: Callable[[], None], on_start: OnStart | None = None,
-            controls: Controls = NO_CONTROLS, supervise: bool = True) -> None:
+            wake: threading.Event, controls: Controls = NO_CONTROLS, on_start: OnStart | None = None,
+            supervise: bool = True) -> None:
     """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised. `supervise`:
-    a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child)."""
+    a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child).
+    `controls.heartbeat` is the process's heartbeat, beaten with the slot's."""
     started: list[Runtime] = []
+    heartbeat = controls.heartbeat
 
     def beat() -> None:
         slot.beat()
-        heartbeat()
+        if heartbeat is not None:
+            heartbeat()
 
     def attach(rt: Runtime) -> None:
         started.append(rt)
@@ -102,14 +105,11 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
                 controls.on_transition()
 
         run_exclusive(config, probe, stream, stop, wake, attach_status, beat, pauses_for(config, controls),
-                      on_change=controls.on_transition)
+                      on_change=controls.on_transition, board=controls.board)
 
     try:
-        if backend.virtual_time:
-            run_simulated(config, stream, stop, heartbeat=beat, on_start=attach, controls=controls)
-        else:
-            run_real(config, stream, stop, wake, heartbeat=beat, backend=backend, on_start=attach, controls=controls,
-                     exclusive=exclusive if supervise else None)
+        run_loop(config, backend, stream, stop, wake, dataclasses.replace(controls, heartbeat=beat, on_start=attach),
+                 exclusive=exclusive if supervise else None)
         slot.stopped()
         return
     except NoGpuError as error:
@@ -129,8 +129,7 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
 
 
 def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading.Event,
-              gpu_slots: GpuSlots, heartbeat: Callable[[], None], on_start: OnStart | None = None,
-              controls: Controls = NO_CONTROLS) -> int:
+             gpu_slots: GpuSlots, controls: Controls = NO_CONTROLS, on_start: OnStart | None = None) -> int:
     """One filler thread per GPU until every one has ended; the exit code (see the module's docstring)."""
     stream = shared_stream(out, stop, wake)
     backend = backend_for(config)
@@ -146,7 +145,7 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
                  gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
             try:
                 run_gpu(dataclasses.replace(config, gpu=selector), backend, slot, stream, gpu_stop, gpu_wake,
-                        heartbeat, on_start, controls)
+                        controls, on_start)
             finally:
                 gpu_ended.set()
                 wake.set()  # the main thread counts the fillers still running

@@ -1,25 +1,26 @@
-"""The run loops: one GPU's filler stepped on the simulated GPU in virtual time (run_simulated), or on a real GPU
-in wall-clock time with the Monitor in a thread of its own (run_real)."""
+"""The run loop of one GPU's filler (run_loop): one loop for every backend, on the clock the backend supplies
+(gpu/clocks.py): wall-clock time with the Monitor in a thread of its own on a real GPU, virtual time in one thread
+on the simulated one. run_simulated and open_simulated are the simulated GPU's shorthands (tools, tests)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
 from forge_load.config.settings import Config
 from forge_load.control.probe import ComputeMode, Probe
-from forge_load.gpu.backend import Backend, NvidiaBackend, SimBackend
-from forge_load.gpu.sim import SimGpu, VirtualClock
+from forge_load.gpu.backend import Backend, SimBackend
+from forge_load.gpu.clocks import VirtualLoopClock
+from forge_load.gpu.sim import SimGpu, SimProbe, VirtualClock
 from forge_load.service import health
 from forge_load.service.exclusive import prohibited_error
 from forge_load.service.runtime import (
     DRAIN_LIMIT_S,
-    MONITOR_JOIN_S,
     NO_CONTROLS,
     Controls,
     GpuTakenError,
@@ -30,94 +31,26 @@ from forge_load.service.runtime import (
     stop_reason,
 )
 
-# --- the simulated GPU, in virtual time ------------------------------------------------------------------
 
-@dataclass
-class SimRun:
-    runtime: Runtime
-    gpu: SimGpu
-    clock: VirtualClock
-    backend: SimBackend  # the one that opened the GPU (its start fields)
-
-
-def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
-                   keep_history: bool = False, controls: Controls = NO_CONTROLS,
-                   wall_start_s: float | None = None) -> SimRun:
-    backend = SimBackend(config.sim, keep_history)
-    probe = backend.open_probe(config.gpu)
-    clock = probe.gpu.clock
-    if not isinstance(clock, VirtualClock):
-        raise TypeError("the simulated run loop steps a virtual clock")
-    wall0_s = time.time() if wall_start_s is None else wall_start_s
-    rt = open_runtime(config, backend, probe, clock.now, stream, heartbeat=heartbeat, controls=controls,
-                      wall_clock=lambda: wall0_s + clock.now())
-    return SimRun(rt, probe.gpu, clock, backend)
-
-
-def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
-                  heartbeat: Callable[[], None] | None = None,
-                  on_start: Callable[[Runtime], None] | None = None, keep_history: bool = False,
-                  controls: Controls = NO_CONTROLS, wall_start_s: float | None = None) -> SimRun:
-    """Run the filler against the simulated GPU until `duration_s` (virtual) or `stop`.
-
-    Monitor and filler are stepped in one thread in virtual time, in the order a real run would see
-    them; `speed` > 0 paces virtual time against the wall clock. `keep_history` keeps every kernel, for
-    scoring the run afterwards (memory grows with the run). The active hours and the pause file's times are
-    read on a wall clock that starts at `wall_start_s` (default: now) and moves with virtual time.
-    """
-    run = open_simulated(config, stream, heartbeat, keep_history, controls, wall_start_s)
-    rt, clock = run.runtime, run.clock
-    if on_start is not None:
-        on_start(rt)
-    stop = stop or threading.Event()
-    log_start(rt, run.backend.start_fields(rt.info))
-    speed = config.sim.speed
-    end_s = config.duration_s if config.duration_s > 0 else float("inf")
-    monitor_due_s = rt.monitor.step(0.0)
-    filler_due_s = 0.0
-    wall_origin_s = time.monotonic()
-    reason = "duration reached"
-    while True:
-        due_s = min(monitor_due_s, filler_due_s, end_s)
-        if speed > 0:
-            delay_s = wall_origin_s + due_s / speed - time.monotonic()
-            if delay_s > 0:
-                stop.wait(delay_s)
-        if stop.is_set():  # every step, also when behind schedule and never waiting
-            reason = "signal"
-            break
-        clock.advance_to(due_s)
-        if due_s >= end_s:
-            break
-        if monitor_due_s <= due_s:
-            monitor_due_s = rt.monitor.step(due_s)
-            if rt.monitor.woke:
-                filler_due_s = due_s  # react to the new reading at once
-        if filler_due_s <= due_s:
-            filler_due_s = rt.filler.step(due_s)
-    now_s = clock.now()
-    while rt.worker.in_flight:
-        clock.advance_to(rt.worker.drain(clock.now()))
-    log_stop(rt, now_s, reason if reason != "signal" else stop_reason(stop))
-    rt.launcher.close()
-    return run
-
-
-# --- a real GPU -------------------------------------------------------------------------------------------
-
-def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: threading.Event,
-             heartbeat: Callable[[], None] | None = None, backend: Backend | None = None,
-             on_start: Callable[[Runtime], None] | None = None, controls: Controls = NO_CONTROLS,
-             exclusive: Callable[[Probe], None] | None = None) -> None:
-    """Run on a GPU in wall-clock time: the Monitor polls in its own thread, this thread drives the Worker.
+def run_loop(config: Config, backend: Backend, stream: TextIO, stop: threading.Event, wake: threading.Event,
+             controls: Controls = NO_CONTROLS, exclusive: Callable[[Probe], None] | None = None) -> Runtime | None:
+    """Fill the GPU `config.gpu` names until `stop` or the duration; the runtime it ran (None: it was handed on).
 
     A GPU in an exclusive compute mode is handed to `exclusive` (docs/exclusive.md) with its probe, before any
     context exists; without it (the exclusive mode's own child) it is filled here as any other."""
-    backend = backend or NvidiaBackend()
-    if controls.switch is not None:
-        controls.switch.add_listener(wake.set)  # a pause signal is acted on at once, not at the next poll
-    if controls.board is not None:
-        controls.board.add_listener(wake.set)  # and so is a hold the kubelet gave
+    # A pause signal is acted on at once, not at the next poll, and so is a hold the kubelet gave.
+    listened = [source for source in (controls.switch, controls.board) if source is not None]
+    for source in listened:
+        source.add_listener(wake.set)
+    try:
+        return _run(config, backend, stream, stop, wake, controls, exclusive)
+    finally:
+        for source in listened:
+            source.remove_listener(wake.set)
+
+
+def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event, wake: threading.Event,
+         controls: Controls, exclusive: Callable[[Probe], None] | None) -> Runtime | None:
     probe = backend.open_probe(config.gpu)
     mode = probe.info.compute_mode
     if mode is ComputeMode.PROHIBITED or (exclusive is not None and mode.exclusive):
@@ -129,54 +62,46 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
         finally:
             with contextlib.suppress(Exception):
                 probe.close()
-        return
+        return None
+    clock = backend.open_clock(probe)
     rt: Runtime | None = None
-    monitor_thread: threading.Thread | None = None
     claim_fd: int | None = None
     try:
-        # Before our context exists: a second filler of one GPU would only yield to the first, and it to us.
-        claim_fd, holder = health.claim_gpu(probe.info.uuid)
-        if holder is not None:
-            raise GpuTakenError(
-                f"GPU {probe.info.index} ({probe.info.uuid}) is already filled by another forge-load of this user "
-                f"(pid {holder}): two fillers on one GPU only yield to each other; stop that one, or leave this GPU "
-                "out of FORGE_GPU/FORGE_GPUS")
-        rt = open_runtime(config, backend, probe, time.monotonic, stream, on_reading=wake.set, heartbeat=heartbeat,
-                          controls=controls)
-        if on_start is not None:
-            on_start(rt)
+        if backend.claims_gpus:
+            # Before our context exists: a second filler of one GPU would only yield to the first, and it to us.
+            claim_fd, holder = health.claim_gpu(probe.info.uuid)
+            if holder is not None:
+                raise GpuTakenError(
+                    f"GPU {probe.info.index} ({probe.info.uuid}) is already filled by another forge-load of this "
+                    f"user (pid {holder}): two fillers on one GPU only yield to each other; stop that one, or leave "
+                    "this GPU out of FORGE_GPU/FORGE_GPUS")
+        rt = open_runtime(config, backend, probe, clock, stream, controls)
+        if controls.on_start is not None:
+            controls.on_start(rt)
         log_start(rt, backend.start_fields(probe.info))
-        monitor_thread = threading.Thread(target=rt.monitor.run, args=(time.monotonic, stop), name="monitor",
-                                          daemon=True)
-        monitor_thread.start()
+        clock.start_monitor(rt.monitor, stop, wake)
         end_s = rt.start_s + config.duration_s if config.duration_s > 0 else float("inf")
         reason = "duration reached"
         try:
             while True:
-                now_s = time.monotonic()
                 if stop.is_set():
                     reason = stop_reason(stop)
                     break
-                if now_s >= end_s:
+                if clock.now() >= end_s:
                     break
-                due_s = min(rt.filler.step(now_s), end_s)
-                wake.wait(max(due_s - time.monotonic(), 0.0))
-                wake.clear()
+                clock.wait(min(rt.filler.step(clock.now()), end_s), stop, wake)
         finally:
             stop.set()
-            deadline_s = time.monotonic() + DRAIN_LIMIT_S
-            while rt.worker.in_flight and time.monotonic() < deadline_s:
-                due_s = rt.worker.drain(time.monotonic())
-                time.sleep(max(min(due_s, deadline_s) - time.monotonic(), 0.0))
-        monitor_thread.join(timeout=MONITOR_JOIN_S)
-        log_stop(rt, time.monotonic(), reason)
+            deadline_s = clock.now() + DRAIN_LIMIT_S
+            while rt.worker.in_flight and clock.now() < deadline_s:
+                clock.sleep(min(rt.worker.drain(clock.now()), deadline_s))
+        clock.stop_monitor()
+        log_stop(rt, clock.now(), reason)
+        return rt
     finally:
         # The Monitor may be inside an NVML call: NVML is shut down only once it has stopped.
         stop.set()
-        if controls.board is not None:
-            controls.board.remove_listener(wake.set)
-        if monitor_thread is not None:
-            monitor_thread.join(timeout=MONITOR_JOIN_S)
+        clock.stop_monitor()
         # After a GPU failure these may fail too; the first error is the one to report.
         with contextlib.suppress(Exception):
             if rt is not None:
@@ -187,3 +112,46 @@ def run_real(config: Config, stream: TextIO, stop: threading.Event, wake: thread
             os.close(claim_fd)
 
 
+# --- the simulated GPU's shorthands ----------------------------------------------------------------------------
+
+@dataclass
+class SimRun:
+    runtime: Runtime
+    gpu: SimGpu
+    clock: VirtualClock
+    backend: SimBackend  # the one that opened the GPU (its start fields)
+
+
+def _sim_controls(controls: Controls, heartbeat: Callable[[], None] | None,
+                  on_start: Callable[[Runtime], None] | None) -> Controls:
+    return dataclasses.replace(controls, heartbeat=heartbeat or controls.heartbeat,
+                               on_start=on_start or controls.on_start)
+
+
+def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
+                   keep_history: bool = False, controls: Controls = NO_CONTROLS,
+                   wall_start_s: float | None = None) -> SimRun:
+    """The simulated GPU's filler wired but not run: for a caller that steps it itself."""
+    backend = SimBackend(config.sim, keep_history, wall_start_s)
+    probe = backend.open_probe(config.gpu)
+    clock = backend.open_clock(probe)
+    rt = open_runtime(config, backend, probe, clock, stream, _sim_controls(controls, heartbeat, None))
+    return SimRun(rt, probe.gpu, clock.clock, backend)
+
+
+def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None = None,
+                  heartbeat: Callable[[], None] | None = None,
+                  on_start: Callable[[Runtime], None] | None = None, keep_history: bool = False,
+                  controls: Controls = NO_CONTROLS, wall_start_s: float | None = None) -> SimRun:
+    """Run the filler against the simulated GPU until `duration_s` (virtual) or `stop`: run_loop on a SimBackend.
+
+    `speed` > 0 paces virtual time against the wall clock. `keep_history` keeps every kernel, for scoring the run
+    afterwards (memory grows with the run). The active hours and the pause file's times are read on a wall clock
+    that starts at `wall_start_s` (default: now) and moves with virtual time.
+    """
+    backend = SimBackend(config.sim, keep_history, wall_start_s)
+    rt = run_loop(config, backend, stream, stop or threading.Event(), threading.Event(),
+                  _sim_controls(controls, heartbeat, on_start))
+    # a simulated GPU is never in an exclusive compute mode: it is always run here
+    assert rt is not None and isinstance(rt.probe, SimProbe) and isinstance(rt.clock, VirtualLoopClock)
+    return SimRun(rt, rt.probe.gpu, rt.clock.clock, backend)

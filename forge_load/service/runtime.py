@@ -25,6 +25,7 @@ from forge_load.control.powercap import PowerCap
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
+from forge_load.gpu.clocks import LoopClock
 from forge_load.log import EventLog, escape_controls
 from forge_load.operators.hold_watch import FillerHolds, HoldBoard
 from forge_load.operators.pause import Pauses, PauseSwitch
@@ -32,7 +33,6 @@ from forge_load.operators.schedule import local_zone
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
-MONITOR_JOIN_S = 1.0  # one poll's NVML calls take milliseconds; a hung driver call is not waited out
 
 
 class GpuTakenError(Exception):
@@ -41,12 +41,15 @@ class GpuTakenError(Exception):
 
 @dataclass(frozen=True)
 class Controls:
-    """What steers every GPU's filler from outside at run time: the signals' pause switch (SIGUSR1, SIGUSR2), who is
-    told when a filler changes state (the process title), and the holds kept in this process (the kubelet's)."""
+    """What ties a GPU's filler to the rest of the process, passed down as one: what steers it from outside (the
+    signals' pause switch, SIGUSR1 and SIGUSR2; the holds kept in this process, the kubelet's) and who is told what
+    it does (a change of state: the process title; each second: the heartbeat; its start: tools and tests)."""
 
     switch: PauseSwitch | None = None
     on_transition: Callable[[], None] | None = None
     board: HoldBoard | None = None
+    heartbeat: Callable[[], None] | None = None
+    on_start: Callable[[Runtime], None] | None = None
 
 
 NO_CONTROLS = Controls()
@@ -65,19 +68,21 @@ class Runtime:
     filler: Filler
     log: EventLog
     start_s: float
-    now: Callable[[], float] = time.monotonic  # the clock the filler runs on (virtual when simulated)
+    clock: LoopClock  # the clock the filler runs on (virtual when simulated), from the backend
+
+    def now(self) -> float:
+        return self.clock.now()
 
 
-def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], float], stream: TextIO,
+def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, stream: TextIO,
           baseline_mem_mib: float, own_mem_context_mib: float, start_s: float,
-          on_reading: Callable[[], None] | None = None,
-          heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
-          wall_clock: Callable[[], float] = time.time) -> Runtime:
-    """`wall_clock` is the Unix time the active hours, the pause file's and the holds' times are read against."""
+          controls: Controls = NO_CONTROLS) -> Runtime:
+    """The active hours, the pause file's and the holds' times are read against the clock's Unix time."""
+    now, wall_clock = clock.now, clock.wall_s
     busy_log = BusyLog()
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
                       own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
-                      poll_interval_s=config.poll_interval_s, start_s=start_s, on_reading=on_reading)
+                      poll_interval_s=config.poll_interval_s, start_s=start_s)
     worker = Worker(launcher, busy_log)
     policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
                     config.boost_after_s, now_s=start_s)
@@ -90,11 +95,11 @@ def build(config: Config, probe: Probe, launcher: Launcher, now: Callable[[], fl
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
                             controls.board)
     timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
-    steering = Steering(pauses=pauses, holds=holds, power_cap=power_cap, heartbeat=heartbeat,
+    steering = Steering(pauses=pauses, holds=holds, power_cap=power_cap, heartbeat=controls.heartbeat,
                         on_transition=controls.on_transition)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, LineGate(log, start_s), timing,
                     steering)
-    return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, now)
+    return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, clock)
 
 
 def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], float] = time.time) -> Pauses | None:
@@ -146,16 +151,14 @@ def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
         rt.filler.holds.close()
 
 
-def open_runtime(config: Config, backend: Backend, probe: Probe, now: Callable[[], float], stream: TextIO,
-                 on_reading: Callable[[], None] | None = None,
-                 heartbeat: Callable[[], None] | None = None, controls: Controls = NO_CONTROLS,
-                 wall_clock: Callable[[], float] = time.time) -> Runtime:
+def open_runtime(config: Config, backend: Backend, probe: Probe, clock: LoopClock, stream: TextIO,
+                 controls: Controls = NO_CONTROLS) -> Runtime:
     """Our context on the probe's GPU, and its filler wired; the memory it took is measured on the way."""
     baseline_mib = probe.memory_used_mib() or 0.0  # before our context exists
     launcher = backend.open_launcher(probe)
     own_mib = max((probe.memory_used_mib() or baseline_mib) - baseline_mib, 0.0)
-    return build(config, probe, launcher, now, stream, baseline_mib, own_mib, start_s=now(),
-                 on_reading=on_reading, heartbeat=heartbeat, controls=controls, wall_clock=wall_clock)
+    return build(config, probe, launcher, clock, stream, baseline_mib, own_mib, start_s=clock.now(),
+                 controls=controls)
 
 
 class StopEvent(threading.Event):
