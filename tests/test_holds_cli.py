@@ -166,6 +166,30 @@ def test_wait_returns_once_the_filler_has_drained_after_the_hold(tmp_path: Path,
     assert code == 0 and out == [f"{GPU0} held by h"]
 
 
+def test_a_first_hold_that_makes_the_directory_waits_for_a_filler_to_find_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A filler acknowledges only into a directory that exists: the hold that makes it cannot take "no
+    acknowledgement" for "no filler" before a filler has had its second to find the directory."""
+    hold_dir = tmp_path / "holds"
+    stop = threading.Event()
+
+    def filler_that_finds_the_directory_late() -> None:  # polls, as a filler does, and never drains here
+        while not stop.is_set():
+            if hold_dir.is_dir():
+                stop.wait(0.3)
+                holds.write_ack(str(hold_dir), Ack(GPU0, 1, "filling", (), False, time.time()))
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=filler_that_finds_the_directory_late)
+    thread.start()
+    try:
+        code, _, err = run(["hold", "--gpu", "0", "--holder", "h", "--wait", "2"], hold_dir, capsys)
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 1 and "not acknowledged" in err[0]
+
+
 def test_holds_lists_with_the_fillers_word(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run(["hold", "--gpu", "0", "--holder", "a", "--reason", "job a"], tmp_path, capsys)
     run(["hold", "--gpu", "1", "--holder", "b"], tmp_path, capsys)

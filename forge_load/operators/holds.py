@@ -30,6 +30,9 @@ MAX_ENTRIES: int = 4096  # names looked at in the directory per read; more and e
 ACK_MAX_BYTES: int = 1 << 20  # our own file: every holder of a GPU held fail safe fits
 ACK_STALE_S: float = 3.0  # an acknowledgement older than this has no live filler behind it
 ACK_REFRESH_S: float = 1.0
+# A filler writes its first acknowledgement into a directory that has just appeared within a refresh (and a burst
+# step): until then, no acknowledgement in a directory just made does not mean that no filler runs.
+NEW_DIR_ACK_S: float = ACK_REFRESH_S + 0.5
 # A hold over a GPU without foreign work for this long has lost its holder (docs/holds.md: why a day).
 DEFAULT_IDLE_AGE_OUT_S: float = 86400.0
 DIR_MODE: int = 0o755
@@ -218,16 +221,20 @@ def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
 
 # --- the API ---------------------------------------------------------------------------------------------
 
-def ensure_dir(hold_dir: str) -> None:
-    """The directory, made (mode 0755) with its parents where missing; HoldError when it cannot be."""
+def ensure_dir(hold_dir: str) -> bool:
+    """The directory, made (mode 0755) with its parents where missing; whether it was made here. HoldError when it
+    cannot be."""
+    made = False
     try:
         if not os.path.lexists(hold_dir):
             os.makedirs(hold_dir, mode=DIR_MODE, exist_ok=True)
             os.chmod(hold_dir, DIR_MODE)  # whatever the umask: every filler must be able to read it
+            made = True
     except OSError as error:
         raise HoldError(f"cannot create {hold_dir} ({error.strerror or error})") from None
     if not os.path.isdir(hold_dir):
         raise HoldError(f"{hold_dir} is not a directory")
+    return made
 
 
 def place(hold_dir: str, hold: Hold) -> Hold:

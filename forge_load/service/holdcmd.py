@@ -207,7 +207,7 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     wait_s = parse_wait(args.wait) if args.wait is not None else None
     gpus = resolve_gpus(args.gpu, uuids_of_host)
     try:
-        holds.ensure_dir(hold_dir)
+        made_dir = holds.ensure_dir(hold_dir)
         placed_s = time.time()
         for uuid in gpus:
             holds.place(hold_dir, Hold(uuid, holder, reason, placed_s, until_s))
@@ -218,19 +218,25 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
             out(f"{uuid} held by {holder}")
         return EXIT_OK
     deadline_s = time.monotonic() + wait_s
+    # A directory made just now: a filler that runs has had no chance yet to acknowledge into it.
+    unsure_until_s = time.monotonic() + holds.NEW_DIR_ACK_S if made_dir else -math.inf
     waiting = list(gpus)
     while True:
         now_unix_s = time.time()
+        unsure = time.monotonic() < unsure_until_s
         waiting = [u for u in waiting
-                   if not holds.acknowledged(holds.read_ack(hold_dir, u), holder, placed_s, now_unix_s)]
+                   if not holds.acknowledged(ack := holds.read_ack(hold_dir, u), holder, placed_s, now_unix_s)
+                   or (unsure and ack is None)]
         if not waiting or time.monotonic() >= deadline_s:
             break
         time.sleep(WAIT_POLL_S)
     for uuid in gpus:
         out(f"{uuid} held by {holder}" + (": its filler has not drained yet" if uuid in waiting else ""))
     if waiting:
+        new_dir = (f"; this hold made {hold_dir}, and a filler finds a new hold directory within "
+                   f"{holds.NEW_DIR_ACK_S:g} s" if made_dir and wait_s < holds.NEW_DIR_ACK_S else "")
         say(f"forge-load hold: {len(waiting)} GPU(s) not acknowledged by their filler within {wait_s:g} s "
-            f"(the hold stays): {', '.join(waiting)}")
+            f"(the hold stays): {', '.join(waiting)}{new_dir}")
         return EXIT_NOT_ACKNOWLEDGED
     return EXIT_OK
 
