@@ -1,6 +1,7 @@
-"""The Docker engine, through the Python docker SDK: imported only here and only when a command needs the engine,
-so `forge-load fleet --help` and a bad flag work on a host without the SDK, and a command that needs it says
-so in one line. The errors every command reports in one line, and how they are said.
+"""The Docker engine, through the Python docker SDK: connected to here, the SDK imported (here and in the other
+modules) only inside the functions that use the engine, so `forge-load fleet --help` and a bad flag work on a host
+without the SDK, and a command that needs it says so in one line. The errors every command reports in one line,
+and how they are said.
 """
 
 from __future__ import annotations
