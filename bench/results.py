@@ -160,7 +160,7 @@ ANNOUNCED_LABELS = {
     "hold": "`forge-load hold --wait 2` (the Slurm prolog's call)",
     "kubelet": "the kubelet's pod-resources List (a test kubelet assigns the GPU just before the job's process "
                "starts; the filler polls it)",
-    "docker": "`forge_fleet.py watch`, from the container's create event (the job opens its context 0.5 s after "
+    "docker": "`forge-load fleet watch`, from the container's create event (the job opens its context 0.5 s after "
               "the container's first instruction)",
     "nvml": "not announced: found by the filler's NVML signals",
 }

@@ -456,7 +456,7 @@ class RealBench:
         hold: `forge-load hold --wait 2` (the Slurm prolog), then the waiting job's "go", then `forge-load
         release` (the epilog). kubelet: the test kubelet assigns the GPU's UUID to a pod, then the job's process
         starts; freed once it exits. docker: `docker run --gpus device=N` of a driver-API job that opens its
-        context 0.5 s after the container's first instruction, `forge_fleet.py watch` placing the hold from the
+        context 0.5 s after the container's first instruction, `forge-load fleet watch` placing the hold from the
         create event and releasing it when the container dies. nvml: the waiting job's "go", nothing else."""
         args = self.args
         self.wait_idle()
@@ -476,7 +476,7 @@ class RealBench:
                 env_extra.update(FORGE_KUBELET_SOCKET=str(self.tmp / "kubelet.sock"), POD_NAMESPACE=BENCH_NAMESPACE,
                                  POD_NAME="forge-load-bench")
             if path == "docker":
-                watcher = Child("docker watcher", [sys.executable, str(REPO / "scripts" / "forge_fleet.py"), "watch",
+                watcher = Child("docker watcher", [sys.executable, "-m", "forge_load", "fleet", "watch",
                                                    "--hold-dir", str(hold_dir)], self.env())
                 watch_line(watcher, lambda line: "event=engine state=connected" in line, 60.0, "its connected line")
             filler = self.start_filler(YIELD_TARGET, controller, args.warmup_s + args.announced_jobs * per_job,

@@ -8,8 +8,8 @@ SIGTERM, SIGINT and SIGHUP all mean "stop": the kernels in flight finish, a `sto
 SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: service/unix_signals.py. The process names
 itself after its GPUs and their states (title.py).
 
-`forge-load hold|release|holds ...` (service/holdcmd.py) and `forge-load health` (service/health.py) are commands,
-dispatched before anything else.
+`forge-load hold|release|holds ...` (service/holdcmd.py), `forge-load health` (service/health.py) and
+`forge-load fleet ...` (fleet/) are commands, dispatched before anything else.
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ def main() -> int:
         from forge_load.service.holdcmd import main as command
 
         return command(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] == "fleet":
+        # The containers of a Docker host (docs/deploying.md): no signal handlers (Ctrl-C is the operator's),
+        # no CUDA, the docker SDK only for a command that needs the engine.
+        from forge_load.fleet.command import main as fleet
+
+        return fleet(sys.argv[2:])
     if len(sys.argv) > 1 and sys.argv[1] == "health":
         # The health check (exit 0 healthy, 1 not; never 2, which Docker reserves), as `python -m forge_load.health`.
         from forge_load.service.health import main as check

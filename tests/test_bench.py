@@ -312,7 +312,7 @@ def test_announced_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Pat
 @pytest.mark.docker
 def test_announced_by_the_docker_watcher_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Path) -> None:
     """A container asking for the GPU (`docker run --gpus device=0`) whose driver-API job opens its context 0.5 s
-    after the container's first instruction; `forge_fleet.py watch` holds the GPU from the create event: lead
+    after the container's first instruction; `forge-load fleet watch` holds the GPU from the create event: lead
     time > 0 and none of our kernels on the GPU while the job ran. Needs the engine of scripts/docker_engine.sh
     (skipped, saying why, without one)."""
     import docker_support

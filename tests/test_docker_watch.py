@@ -1,4 +1,4 @@
-"""`forge_fleet.py watch` (docs/docker-watch.md): the Docker engine's container events into holds.
+"""`forge-load fleet watch` (forge_load/fleet/watch.py, docs/docker-watch.md): container events into holds.
 
 First the logic against fake events and a fake engine (no engine needed): what a container asks for, the holds
 that follow its life, the labels that are never held for, reconciliation, and the order of events while an
@@ -34,8 +34,12 @@ from docker_support import (
     remove_containers,
     unique_name,
 )
-from test_fleet import fleet, run_fleet
+from test_fleet import run_fleet
 
+from forge_load.fleet import engine as fleet_engine
+from forge_load.fleet import plan
+from forge_load.fleet import watch as fleet_watch
+from forge_load.fleet.command import build_parser
 from forge_load.operators import dockerwatch, holds
 from forge_load.operators.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
 from vgpu import Kernel, VirtualGpu
@@ -103,13 +107,13 @@ def test_resolve_indices_uuids_mig_and_unknown_ids() -> None:
 def test_labels_never_held_for() -> None:
     assert dockerwatch.not_held_because({"io.forge_load.role": "gpu-filler"}) is not None  # the image's label
     assert dockerwatch.not_held_because({"io.forge_load.role": "gpu-monitor"}) is not None  # dcgm-exporter ...
-    assert dockerwatch.not_held_because({"io.forge_load.fleet": "forge_load_gpu_"}) is not None  # forge_fleet up
+    assert dockerwatch.not_held_because({"io.forge_load.fleet": "forge_load_gpu_"}) is not None  # fleet up
     assert dockerwatch.not_held_because({"io.forge_load.role": "training"}) is None
     assert dockerwatch.not_held_because({}) is None
-    # The labels forge_fleet.py up sets are the ones the watcher reads.
-    spec = fleet.desired(fleet.Gpu(0, UUIDS[0], "A"), _opts(), "sha256:1")
+    # The labels `forge-load fleet up` sets are the ones the watcher reads.
+    spec = plan.desired(plan.Gpu(0, UUIDS[0], "A"), _opts(), "sha256:1")
     assert dockerwatch.not_held_because(spec["labels"]) is not None
-    assert fleet.LABEL_ROLE == dockerwatch.LABEL_ROLE and fleet.LABEL_FLEET == dockerwatch.LABEL_FLEET
+    assert plan.LABEL_ROLE == dockerwatch.LABEL_ROLE and plan.LABEL_FLEET == dockerwatch.LABEL_FLEET
 
 
 def test_created_time_of_the_engine() -> None:
@@ -266,19 +270,19 @@ def test_create_reads_the_engines_files_without_asking_the_engine(tmp_path: Path
     book = Book(tmp_path / "holds")
     engine = SlowEngine({})
     engine_dir(tmp_path / "containers", ID_A, attrs([gpus("2")]))
-    watch = fleet.Watch(engine, book.holds, str(tmp_path / "containers"), book.lines.append)
+    watch = fleet_watch.Watch(engine, book.holds, str(tmp_path / "containers"), book.lines.append)
     watch.handle(event("create", ID_A))
     assert engine.asked == [] and set(book.on_disk()) == {(UUIDS[2], "docker-" + ID_A[:12])}
     watch.handle(event("create", ID_B, **{"io.forge_load.role": "gpu-monitor"}))  # the labels suffice
     watch.handle(event("exec_create: sh", ID_A))
     assert engine.asked == []
-    assert fleet.engine_files(str(tmp_path / "containers"), "../" + ID_A[3:]) is None  # ids only
+    assert fleet_watch.engine_files(str(tmp_path / "containers"), "../" + ID_A[3:]) is None  # ids only
 
 
 def test_an_inspect_on_its_way_holds_up_only_its_own_containers_events(tmp_path: Path) -> None:
     book = Book(tmp_path / "holds")
     engine = SlowEngine({ID_A: attrs([gpus("0")]), ID_B: attrs([gpus("1")])})
-    watch = fleet.Watch(engine, book.holds, None, book.lines.append)  # the engine's files out of reach
+    watch = fleet_watch.Watch(engine, book.holds, None, book.lines.append)  # the engine's files out of reach
     started = time.monotonic()
     watch.handle(event("create", ID_A))
     for action in ("start", "die", "destroy"):
@@ -333,12 +337,12 @@ def test_the_engine_lost_and_back_reconciles(tmp_path: Path, monkeypatch: pytest
             raise refusals.pop()
         return engines.pop(0)
 
-    monkeypatch.setattr(fleet, "connect", connect)
-    monkeypatch.setattr(fleet, "ENGINE_RETRY_S", (0.0,))
+    monkeypatch.setattr(fleet_engine, "connect", connect)
+    monkeypatch.setattr(fleet_watch, "ENGINE_RETRY_S", (0.0,))
     monkeypatch.setattr("forge_load.service.holdcmd.host_uuids", lambda: UUIDS)
     out = io.StringIO()
-    args = fleet.build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
-    assert fleet.cmd_watch(args, out) == 0
+    args = build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
+    assert fleet_watch.cmd_watch(args, out) == 0
     lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
     events = [line.split()[0] for line in lines]
     # One line per outage (the two refused connections say nothing more), the reconciliation's release before
@@ -358,7 +362,7 @@ def test_a_container_removed_while_listed_is_not_an_engine_failure(tmp_path: Pat
             raise NotFound(f"No such container: {container_id}")
 
     book = Book(tmp_path / "holds")
-    watch = fleet.Watch(Removed(tmp_path, [ID_B], [], KeyboardInterrupt()), book.holds, None, book.lines.append)
+    watch = fleet_watch.Watch(Removed(tmp_path, [ID_B], [], KeyboardInterrupt()), book.holds, None, book.lines.append)
     watch.reconcile()  # listed, then gone before its inspect: nothing to hold, and no exception
     assert book.on_disk() == {} and book.lines == []
 
@@ -369,7 +373,7 @@ def _opts(**changes: Any) -> Any:
     base = dict(image="forge-load:latest", prefix="forge_load_gpu_", simulate=False, target=None, env=(),
                 restart="unless-stopped", log_max_size="3m", log_max_file=3, pid_host=True)
     base.update(changes)
-    return fleet.Options(**base)
+    return plan.Options(**base)
 
 
 @pytest.mark.parametrize(("args", "flag"), [(["--hold-dir", "relative"], "--hold-dir"),
@@ -377,7 +381,7 @@ def _opts(**changes: Any) -> Any:
 def test_watch_bad_input_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
     proc = run_fleet("watch", *args, env={"DOCKER_HOST": "unix:///nonexistent.sock"}, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith(f"forge_fleet: {flag}=") and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith(f"forge-load fleet: {flag}=") and len(proc.stderr.strip().splitlines()) == 1
 
 
 
@@ -390,12 +394,12 @@ FOREIGN_JOB = ROOT / "scripts" / "foreign_job.py"
 
 
 class WatchProcess:
-    """`forge_fleet.py watch` as a process on this host (its NVML: the virtual GPU's), its lines as they come."""
+    """`forge-load fleet watch` as a process on this host (its NVML: the virtual GPU's), its lines as they come."""
 
     def __init__(self, env: dict[str, str], hold_dir: Path, created_hold_s: float = 60.0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(fleet.__file__), "watch", "--hold-dir", str(hold_dir), "--created-hold",
-             str(created_hold_s)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [sys.executable, "-m", "forge_load", "fleet", "watch", "--hold-dir", str(hold_dir), "--created-hold",
+             str(created_hold_s)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()

@@ -8,7 +8,6 @@ process itself is what is tested.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -24,7 +23,6 @@ import unicodedata
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -728,15 +726,6 @@ def test_unknown_variables_are_warned_about_in_one_clean_line_each() -> None:
     assert any("forge_target" in w and "FORGE_TARGET" in w for w in warnings)
 
 
-def _fleet() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("forge_fleet_hostile", ROOT / "scripts" / "forge_fleet.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(("args", "name"), [
     (["--target", "1.5"], "FORGE_TARGET"),
     (["-e", "FORGE_LOG_INTERVAL=1e-20"], "FORGE_LOG_INTERVAL"),
@@ -746,13 +735,13 @@ def _fleet() -> ModuleType:
 def test_fleet_validates_settings_before_touching_the_engine(args: list[str], name: str,
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    fleet = _fleet()
+    from forge_load.fleet import command, engine
 
     def no_engine() -> None:
         raise AssertionError("the engine was contacted before the settings were checked")
 
-    monkeypatch.setattr(fleet, "connect", no_engine)
-    assert fleet.main(["up", "--simulate", *args]) == 2
+    monkeypatch.setattr(engine, "connect", no_engine)
+    assert command.main(["up", "--simulate", *args]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err
     assert_one_clean_line(err.splitlines()[0], name)
@@ -760,20 +749,20 @@ def test_fleet_validates_settings_before_touching_the_engine(args: list[str], na
 
 def test_fleet_warns_about_an_unknown_variable(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    fleet = _fleet()
+    from forge_load.fleet import command, engine
 
-    def engine() -> None:
-        raise fleet.FleetError("no engine here")
+    def no_engine() -> None:
+        raise engine.FleetError("no engine here")
 
-    monkeypatch.setattr(fleet, "connect", engine)
-    assert fleet.main(["up", "--simulate", "-e", "FORGE_TARGE=0.9"]) == 1
+    monkeypatch.setattr(engine, "connect", no_engine)
+    assert command.main(["up", "--simulate", "-e", "FORGE_TARGE=0.9"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "FORGE_TARGET" in err[0] and "no engine here" in err[1], err
 
 
 @pytest.mark.parametrize("docker_host", ["tcp://[::1", "tcp://:::", "tcp://host:notaport", "foo://bar"])
 def test_fleet_malformed_docker_host_is_one_line(docker_host: str) -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "forge_fleet.py"), "status"],
+    result = subprocess.run([sys.executable, "-m", "forge_load", "fleet", "status"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60,
                             env={**os.environ, "DOCKER_HOST": docker_host})
     assert result.returncode == 1, result
@@ -784,13 +773,13 @@ def test_fleet_malformed_docker_host_is_one_line(docker_host: str) -> None:
 
 def test_fleet_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    fleet = _fleet()
+    from forge_load.fleet import command, engine
 
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fleet, "connect", interrupted)
-    assert fleet.main(["status"]) == 130
+    monkeypatch.setattr(engine, "connect", interrupted)
+    assert command.main(["status"]) == 130
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "interrupted" in err[0], err
 

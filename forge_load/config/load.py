@@ -3,7 +3,7 @@
 A bad value is a ConfigError whose message is one line naming the variable (and its flag), the value as
 given (escaped, and shortened when long) and what is accepted; service/app.py prints it and exits 2. Every value is
 refused, never guessed at, when it holds a control character, is longer than MAX_VALUE_CHARS, or has digits
-other than ASCII ones. Nothing here touches the GPU. `python -m forge_load.health` and scripts/forge_fleet.py
+other than ASCII ones. Nothing here touches the GPU. `python -m forge_load.health` and `forge-load fleet up`
 read and check settings through load_config too, so all three accept and refuse the same values.
 """
 

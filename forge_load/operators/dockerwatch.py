@@ -1,6 +1,6 @@
 """Docker containers to holds (docs/docker-watch.md): which GPUs a container asks for, and the holds that follow
-its life. Pure: no Docker SDK and no clock here; `scripts/forge_fleet.py watch` feeds it the engine's events,
-what it looked up about each container, and the time.
+its life. Pure: no Docker SDK and no clock here; `forge-load fleet watch` (forge_load/fleet/watch.py) feeds it the
+engine's events, what it looked up about each container, and the time.
 
 A container is held for from its `create` (the engine announces it 0.1-0.4 s before the container's process
 runs) until it dies or is removed; a `start` holds again (a restart). A container created and not started
@@ -21,8 +21,8 @@ from forge_load.operators import holds
 from forge_load.operators.holds import Hold, HoldError
 
 HOLDER_PREFIX = "docker-"
-LABEL_ROLE = "io.forge_load.role"  # the image and `forge_fleet.py up` set gpu-filler on our own fillers
-LABEL_FLEET = "io.forge_load.fleet"  # set by `forge_fleet.py up` on its fillers
+LABEL_ROLE = "io.forge_load.role"  # the image and `forge-load fleet up` set gpu-filler on our own fillers
+LABEL_FLEET = "io.forge_load.fleet"  # set by `forge-load fleet up` on its fillers
 NOT_HELD_ROLES = ("gpu-filler", "gpu-monitor")  # gpu-monitor: dcgm-exporter and the like (docs/docker-watch.md)
 NVIDIA_RUNTIMES = ("nvidia",)  # runtimes that read NVIDIA_VISIBLE_DEVICES from the container's environment
 CDI_KIND = "nvidia.com/gpu"
