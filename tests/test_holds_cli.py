@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,19 @@ def run(argv: list[str], hold_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     code = holdcmd.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: list(HOST))
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err.splitlines()
+
+
+def run_beside(filler: Callable[[threading.Event], None], argv: list[str], hold_dir: Path,
+               capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str], list[str]]:
+    """`run(argv)` while `filler(stop)` plays a filler in a thread of its own, until the command has returned."""
+    stop = threading.Event()
+    thread = threading.Thread(target=filler, args=(stop,))
+    thread.start()
+    try:
+        return run(argv, hold_dir, capsys)
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_hold_by_index_and_uuid_then_release_every_gpu_of_the_holder(tmp_path: Path,
@@ -123,21 +137,14 @@ def test_wait_without_a_filler_or_with_a_stale_one_returns_at_once(tmp_path: Pat
 
 def test_wait_exits_1_when_the_filler_has_not_acknowledged_and_the_hold_stays(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    stop = threading.Event()
-
-    def live_filler_that_ignores_holds() -> None:
+    def live_filler_that_ignores_holds(stop: threading.Event) -> None:
         while not stop.is_set():
             holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))
             stop.wait(0.05)
 
     holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))  # there before the hold
-    thread = threading.Thread(target=live_filler_that_ignores_holds)
-    thread.start()
-    try:
-        code, out, err = run(["hold", "--gpu", "0", "--holder", "h", "--wait", "0.3"], tmp_path, capsys)
-    finally:
-        stop.set()
-        thread.join()
+    code, out, err = run_beside(live_filler_that_ignores_holds, ["hold", "--gpu", "0", "--holder", "h", "--wait",
+                                                                 "0.3"], tmp_path, capsys)
     assert code == 1 and len(err) == 1 and GPU0 in err[0] and "the hold stays" in err[0]
     assert holds.read_holds(str(tmp_path), GPU0, time.time()).held
 
@@ -145,9 +152,7 @@ def test_wait_exits_1_when_the_filler_has_not_acknowledged_and_the_hold_stays(
 def test_wait_returns_once_the_filler_has_drained_after_the_hold(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("h",), True, time.time()))  # before the hold: not enough
-    stop = threading.Event()
-
-    def filler() -> None:
+    def filler(stop: threading.Event) -> None:
         while not stop.is_set():
             view = holds.read_holds(str(tmp_path), GPU0, time.time())
             held_by = tuple(h.holder for h in view.holds)
@@ -156,13 +161,7 @@ def test_wait_returns_once_the_filler_has_drained_after_the_hold(tmp_path: Path,
                                                bool(held_by), time.time()))
             stop.wait(0.05)
 
-    thread = threading.Thread(target=filler)
-    thread.start()
-    try:
-        code, out, _ = run(["hold", "--gpu", "0", "--holder", "h", "--wait", "10"], tmp_path, capsys)
-    finally:
-        stop.set()
-        thread.join()
+    code, out, _ = run_beside(filler, ["hold", "--gpu", "0", "--holder", "h", "--wait", "10"], tmp_path, capsys)
     assert code == 0 and out == [f"{GPU0} held by h"]
 
 
@@ -171,22 +170,16 @@ def test_a_first_hold_that_makes_the_directory_waits_for_a_filler_to_find_it(
     """A filler acknowledges only into a directory that exists: the hold that makes it cannot take "no
     acknowledgement" for "no filler" before a filler has had its second to find the directory."""
     hold_dir = tmp_path / "holds"
-    stop = threading.Event()
 
-    def filler_that_finds_the_directory_late() -> None:  # polls, as a filler does, and never drains here
+    def filler_that_finds_the_directory_late(stop: threading.Event) -> None:  # polls as a filler does; no drain
         while not stop.is_set():
             if hold_dir.is_dir():
                 stop.wait(0.3)
                 holds.write_ack(str(hold_dir), Ack(GPU0, 1, "filling", (), False, time.time()))
             stop.wait(0.05)
 
-    thread = threading.Thread(target=filler_that_finds_the_directory_late)
-    thread.start()
-    try:
-        code, _, err = run(["hold", "--gpu", "0", "--holder", "h", "--wait", "2"], hold_dir, capsys)
-    finally:
-        stop.set()
-        thread.join()
+    code, _, err = run_beside(filler_that_finds_the_directory_late, ["hold", "--gpu", "0", "--holder", "h", "--wait",
+                                                                     "2"], hold_dir, capsys)
     assert code == 1 and "not acknowledged" in err[0]
 
 
