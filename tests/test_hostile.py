@@ -978,6 +978,7 @@ def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Pa
 
 # --- a blind foreign-job signal is said -------------------------------------------------------------------------
 
+ALL_BLIND = ("processes", "memory_used_mib", "utilization_samples", "utilization_ratio")
 PROCESS_QUERIES = [f"nvmlDevice{kind}RunningProcesses{version}" for kind in ("GetCompute", "GetGraphics")
                    for version in ("_v3", "_v2", "")]
 
@@ -1001,16 +1002,17 @@ def test_a_blind_process_signal_is_said_on_the_virtual_gpu(vgpu: Any) -> None:
     (("memory_used_mib",), "process,utilization"),
     (("utilization_samples", "utilization_ratio"), "process,memory"),
     (("utilization_samples",), "process,memory,utilization"),  # the latest window's ratio stands in
-    (("processes", "memory_used_mib", "utilization_samples", "utilization_ratio"), ""),
+    (ALL_BLIND, ""),  # fills only because holds announce jobs (the hold directory exists)
 ])
 def test_the_start_line_names_the_signals_that_work_and_a_warning_the_blind_ones(
-        blind: tuple[str, ...], seen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        blind: tuple[str, ...], seen: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from forge_load.gpu.sim import SimProbe
 
     for query in blind:
         monkeypatch.setattr(SimProbe, query, lambda self, *args: None)
     out = io.StringIO()
-    run_simulated(load_config("--simulate --sim-speed 0 --duration 1 --log-format json".split(), {}), out)
+    run_simulated(load_config(f"--simulate --sim-speed 0 --duration 1 --log-format json --hold-dir {tmp_path}".split(),
+                              {}), out)
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     assert events[0]["event"] == "start" and events[0]["signals"] == seen, events[0]
     warnings = [e for e in events if e["event"] == "warning"]
@@ -1023,6 +1025,23 @@ def test_the_start_line_names_the_signals_that_work_and_a_warning_the_blind_ones
     assert_one_clean_line(warning["reason"], *warning["blind"].split(","))
     if not seen:
         assert "no foreign job" in warning["reason"], warning
+
+
+def test_a_gpu_where_no_foreign_job_can_be_seen_or_announced_is_not_filled(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    """Every signal blind and no hold directory: nothing could ever make the filler step aside for a job, so the
+    GPU is left alone (exit 3 for it, one line) rather than filled beside jobs it cannot see."""
+    from forge_load.control.probe import NoGpuError
+    from forge_load.gpu.sim import SimProbe
+
+    for query in ALL_BLIND:
+        monkeypatch.setattr(SimProbe, query, lambda self, *args: None)
+    out = io.StringIO()
+    flags = f"--simulate --sim-speed 0 --duration 1 --log-format json --hold-dir {tmp_path / 'none'}"
+    with pytest.raises(NoGpuError) as caught:
+        run_simulated(load_config(flags.split(), {}), out)
+    assert_one_clean_line(str(caught.value), "no foreign job", "FORGE_HOLD_DIR")
+    assert [json.loads(line)["event"] for line in out.getvalue().splitlines()] == []  # not even a start line
 
 
 def test_a_process_list_switched_off_is_not_named_but_not_warned_about() -> None:

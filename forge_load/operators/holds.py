@@ -221,6 +221,12 @@ def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
 
 # --- the API ---------------------------------------------------------------------------------------------
 
+def configured(hold_dir: str) -> bool:
+    """Holds are configured when their directory exists: the hold commands, the Slurm prolog or the deploy files
+    made it. A filler cannot tell a directory nobody writes from one whose next job is not announced yet."""
+    return bool(hold_dir) and os.path.isdir(hold_dir)
+
+
 def ensure_dir(hold_dir: str) -> bool:
     """The directory, made (mode 0755) with its parents where missing; whether it was made here. HoldError when it
     cannot be."""

@@ -31,6 +31,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.status import GpuStatus
 from forge_load.log import EventLog
+from forge_load.operators import holds as hold_files
 from forge_load.operators.hold_watch import FillerHolds, HoldBoard
 from forge_load.operators.pause import Pauses, shown_time
 from forge_load.service.runtime import stop_reason
@@ -47,12 +48,6 @@ def prohibited_error(info: DeviceInfo) -> NoGpuError:
     return NoGpuError(f"GPU {info.index} ({info.uuid}) is in PROHIBITED compute mode: no process may create a "
                       "CUDA context on it, so there is nothing to fill (nvidia-smi -c DEFAULT or EXCLUSIVE_PROCESS "
                       "allows it)")
-
-
-def holds_configured(hold_dir: str) -> bool:
-    """Holds are configured when their directory exists: the hold commands, the Slurm prolog or the deploy files
-    made it. A filler cannot tell a directory nobody writes from one whose next job is not announced yet."""
-    return os.path.isdir(hold_dir)
 
 
 class Child(Protocol):
@@ -282,14 +277,14 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     hold_dir = hold_dir or config.hold_dir
     mode = info.compute_mode.value
     end_s = start_s + config.duration_s if config.duration_s > 0 else math.inf
-    if board is None and not holds_configured(hold_dir):
+    if board is None and not hold_files.configured(hold_dir):
         log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=False, filling=False,
                  reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
                         f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled "
                         "until the directory appears")
         idle = supervisor_status(PAUSED)
         attach(lambda: idle)
-        while not stop.is_set() and time.monotonic() < end_s and not holds_configured(hold_dir):
+        while not stop.is_set() and time.monotonic() < end_s and not hold_files.configured(hold_dir):
             beat()
             stop.wait(min(1.0, max(end_s - time.monotonic(), 0.0)))
         if stop.is_set() or time.monotonic() >= end_s:

@@ -27,6 +27,7 @@ from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
 from forge_load.log import EventLog, escape_controls
+from forge_load.operators import holds as hold_files
 from forge_load.operators.hold_watch import FillerHolds, HoldBoard
 from forge_load.operators.pause import Pauses, PauseSwitch
 from forge_load.operators.schedule import local_zone
@@ -120,6 +121,15 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
         raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
                          f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
     seeing, blind = rt.monitor.sight()
+    said = "; ".join(f"{name}: {why}" for name, why in blind.items())
+    announced = rt.filler.holds is not None and (rt.filler.holds.watch.board is not None
+                                                 or hold_files.configured(rt.config.hold_dir))
+    if blind and not seeing and not announced:
+        # Nothing could ever make this filler step aside: it would fill beside every job. Before any launch.
+        raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}): no foreign job can be seen on it ({said}), and no "
+                         f"hold directory (FORGE_HOLD_DIR={rt.config.hold_dir} does not exist) or kubelet "
+                         "(FORGE_KUBELET_SOCKET) announces jobs: it is not filled; make the hold directory and "
+                         "announce every job through holds (docs/holds.md) to fill it")
     fields: dict[str, object] = dict(describe(rt.config))
     fields["gpu_requested"] = fields.pop("gpu")  # `gpu` is the index every line carries
     fields.update(state=rt.filler.state.value, gpu_mem_mib=reading.own_mem_mib if reading else None,
@@ -136,8 +146,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     rt.log.emit("start", t=0.0, **fields)
     if blind:
         rest = (f"foreign jobs are seen only by {','.join(seeing)}" if seeing
-                else "no foreign job can be seen on this GPU: the filler will not step aside for one")
-        said = "; ".join(f"{name}: {why}" for name, why in blind.items())
+                else "no foreign job can be seen on this GPU: the filler steps aside only for jobs announced by holds")
         rt.log.emit("warning", t=0.0, blind=",".join(blind), reason=f"blind foreign-job signals ({said}); {rest}")
 
 
