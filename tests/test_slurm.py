@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.slurm_harness import ClusterFactory, SlurmCluster
+from tests.slurm_harness import ClusterFactory, SlurmCluster, configless_missing
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -521,3 +521,43 @@ def test_real_slurm_jobs_start_on_drained_gpus_and_the_gpus_fill_again(
           + "\n  lead time (job's context creation begins minus our last kernel's end on its GPU): "
           + ", ".join(f"{ms * 1000:.0f}" for ms in leads_s) + " ms"
           + "\n  hold done to the job's context creation: " + ", ".join(f"{s:.3f}" for s in start_after_s) + " s")
+
+
+def test_real_slurm_configless_node_holds_in_the_hold_dir_named_beside_the_prolog(
+        slurm_cluster: ClusterFactory, tmp_path: Path, syslog: Syslog) -> None:
+    """A configless node (slurmd --conf-server): its SLURM_CONF names slurmd's cache, which holds only
+    slurm.conf and gres.conf; the prolog reads forge-load.conf beside itself and the hold lands where it says."""
+    reason = configless_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    if len(forge_load_command()) > 1:
+        pytest.skip("needs the forge-load console script (pip install -e .)")
+    hold_dir = tmp_path / "holds"
+    hold_dir.mkdir()
+    driver = fake_driver(tmp_path / "driver", {0: UUIDS[0], 1: UUIDS[1]})
+    etc = tmp_path / "node-etc-slurm"  # the node's own /etc/slurm: the scripts and forge-load.conf
+    prolog, epilog = install_scripts(etc)
+    node_settings = {"FORGE_LOAD": forge_load_command()[0], "FORGE_SLURM_NVIDIA_PROC": str(driver),
+                     "FORGE_SLURM_SYSLOG_SOCKET": str(syslog.path)}
+    write_settings(etc, FORGE_HOLD_DIR=str(hold_dir), **node_settings)
+    # The controller's forge-load.conf, beside its slurm.conf, names another directory: slurmd never fetches it.
+    controllers = tmp_path / "controllers-holds"
+    cluster = slurm_cluster(prolog=prolog, epilog=epilog, configless=True,
+                            settings={"FORGE_HOLD_DIR": str(controllers), **node_settings})
+    proc = cluster.srun(["sh", "-c", 'echo "SLURM_CONF=$SLURM_CONF"; echo "STEP_GPUS=$SLURM_STEP_GPUS"; '
+                         f"cat {hold_dir}/hold.*.json"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, f"srun exited {proc.returncode}: {err}\n{out}"
+    cached = sorted(p.name for p in cluster.conf_cache.iterdir())
+    cluster.wait_idle(30)  # the epilog has run
+    assert cluster.node_reason() in ("", "none"), cluster.node_reason()
+    assert f"SLURM_CONF={cluster.conf_cache / 'slurm.conf'}" in out.splitlines()
+    assert cached == ["gres.conf", "slurm.conf"]
+    step_gpus = out.split("STEP_GPUS=")[1].split()[0]
+    held = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [h["gpu"] for h in held] == [UUIDS[int(step_gpus)]], out
+    job_id = held[0]["holder"].removeprefix("slurm-")
+    assert f"settings {etc / 'forge-load.conf'}" in syslog.wait_for(f"job {job_id}: held GPU")
+    assert f"settings {etc / 'forge-load.conf'}" in syslog.wait_for(f"job {job_id}: released")
+    assert hold_files(hold_dir) == []
+    assert not controllers.exists()
