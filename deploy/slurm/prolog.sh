@@ -24,7 +24,7 @@
 # Settings, all optional: KEY=value lines in forge-load.conf, read as data, never run. The first of these that
 # exists is read: beside slurm.conf (the directory of SLURM_CONF, which slurmd sets), else beside this script
 # (its real path: the epilog's link resolved). On a configless node SLURM_CONF names slurmd's cache, which holds
-# only what slurmctld sends (slurm.conf, gres.conf, ...), never forge-load.conf: there it is the second,
+# only what slurmctld sends (slurm.conf, gres.conf, ...), not forge-load.conf: there it is the second,
 # /etc/slurm/forge-load.conf for the script installed as /etc/slurm/forge-load-prolog.sh. Each job's line in
 # syslog names the file read, or "defaults".
 #   FORGE_LOAD                  the forge-load command (default: forge-load on PATH or /opt/forge-load/bin)
