@@ -12,6 +12,15 @@ driver's /dev/nvidia0 and /dev/nvidia1) in the cluster's directory. munged liste
 (AuthInfo=socket=...), and the daemons on free ports, so nothing of the host's Slurm or munge is touched.
 `settings` are written as forge-load.conf beside slurm.conf, which the project's prolog reads.
 
+`configless=True` makes a configless node: slurm.conf has `SlurmctldParameters=enable_configless` and slurmd
+starts with `--conf-server localhost:PORT` and no slurm.conf, in a mount namespace of its own (`unshare -m`)
+where the controller's configuration directory is hidden under an empty tmpfs (a node has no copy of it) and
+/run is a tmpfs of its own: slurmd, before it has fetched AuthInfo, reaches munge at its default socket
+(/run/munge/munge.socket.2, there a link to the cluster's), and it makes /run/slurm/conf, which must not
+touch the host. It fetches slurm.conf and gres.conf into `conf_cache` (SlurmdSpoolDir/conf-cache). The
+Prolog= and Epilog= given must then be paths the node has, outside the cluster's etc. `configless_missing()`
+says why such a node cannot run here.
+
 Stopping is ordered: wait until no job is left and the node is idle (its epilog done), then slurmd, then
 slurmctld, then munged; whatever does not stop on SIGTERM is killed. No daemon is left behind, even when the
 start fails half way. Needs root (slurmd runs jobs and mknod) and the Debian packages slurmctld, slurmd,
@@ -21,6 +30,7 @@ slurm-client and munge (scripts/install_test_tools.sh installs them): `missing()
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -59,6 +69,18 @@ def missing() -> str | None:
     return None
 
 
+def configless_missing() -> str | None:
+    """None when a configless node can be started here (a mount namespace with tmpfs mounts), else why not."""
+    if shutil.which("unshare") is None:
+        return "no unshare (util-linux) for the configless node's mount namespace"
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run(["unshare", "-m", "--propagation", "private", "mount", "-t", "tmpfs", "none", scratch],
+                              capture_output=True, text=True, timeout=10, check=False)
+    if proc.returncode != 0:
+        return f"cannot mount in a new mount namespace (unshare -m: {proc.stderr.strip()})"
+    return None
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -73,15 +95,19 @@ class SlurmCluster:
     """One node named localhost with two GPUs (gres indices 0 and 1), a partition `debug`."""
 
     def __init__(self, *, prolog: Path | None = None, epilog: Path | None = None,
-                 settings: Mapping[str, str] | None = None, start_timeout_s: float = 60.0) -> None:
+                 settings: Mapping[str, str] | None = None, configless: bool = False,
+                 start_timeout_s: float = 60.0) -> None:
         self.prolog = prolog
         self.epilog = epilog
         self.settings = dict(settings or {})
+        self.configless = configless
         self.start_timeout_s = start_timeout_s
         # munged wants every directory above its socket searchable by all: not the 0700 pytest tmp_path.
         self.root = Path(tempfile.mkdtemp(prefix="forge-slurm-"))
         self.root.chmod(0o755)
         self.conf = self.root / "etc" / "slurm.conf"
+        self.conf_cache = self.root / "spool" / "conf-cache"  # a configless slurmd's copy of the configuration
+        self.ctld_port = _free_port()
         self.devices = [self.root / "dev" / f"nvidia{i}" for i in range(2)]
         self.logs = self.root / "log"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -101,7 +127,12 @@ class SlurmCluster:
             self._write_config()
             self._start_munged()
             self._spawn("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-f", str(self.conf)])
-            self._spawn("slurmd", [_which("slurmd") or "slurmd", "-D", "-N", "localhost", "-f", str(self.conf)])
+            slurmd = _which("slurmd") or "slurmd"
+            if self.configless:
+                self._wait_ctld(self.start_timeout_s)  # a slurmd that cannot fetch its configuration exits
+                self._spawn("slurmd", self._configless_slurmd(slurmd))
+            else:
+                self._spawn("slurmd", [slurmd, "-D", "-N", "localhost", "-f", str(self.conf)])
             self.wait_idle(self.start_timeout_s)
         except BaseException:
             self.stop(wait_jobs_s=0.0)
@@ -187,7 +218,7 @@ class SlurmCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             f"AuthInfo=socket={run / 'munge.socket'}",
-            f"SlurmctldPort={_free_port()}",
+            f"SlurmctldPort={self.ctld_port}",
             f"SlurmdPort={_free_port()}",
             f"StateSaveLocation={self.root / 'state'}",
             f"SlurmdSpoolDir={self.root / 'spool'}",
@@ -205,6 +236,8 @@ class SlurmCluster:
             "SlurmdParameters=config_overrides",
             "PrologFlags=Alloc",
         ]
+        if self.configless:
+            lines.append("SlurmctldParameters=enable_configless")
         if self.prolog is not None:
             lines.append(f"Prolog={self.prolog}")
         if self.epilog is not None:
@@ -219,6 +252,30 @@ class SlurmCluster:
         if self.settings:
             (self.root / "etc" / "forge-load.conf").write_text(
                 "".join(f"{key}={value}\n" for key, value in self.settings.items()))
+
+    def _configless_slurmd(self, slurmd: str) -> list[str]:
+        """slurmd in a mount namespace of its own: /run a tmpfs with munge's default socket a link to the
+        cluster's, the controller's etc an empty tmpfs (exec'd: the process is slurmd itself)."""
+        q = shlex.quote
+        socket_path = self.root / "run" / "munge.socket"
+        inner = (f"mount -t tmpfs -o mode=0755 none /run && mkdir /run/munge"
+                 f" && ln -s {q(str(socket_path))} /run/munge/munge.socket.2"
+                 f" && mount -t tmpfs -o mode=0755 none {q(str(self.root / 'etc'))}"
+                 f" && exec {q(slurmd)} -D -N localhost --conf-server localhost:{self.ctld_port}")
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c", inner]
+
+    def _wait_ctld(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            try:
+                self.node_state()
+                return
+            except SlurmError as error:
+                if time.monotonic() > deadline:
+                    raise SlurmError(f"slurmctld not answering after {timeout_s} s: {error}" + self._tails()) \
+                        from error
+            time.sleep(0.1)
 
     def _start_munged(self) -> None:
         run = self.root / "run"

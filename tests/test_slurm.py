@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.slurm_harness import ClusterFactory, SlurmCluster
+from tests.slurm_harness import ClusterFactory, SlurmCluster, configless_missing
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -229,6 +229,66 @@ def test_bad_settings_are_named_in_one_line_and_the_defaults_used(tmp_path: Path
     assert sum("FORGE_HOLD_TIME" in line for line in syslog.lines) == 1, syslog.lines  # once per job
     assert sum("WAIT_S='two'" in line for line in syslog.lines) == 1, syslog.lines
     assert calls.read_text().split()[:2] == ["hold", "--gpu"] and "--wait 2 " in calls.read_text()
+
+
+def install_scripts(etc: Path, epilog_dir: Path | None = None) -> tuple[Path, Path]:
+    """The scripts as an admin installs them on a node: a copy of prolog.sh as etc/forge-load-prolog.sh, and
+    forge-load-epilog.sh a link to it (in `epilog_dir`, etc by default)."""
+    etc.mkdir(parents=True, exist_ok=True)
+    prolog = etc / "forge-load-prolog.sh"
+    shutil.copyfile(PROLOG, prolog)
+    prolog.chmod(0o755)
+    epilog_dir = epilog_dir or etc
+    epilog_dir.mkdir(parents=True, exist_ok=True)
+    epilog = epilog_dir / "forge-load-epilog.sh"
+    epilog.symlink_to(prolog)
+    return prolog, epilog
+
+
+def configless_cache(directory: Path) -> Path:
+    """slurmd's cache on a configless node, as Slurm 22.05 fills it (only slurm.conf and gres.conf, fetched
+    from slurmctld); returns the SLURM_CONF slurmd gives the scripts there."""
+    directory.mkdir(parents=True)
+    (directory / "slurm.conf").write_text("ClusterName=forgetest\n")
+    (directory / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-1]\n")
+    return directory / "slurm.conf"
+
+
+def test_on_a_configless_node_the_settings_beside_the_script_are_read(tmp_path: Path, syslog: Syslog) -> None:
+    if len(forge_load_command()) > 1:
+        pytest.skip("needs the forge-load console script (pip install -e .)")
+    hold_dir = tmp_path / "holds"
+    hold_dir.mkdir()  # as the filler's unit makes it: no wait for a filler to find a new directory
+    driver = fake_driver(tmp_path / "driver", {0: UUIDS[0]})
+    cache = configless_cache(tmp_path / "spool" / "conf-cache")
+    etc = tmp_path / "etc-slurm"
+    # The epilog a link from elsewhere: its settings are those beside the file it links to, as the prolog's.
+    prolog, epilog = install_scripts(etc, epilog_dir=tmp_path / "elsewhere")
+    write_settings(etc, FORGE_LOAD=forge_load_command()[0], FORGE_HOLD_DIR=str(hold_dir),
+                   FORGE_SLURM_NVIDIA_PROC=str(driver), FORGE_SLURM_SYSLOG_SOCKET=str(syslog.path))
+    assert run_script(prolog, cache, "61", "0", "prolog_slurmd")[0] == 0
+    assert [(h["gpu"], h["holder"]) for h in hold_files(hold_dir)] == [(UUIDS[0], "slurm-61")]
+    assert f"settings {etc / 'forge-load.conf'}" in syslog.wait_for("job 61: held")
+    assert run_script(epilog, cache, "61", "0", "epilog_slurmd")[0] == 0
+    assert hold_files(hold_dir) == []
+    assert f"settings {etc / 'forge-load.conf'}" in syslog.wait_for("job 61: released")
+
+
+def test_forge_load_conf_beside_slurm_conf_comes_before_the_one_beside_the_script(
+        tmp_path: Path, syslog: Syslog) -> None:
+    if len(forge_load_command()) > 1:
+        pytest.skip("needs the forge-load console script (pip install -e .)")
+    driver = fake_driver(tmp_path / "driver", {0: UUIDS[0]})
+    prolog, _ = install_scripts(tmp_path / "etc-slurm")
+    (tmp_path / "beside-slurm-conf").mkdir()
+    write_settings(tmp_path / "etc-slurm", FORGE_HOLD_DIR=str(tmp_path / "beside-the-script"))
+    conf = write_settings(tmp_path / "etc", FORGE_LOAD=forge_load_command()[0],
+                          FORGE_HOLD_DIR=str(tmp_path / "beside-slurm-conf"), FORGE_SLURM_NVIDIA_PROC=str(driver),
+                          FORGE_SLURM_SYSLOG_SOCKET=str(syslog.path))
+    assert run_script(prolog, conf, "62", "0", "prolog_slurmd")[0] == 0
+    assert [h["holder"] for h in hold_files(tmp_path / "beside-slurm-conf")] == ["slurm-62"]
+    assert not (tmp_path / "beside-the-script").exists()
+    assert f"settings {tmp_path / 'etc' / 'forge-load.conf'}" in syslog.wait_for("job 62: held")
 
 
 def test_the_scripts_are_shellcheck_clean() -> None:
@@ -461,3 +521,43 @@ def test_real_slurm_jobs_start_on_drained_gpus_and_the_gpus_fill_again(
           + "\n  lead time (job's context creation begins minus our last kernel's end on its GPU): "
           + ", ".join(f"{ms * 1000:.0f}" for ms in leads_s) + " ms"
           + "\n  hold done to the job's context creation: " + ", ".join(f"{s:.3f}" for s in start_after_s) + " s")
+
+
+def test_real_slurm_configless_node_holds_in_the_hold_dir_named_beside_the_prolog(
+        slurm_cluster: ClusterFactory, tmp_path: Path, syslog: Syslog) -> None:
+    """A configless node (slurmd --conf-server): its SLURM_CONF names slurmd's cache, which holds only
+    slurm.conf and gres.conf; the prolog reads forge-load.conf beside itself and the hold lands where it says."""
+    reason = configless_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    if len(forge_load_command()) > 1:
+        pytest.skip("needs the forge-load console script (pip install -e .)")
+    hold_dir = tmp_path / "holds"
+    hold_dir.mkdir()
+    driver = fake_driver(tmp_path / "driver", {0: UUIDS[0], 1: UUIDS[1]})
+    etc = tmp_path / "node-etc-slurm"  # the node's own /etc/slurm: the scripts and forge-load.conf
+    prolog, epilog = install_scripts(etc)
+    node_settings = {"FORGE_LOAD": forge_load_command()[0], "FORGE_SLURM_NVIDIA_PROC": str(driver),
+                     "FORGE_SLURM_SYSLOG_SOCKET": str(syslog.path)}
+    write_settings(etc, FORGE_HOLD_DIR=str(hold_dir), **node_settings)
+    # The controller's forge-load.conf, beside its slurm.conf, names another directory: slurmd never fetches it.
+    controllers = tmp_path / "controllers-holds"
+    cluster = slurm_cluster(prolog=prolog, epilog=epilog, configless=True,
+                            settings={"FORGE_HOLD_DIR": str(controllers), **node_settings})
+    proc = cluster.srun(["sh", "-c", 'echo "SLURM_CONF=$SLURM_CONF"; echo "STEP_GPUS=$SLURM_STEP_GPUS"; '
+                         f"cat {hold_dir}/hold.*.json"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, f"srun exited {proc.returncode}: {err}\n{out}"
+    cached = sorted(p.name for p in cluster.conf_cache.iterdir())
+    cluster.wait_idle(30)  # the epilog has run
+    assert cluster.node_reason() in ("", "none"), cluster.node_reason()
+    assert f"SLURM_CONF={cluster.conf_cache / 'slurm.conf'}" in out.splitlines()
+    assert cached == ["gres.conf", "slurm.conf"]
+    step_gpus = out.split("STEP_GPUS=")[1].split()[0]
+    held = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [h["gpu"] for h in held] == [UUIDS[int(step_gpus)]], out
+    job_id = held[0]["holder"].removeprefix("slurm-")
+    assert f"settings {etc / 'forge-load.conf'}" in syslog.wait_for(f"job {job_id}: held GPU")
+    assert f"settings {etc / 'forge-load.conf'}" in syslog.wait_for(f"job {job_id}: released")
+    assert hold_files(hold_dir) == []
+    assert not controllers.exists()

@@ -21,8 +21,12 @@
 # job by at most the wait plus one second. It logs one line per job to syslog (tag forge-load-slurm, facility
 # daemon; silent where there is no syslog).
 #
-# Settings, all optional: KEY=value lines in forge-load.conf beside slurm.conf (the directory of SLURM_CONF,
-# which slurmd sets), read as data, never run:
+# Settings, all optional: KEY=value lines in forge-load.conf, read as data, never run. The first of these that
+# exists is read: beside slurm.conf (the directory of SLURM_CONF, which slurmd sets), else beside this script
+# (its real path: the epilog's link resolved). On a configless node SLURM_CONF names slurmd's cache, which holds
+# only what slurmctld sends (slurm.conf, gres.conf, ...), not forge-load.conf: there it is the second,
+# /etc/slurm/forge-load.conf for the script installed as /etc/slurm/forge-load-prolog.sh. Each job's line in
+# syslog names the file read, or "defaults".
 #   FORGE_LOAD                  the forge-load command (default: forge-load on PATH or /opt/forge-load/bin)
 #   FORGE_HOLD_DIR              the hold directory (default /run/forge-load/holds, the filler's default)
 #   FORGE_SLURM_WAIT_S          seconds to wait for the filler's drain (default 2; 0 to 30)
@@ -48,10 +52,24 @@ log() {  # log PRIORITY MESSAGE: to syslog, never failing, never blocking for lo
     return 0
 }
 
-read_settings() {  # the KEY=value lines of forge-load.conf beside slurm.conf; with "say", what is wrong logged
-    conf=${SLURM_CONF:-/etc/slurm/slurm.conf}
-    conf=${conf%/*}/forge-load.conf
-    [ -r "$conf" ] || return 0
+dir_of() {  # the directory part of a path ("." for a bare name)
+    case $1 in */*) printf '%s\n' "${1%/*}" ;; *) printf '.\n' ;; esac
+}
+
+settings_file() {  # forge-load.conf beside slurm.conf, else beside this script's real path; empty if neither
+    conf=$(dir_of "${SLURM_CONF:-/etc/slurm/slurm.conf}")/forge-load.conf
+    if [ ! -r "$conf" ]; then
+        self=$(readlink -f -- "$0" 2>/dev/null) || self=
+        conf=$(dir_of "${self:-$0}")/forge-load.conf
+        [ -r "$conf" ] || conf=
+    fi
+    printf '%s' "$conf"
+}
+
+read_settings() {  # the KEY=value lines of the settings file (see the header); with "say", what is wrong logged
+    conf=$(settings_file)
+    settings="settings ${conf:-defaults (no forge-load.conf beside SLURM_CONF or the script)}"
+    [ -n "$conf" ] || return 0
     ignored=
     while IFS= read -r line || [ -n "$line" ]; do
         case $line in '' | '#'*) continue ;; esac
@@ -129,7 +147,7 @@ if [ "${1:-}" != --guarded ]; then
     timeout -s KILL "$bound" "$0" --guarded "$start"
     rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        log warning "job $SLURM_JOB_ID: $action gave up after ${bound} s (forge-load hung?); the job goes on"
+        log warning "job $SLURM_JOB_ID: $action gave up after ${bound} s (forge-load hung?); the job goes on; $settings"
     fi
     exit 0
 fi
@@ -137,7 +155,7 @@ fi
 read_settings
 holder=slurm-$SLURM_JOB_ID
 if ! command -v "$FORGE_LOAD" >/dev/null 2>&1; then
-    log warning "job $SLURM_JOB_ID: no forge-load command ('$FORGE_LOAD'); nothing to $action, the job goes on"
+    log warning "job $SLURM_JOB_ID: no forge-load command ('$FORGE_LOAD'); nothing to $action, the job goes on; $settings"
     exit 0
 fi
 if [ "$action" = release ]; then
@@ -145,9 +163,9 @@ if [ "$action" = release ]; then
     rc=$?
     took=$(awk -v a="$2" -v b="$(now_s)" 'BEGIN { printf "%.3f", b - a }')
     if [ "$rc" -eq 0 ]; then
-        log info "job $SLURM_JOB_ID: released $holder in ${took} s"
+        log info "job $SLURM_JOB_ID: released $holder in ${took} s; $settings"
     else
-        log err "job $SLURM_JOB_ID: forge-load release exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300 | tr '\n' ' ')"
+        log err "job $SLURM_JOB_ID: forge-load release exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300 | tr '\n' ' '); $settings"
     fi
     exit 0
 fi
@@ -158,8 +176,8 @@ err=$("$FORGE_LOAD" hold --gpu "$gpus" --holder "$holder" --reason "Slurm job $S
 rc=$?
 took=$(awk -v a="$2" -v b="$(now_s)" 'BEGIN { printf "%.3f", b - a }')
 case $rc in
-    0) log info "job $SLURM_JOB_ID: held GPU $gpus as $holder in ${took} s (its filler drained, or none runs there)" ;;
-    1) log warning "job $SLURM_JOB_ID: held GPU $gpus as $holder, no drain acknowledged within ${FORGE_SLURM_WAIT_S} s; the job starts anyway" ;;
-    *) log err "job $SLURM_JOB_ID: forge-load hold exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300 | tr '\n' ' '); the job starts anyway" ;;
+    0) log info "job $SLURM_JOB_ID: held GPU $gpus as $holder in ${took} s (its filler drained, or none runs there); $settings" ;;
+    1) log warning "job $SLURM_JOB_ID: held GPU $gpus as $holder, no drain acknowledged within ${FORGE_SLURM_WAIT_S} s; the job starts anyway; $settings" ;;
+    *) log err "job $SLURM_JOB_ID: forge-load hold exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300 | tr '\n' ' '); the job starts anyway; $settings" ;;
 esac
 exit 0
