@@ -364,7 +364,18 @@ def _depth(parts: list[dict[str, Any]], row: dict[str, Any]) -> int:
     return depth
 
 
-def render(summary: dict[str, Any], command: str, when: str, where: str) -> str:
+def _git_head() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "forge_load"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"commit {head}" + (" (forge_load/ changed since)" if dirty else "")
+
+
+def render(summary: dict[str, Any], command: str, when: str, where: str, code: str) -> str:
     lines = [
         f"## Where one GPU's filler spends its CPU: a profile on the virtual GPU, {when}",
         "",
@@ -374,6 +385,8 @@ def render(summary: dict[str, Any], command: str, when: str, where: str) -> str:
         "when warm).",
         "",
         f"Machine: {where}",
+        "",
+        f"Code: {code}",
         "",
         f"`{command}`",
         "",
@@ -440,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--to-s", type=float, default=19.5, help="the steady window's end")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each kind (default 1)")
     parser.add_argument("--top", type=int, default=25, help="functions in the self-time table")
+    parser.add_argument("--code", default=None, help="what code ran, for the heading (default: git's HEAD here)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, default="plain", help=argparse.SUPPRESS)
@@ -453,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats {args.repeats}: need 1 or more")
     command = "python scripts/profile_filler.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     where = machine()
+    code = args.code or _git_head()
     runs = []
     with tempfile.TemporaryDirectory(prefix="profile_filler_") as tmp:
         for _ in range(args.repeats):
@@ -461,14 +476,14 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_filler(args, Path(tmp), len(runs), mode))
     summary = summarize(args, runs)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    text = render(summary, command, when, where)
+    text = render(summary, command, when, where, code)
     if args.out is None:
         print(text)
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
     args.out.with_suffix(".json").write_text(json.dumps({"command": command, "when": when, "machine": where,
-                                                         **summary}, indent=1) + "\n")
+                                                         "code": code, **summary}, indent=1) + "\n")
     print(f"wrote {args.out.with_suffix('.md')} and .json", file=sys.stderr)
     return 0
 
