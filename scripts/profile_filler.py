@@ -366,7 +366,7 @@ def _depth(parts: list[dict[str, Any]], row: dict[str, Any]) -> int:
 
 def _git_head() -> str:
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"], capture_output=True,
+        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h"], capture_output=True,
                               text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "forge_load"],
                                capture_output=True, text=True, check=True).stdout.strip()
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python scripts/profile_filler.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     where = machine()
     code = args.code or _git_head()
-    runs = []
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="profile_filler_") as tmp:
         for _ in range(args.repeats):
             for mode in MODES:
