@@ -128,7 +128,7 @@ def test_the_schedule_pauses_outside_its_hours() -> None:
 def test_sigusr2_lifts_only_the_signals_pause(tmp_path: Path) -> None:
     switch = PauseSwitch()
     told: list[int] = []
-    switch.add_listener(lambda: told.append(switch.generation))
+    switch.listeners.add(lambda: told.append(switch.generation))
     path = tmp_path / "pause"
     pauses = Pauses(switch, pause_file=str(path), wall_clock=Clock(NOON_UTC), tz=BERLIN)
     switch.set(True, "SIGUSR1")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from forge_load.operators import holds as disk
 from forge_load.operators.holds import ACK_REFRESH_S, DEFAULT_IDLE_AGE_OUT_S, Ack, Hold, HoldsView, ack_name
+from forge_load.operators.listeners import Listeners
 
 FAIL_SAFE_HOLDER = "-"  # no holder's name (HOLDER_RE): the GPU held because its holds cannot be counted or read
 
@@ -33,7 +34,7 @@ class HoldBoard:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._holds: dict[str, tuple[Hold, ...]] = {}
-        self._listeners: list[Callable[[], None]] = []
+        self.listeners = Listeners()  # told after every change
         self.generation = 0  # moves on every change
 
     def replace(self, holds: Iterable[Hold]) -> bool:
@@ -47,23 +48,12 @@ class HoldBoard:
                 return False
             self._holds = new
             self.generation += 1
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener()
+        self.listeners.tell()
         return True
 
     def holds_for(self, gpu_uuid: str) -> tuple[Hold, ...]:
         with self._lock:
             return self._holds.get(gpu_uuid, ())
-
-    def add_listener(self, listener: Callable[[], None]) -> None:
-        with self._lock:
-            self._listeners.append(listener)
-
-    def remove_listener(self, listener: Callable[[], None]) -> None:
-        with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
 
 
 class HoldWatch:

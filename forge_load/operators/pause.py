@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 
+from forge_load.operators.listeners import Listeners
 from forge_load.operators.schedule import ActiveHours, from_unix, to_unix
 
 PAUSE_FILE_MAX_BYTES = 256
@@ -51,24 +52,13 @@ class PauseSwitch:
         self._lock = threading.Lock()
         self._by: str | None = None
         self.generation = 0
-        self._listeners: list[Callable[[], None]] = []
+        self.listeners = Listeners()  # told after every change
 
     def set(self, paused: bool, signal_name: str) -> None:
         with self._lock:
             self._by = signal_name if paused else None
             self.generation += 1
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener()
-
-    def add_listener(self, listener: Callable[[], None]) -> None:
-        with self._lock:
-            self._listeners.append(listener)
-
-    def remove_listener(self, listener: Callable[[], None]) -> None:
-        with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+        self.listeners.tell()
 
     @property
     def by(self) -> str | None:

@@ -41,12 +41,12 @@ def run_loop(config: Config, backend: Backend, stream: TextIO, stop: threading.E
     # A pause signal is acted on at once, not at the next poll, and so is a hold the kubelet gave.
     listened = [source for source in (controls.switch, controls.board) if source is not None]
     for source in listened:
-        source.add_listener(wake.set)
+        source.listeners.add(wake.set)
     try:
         return _run(config, backend, stream, stop, wake, controls, exclusive)
     finally:
         for source in listened:
-            source.remove_listener(wake.set)
+            source.listeners.remove(wake.set)
 
 
 def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event, wake: threading.Event,
