@@ -56,6 +56,11 @@ class HoldBoard:
             return self._holds.get(gpu_uuid, ())
 
 
+def jobs_announced(hold_dir: str, board: HoldBoard | None) -> bool:
+    """Whether holds can tell a filler of a job: the kubelet's board, or a hold directory that exists."""
+    return board is not None or disk.configured(hold_dir)
+
+
 class HoldWatch:
     """One GPU's holds as its filler sees them, asked on every poll.
 

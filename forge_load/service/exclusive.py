@@ -31,8 +31,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.status import GpuStatus
 from forge_load.log import EventLog
-from forge_load.operators import holds as hold_files
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard
+from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
 from forge_load.operators.pause import Pauses, shown_time
 from forge_load.service.runtime import stop_reason
 
@@ -277,14 +276,14 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     hold_dir = hold_dir or config.hold_dir
     mode = info.compute_mode.value
     end_s = start_s + config.duration_s if config.duration_s > 0 else math.inf
-    if board is None and not hold_files.configured(hold_dir):
+    if not jobs_announced(hold_dir, board):
         log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=False, filling=False,
                  reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
                         f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled "
                         "until the directory appears")
         idle = supervisor_status(PAUSED)
         attach(lambda: idle)
-        while not stop.is_set() and time.monotonic() < end_s and not hold_files.configured(hold_dir):
+        while not stop.is_set() and time.monotonic() < end_s and not jobs_announced(hold_dir, board):
             beat()
             stop.wait(min(1.0, max(end_s - time.monotonic(), 0.0)))
         if stop.is_set() or time.monotonic() >= end_s:

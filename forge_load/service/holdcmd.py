@@ -220,13 +220,16 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     deadline_s = time.monotonic() + wait_s
     # A directory made just now: a filler that runs has had no chance yet to acknowledge into it.
     unsure_until_s = time.monotonic() + holds.NEW_DIR_ACK_S if made_dir else -math.inf
+
+    def settled(uuid: str) -> bool:
+        ack = holds.read_ack(hold_dir, uuid)
+        if ack is None and time.monotonic() < unsure_until_s:
+            return False
+        return holds.acknowledged(ack, holder, placed_s, time.time())
+
     waiting = list(gpus)
     while True:
-        now_unix_s = time.time()
-        unsure = time.monotonic() < unsure_until_s
-        waiting = [u for u in waiting
-                   if not holds.acknowledged(ack := holds.read_ack(hold_dir, u), holder, placed_s, now_unix_s)
-                   or (unsure and ack is None)]
+        waiting = [u for u in waiting if not settled(u)]
         if not waiting or time.monotonic() >= deadline_s:
             break
         time.sleep(WAIT_POLL_S)

@@ -27,8 +27,7 @@ from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
 from forge_load.log import EventLog, escape_controls
-from forge_load.operators import holds as hold_files
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard
+from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
 from forge_load.operators.pause import Pauses, PauseSwitch
 from forge_load.operators.schedule import local_zone
 
@@ -122,8 +121,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                          f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
     seeing, blind = rt.monitor.sight()
     said = "; ".join(f"{name}: {why}" for name, why in blind.items())
-    announced = rt.filler.holds is not None and (rt.filler.holds.watch.board is not None
-                                                 or hold_files.configured(rt.config.hold_dir))
+    announced = rt.filler.holds is not None and jobs_announced(rt.config.hold_dir, rt.filler.holds.watch.board)
     if blind and not seeing and not announced:
         # Nothing could ever make this filler step aside: it would fill beside every job. Before any launch.
         raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}): no foreign job can be seen on it ({said}), and no "
