@@ -14,7 +14,9 @@ The prolog's cost and the lead times are printed (run with -s to see them):
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import signal
 import socket
@@ -104,14 +106,14 @@ def write_settings(directory: Path, **settings: str) -> Path:
 
 
 def run_script(script: Path, slurm_conf: Path, job_id: str, gpus: str | None, context: str,
-               timeout_s: float = 30.0) -> tuple[int, float]:
+               timeout_s: float = 30.0, cwd: Path | None = None) -> tuple[int, float]:
     """Run a script as slurmd does (a bare environment, no arguments); its exit code and wall time."""
     env = {"SLURM_CONF": str(slurm_conf), "SLURM_JOB_ID": job_id, "SLURM_JOB_USER": "root",
            "SLURM_SCRIPT_CONTEXT": context}
     if gpus is not None:
         env["SLURM_JOB_GPUS"] = gpus
     start = time.monotonic()
-    proc = subprocess.run([str(script)], env=env, capture_output=True, timeout=timeout_s, check=False)
+    proc = subprocess.run([str(script)], env=env, capture_output=True, timeout=timeout_s, check=False, cwd=cwd)
     return proc.returncode, time.monotonic() - start
 
 
@@ -204,8 +206,9 @@ def test_a_hung_forge_load_is_killed_at_the_bound_and_the_job_goes_on(tmp_path: 
                           FORGE_SLURM_SYSLOG_SOCKET=str(syslog.path))
     rc, took_s = run_script(PROLOG, conf, "11", "0", "prolog_slurmd")
     assert rc == 0
-    assert 2.0 - 0.1 <= took_s < 2.0 + SLACK_S  # FORGE_SLURM_WAIT_S + 1, then killed
-    assert "gave up after 2 s" in syslog.wait_for("job 11: hold gave up")
+    # Killed 0.3 s before the bound (FORGE_SLURM_WAIT_S + 1), which leaves the time for its syslog line.
+    assert 2.0 - 0.3 - 0.1 <= took_s < 2.0 + 0.5, f"{took_s:.2f} s"
+    assert "at the bound of 2 s" in syslog.wait_for("job 11: hold gave up after")
     pid = int(pids.read_text().split()[0])
     deadline = time.monotonic() + 5
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
@@ -229,6 +232,104 @@ def test_bad_settings_are_named_in_one_line_and_the_defaults_used(tmp_path: Path
     assert sum("FORGE_HOLD_TIME" in line for line in syslog.lines) == 1, syslog.lines  # once per job
     assert sum("WAIT_S='two'" in line for line in syslog.lines) == 1, syslog.lines
     assert calls.read_text().split()[:2] == ["hold", "--gpu"] and "--wait 2 " in calls.read_text()
+
+
+
+class FullSyslog:
+    """A syslog socket that does not drain: bound, never read, its queue already full, so that a send to it
+    blocks (as a syslog daemon that is stopped or swamped does)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.server.bind(str(path))
+        self.client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.client.setblocking(False)
+        self.client.connect(str(path))
+        try:
+            while True:
+                self.client.send(b"<30>forge-load-slurm: filling the queue")
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()
+
+
+@pytest.fixture
+def full_syslog(tmp_path: Path) -> Iterator[FullSyslog]:
+    log = FullSyslog(tmp_path / "full-syslog")
+    yield log
+    log.close()
+
+
+def test_a_syslog_socket_that_does_not_drain_neither_delays_the_job_nor_stops_the_hold(
+        tmp_path: Path, full_syslog: FullSyslog) -> None:
+    """Warnings before the hold (two bad settings lines, three SLURM_JOB_GPUS items that are not indices) and
+    the hold's own line all go to a socket that never drains: the hold is placed all the same, and the prolog
+    exits 0 well within its bound."""
+    if len(forge_load_command()) > 1:
+        pytest.skip("needs the forge-load console script (pip install -e .)")
+    hold_dir = tmp_path / "holds"
+    driver = fake_driver(tmp_path / "driver", {0: UUIDS[0]})
+    conf = write_settings(tmp_path / "etc", FORGE_HOLD_TIME="3", FORGE_LOAD=forge_load_command()[0],
+                          FORGE_HOLD_DIR=str(hold_dir), FORGE_SLURM_NVIDIA_PROC=str(driver),
+                          FORGE_SLURM_SYSLOG_SOCKET=str(full_syslog.path), FORGE_SLURM_WAIT_S="soon")
+    rc, took_s = run_script(PROLOG, conf, "71", "0,x,y,z", "prolog_slurmd")
+    assert rc == 0
+    assert [(h["gpu"], h["holder"]) for h in hold_files(hold_dir)] == [(UUIDS[0], "slurm-71")]
+    assert took_s < BOUND_S, f"{took_s:.2f} s"  # about 0.5 s: the lines cost at most a fraction of a second
+    rc, took_s = run_script(EPILOG, conf, "71", "0", "epilog_slurmd")
+    assert rc == 0 and hold_files(hold_dir) == [] and took_s < BOUND_S
+
+
+def test_a_hung_forge_load_and_a_syslog_socket_that_does_not_drain_still_end_at_the_bound(
+        tmp_path: Path, full_syslog: FullSyslog) -> None:
+    hung = tmp_path / "forge-load"
+    hung.write_text("#!/bin/sh\nexec sleep 60\n")
+    hung.chmod(0o755)
+    conf = write_settings(tmp_path / "etc", FORGE_LOAD=str(hung), FORGE_SLURM_WAIT_S="1",
+                          FORGE_SLURM_SYSLOG_SOCKET=str(full_syslog.path))
+    rc, took_s = run_script(PROLOG, conf, "72", "0", "prolog_slurmd")
+    assert rc == 0 and took_s < 2.0 + 0.5, f"{took_s:.2f} s"  # the bound: FORGE_SLURM_WAIT_S + 1
+
+
+def test_a_settings_file_that_never_answers_does_not_hang_the_prolog(tmp_path: Path) -> None:
+    """forge-load.conf a FIFO with no writer (as a file on a hung network file system, its read never returns):
+    the prolog gives up on it, goes on with the defaults, exits 0 within the default bound, and leaves no
+    reader of it behind."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    fifo = etc / "forge-load.conf"
+    os.mkfifo(fifo)
+    for script, context in ((PROLOG, "prolog_slurmd"), (EPILOG, "epilog_slurmd")):
+        rc, took_s = run_script(script, etc / "slurm.conf", "73", "0", context, timeout_s=15)
+        assert rc == 0 and took_s < BOUND_S, f"{script.name}: {took_s:.2f} s"
+        try:  # a writer's open fails at once where nobody has the FIFO open to read
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            raise AssertionError(f"{script.name} left a reader of forge-load.conf behind")
+        except OSError as error:
+            assert error.errno == errno.ENXIO, error
+
+
+def test_slurm_job_gpus_is_never_a_file_name_pattern(tmp_path: Path, syslog: Syslog) -> None:
+    """slurmd runs the prolog in its own working directory: SLURM_JOB_GPUS='*' must not become the names of
+    the files there (a file named 0 would hold GPU 0)."""
+    if len(forge_load_command()) > 1:
+        pytest.skip("needs the forge-load console script (pip install -e .)")
+    hold_dir = tmp_path / "holds"
+    driver = fake_driver(tmp_path / "driver", {0: UUIDS[0], 1: UUIDS[1]})
+    conf = write_settings(tmp_path / "etc", FORGE_LOAD=forge_load_command()[0], FORGE_HOLD_DIR=str(hold_dir),
+                          FORGE_SLURM_NVIDIA_PROC=str(driver), FORGE_SLURM_SYSLOG_SOCKET=str(syslog.path))
+    cwd = tmp_path / "slurmd-cwd"
+    cwd.mkdir()
+    (cwd / "0").write_text("")
+    (cwd / "1").write_text("")
+    assert run_script(PROLOG, conf, "74", "*", "prolog_slurmd", cwd=cwd)[0] == 0
+    assert hold_files(hold_dir) == []
+    line = syslog.wait_for("job 74: SLURM_JOB_GPUS=")
+    assert "SLURM_JOB_GPUS='*'" in line and "'*' not an index (accepted: N or N-M" in line, line
 
 
 def install_scripts(etc: Path, epilog_dir: Path | None = None) -> tuple[Path, Path]:

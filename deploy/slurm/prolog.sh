@@ -16,10 +16,14 @@
 # directory is absent it passes the index, which forge-load resolves through NVML. docs/slurm.md says when
 # these numberings agree and how to check.
 #
-# It fails open, always: it exits 0 whatever happens (a prolog or epilog that fails drains the node), and the
-# whole script runs under `timeout`, so a stopped, hung or absent filler, or a missing forge-load, delays the
-# job by at most the wait plus one second. It logs one line per job to syslog (tag forge-load-slurm, facility
-# daemon; silent where there is no syslog).
+# It fails open, always: it exits 0 whatever happens (a prolog or epilog that fails drains the node), within
+# its bound, FORGE_SLURM_WAIT_S + 1 s from its start (3 s by default), whatever blocks. What can block runs in
+# a child under `timeout -s KILL`, in three phases that share the bound: reading the settings (0.5 s at most:
+# a FIFO, or a file on a hung network file system, gets the defaults), the hold or release (until 0.3 s before
+# the bound; forge-load's --wait is cut to fit), and the syslog lines (what is left, 0.3 s at most: a socket
+# that does not drain costs that, and the lines are lost). It logs one line per job to syslog, and one per
+# kind of problem (tag forge-load-slurm, facility daemon; silent where there is no syslog), all at its end by
+# one logger.
 #
 # Settings, all optional: KEY=value lines in forge-load.conf, read as data, never run. The first of these that
 # exists is read: beside slurm.conf (the directory of SLURM_CONF, which slurmd sets), else beside this script
@@ -33,23 +37,37 @@
 #   FORGE_SLURM_SYSLOG_SOCKET   the syslog socket (default: logger's, /dev/log)
 #   FORGE_SLURM_NVIDIA_PROC     the driver's GPU directory (default /proc/driver/nvidia/gpus; for tests)
 
+set -f  # SLURM_JOB_GPUS and the settings are data: no word of them is ever a file name pattern
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/forge-load/bin
 export PATH
 TAG=forge-load-slurm
+SETTINGS_S=0.5  # a local forge-load.conf answers in milliseconds
+LOG_S=0.3       # the syslog lines, sent at the end: the hold or release phase ends this long before the bound
+PYTHON_S=0.5    # forge-load's start and answer: its --wait is cut so that it answers before its phase ends
+NL='
+'
 
 FORGE_LOAD=forge-load
 FORGE_HOLD_DIR=/run/forge-load/holds
 FORGE_SLURM_WAIT_S=2
 FORGE_SLURM_SYSLOG_SOCKET=
 FORGE_SLURM_NVIDIA_PROC=/proc/driver/nvidia/gpus
+KEYS="FORGE_LOAD, FORGE_HOLD_DIR, FORGE_SLURM_WAIT_S, FORGE_SLURM_SYSLOG_SOCKET, FORGE_SLURM_NVIDIA_PROC"
 
-log() {  # log PRIORITY MESSAGE: to syslog, never failing, never blocking for long
-    if [ -n "$FORGE_SLURM_SYSLOG_SOCKET" ]; then
-        timeout 1 logger -u "$FORGE_SLURM_SYSLOG_SOCKET" -t "$TAG" -p "daemon.$1" -- "$2" >/dev/null 2>&1
-    else
-        timeout 1 logger -t "$TAG" -p "daemon.$1" -- "$2" >/dev/null 2>&1
-    fi
-    return 0
+say() {  # say PRIORITY MESSAGE: one syslog line on stdout, as `logger --prio-prefix` reads it (facility daemon)
+    case $1 in err) n=27 ;; warning) n=28 ;; *) n=30 ;; esac
+    printf '<%s>%s\n' "$n" "$(printf '%s' "$2" | tr '\n\r' '  ')"
+}
+
+now_s() { date +%s.%N; }
+
+since() {  # seconds from $1 to now
+    awk -v a="$1" -v b="$(now_s)" 'BEGIN { printf "%.3f", b - a }'
+}
+
+left_before() {  # seconds from now until $1 less $2, at most $3; empty when none are left (`timeout 0` never ends)
+    awk -v d="$1" -v r="$2" -v m="$3" -v n="$(now_s)" \
+        'BEGIN { s = d - r - n; if (m != "" && s > m) s = m; if (s >= 0.01) printf "%.3f", s }'
 }
 
 dir_of() {  # the directory part of a path ("." for a bare name)
@@ -66,9 +84,9 @@ settings_file() {  # forge-load.conf beside slurm.conf, else beside this script'
     printf '%s' "$conf"
 }
 
-read_settings() {  # the KEY=value lines of the settings file (see the header); with "say", what is wrong logged
+print_settings() {  # `$0 --settings`, run under timeout: the file's name, what is wrong in it, then the settings
     conf=$(settings_file)
-    settings="settings ${conf:-defaults (no forge-load.conf beside SLURM_CONF or the script)}"
+    printf 'conf %s\n' "$conf"  # first: should the read below block, the caller can still name the file
     [ -n "$conf" ] || return 0
     ignored=
     while IFS= read -r line || [ -n "$line" ]; do
@@ -84,52 +102,93 @@ read_settings() {  # the KEY=value lines of the settings file (see the header); 
             *) ignored="$ignored '$line'" ;;
         esac
     done <"$conf"
-    if [ -n "$ignored" ] && [ "${1:-}" = say ]; then  # logged once the socket setting is known
-        log warning "$conf: ignored line(s)$ignored (keys: FORGE_LOAD, FORGE_HOLD_DIR, FORGE_SLURM_WAIT_S, FORGE_SLURM_SYSLOG_SOCKET, FORGE_SLURM_NVIDIA_PROC)"
-    fi
+    [ -z "$ignored" ] || say warning "$conf: ignored line(s)$ignored (keys: $KEYS)"
     case $FORGE_SLURM_WAIT_S in
         '' | *[!0-9.]* | *.*.* | .) bad=1 ;;
         *) bad=$(awk -v w="$FORGE_SLURM_WAIT_S" 'BEGIN { print (w + 0 > 30) ? 1 : 0 }') ;;
     esac
     if [ "$bad" = 1 ]; then
-        [ "${1:-}" != say ] || log warning "$conf: FORGE_SLURM_WAIT_S='$FORGE_SLURM_WAIT_S' is not seconds from 0 to 30; waiting 2"
+        say warning "$conf: FORGE_SLURM_WAIT_S='$FORGE_SLURM_WAIT_S' is not seconds from 0 to 30; waiting 2"
         FORGE_SLURM_WAIT_S=2
     fi
+    printf 'set FORGE_LOAD %s\nset FORGE_HOLD_DIR %s\nset FORGE_SLURM_WAIT_S %s\n' \
+        "$FORGE_LOAD" "$FORGE_HOLD_DIR" "$FORGE_SLURM_WAIT_S"
+    printf 'set FORGE_SLURM_SYSLOG_SOCKET %s\nset FORGE_SLURM_NVIDIA_PROC %s\n' \
+        "$FORGE_SLURM_SYSLOG_SOCKET" "$FORGE_SLURM_NVIDIA_PROC"
 }
 
-gpu_of_index() {  # Slurm's index -> the UUID of the GPU with that device minor, else the index itself
-    if [ -d "$FORGE_SLURM_NVIDIA_PROC" ]; then
-        uuid=$(awk -F: -v want="$1" '
-            FNR == 1 { uuid = ""; minor = "" }
-            { sub(/^[ \t]+/, "", $2); sub(/[ \t]+$/, "", $2) }
-            $1 == "GPU UUID" { uuid = $2 }
-            $1 == "Device Minor" { minor = $2 }
-            uuid != "" && minor == want { print uuid; exit }' "$FORGE_SLURM_NVIDIA_PROC"/*/information 2>/dev/null)
-        if [ -n "$uuid" ]; then
-            printf '%s\n' "$uuid"
-            return
-        fi
-        log warning "job $SLURM_JOB_ID: no GPU with device minor $1 in $FORGE_SLURM_NVIDIA_PROC; holding NVML index $1"
+gpu_of_index() {  # Slurm's index -> $gpu: the UUID of the GPU with that device minor, else the index itself
+    gpu=$1
+    [ -d "$FORGE_SLURM_NVIDIA_PROC" ] || return 0
+    # set +f in this subshell only: the driver's directories are the one pattern the script expands
+    uuid=$(set +f; awk -F: -v want="$1" '
+        FNR == 1 { uuid = ""; minor = "" }
+        { sub(/^[ \t]+/, "", $2); sub(/[ \t]+$/, "", $2) }
+        $1 == "GPU UUID" { uuid = $2 }
+        $1 == "Device Minor" { minor = $2 }
+        uuid != "" && minor == want { print uuid; exit }' "$FORGE_SLURM_NVIDIA_PROC"/*/information 2>/dev/null)
+    if [ -n "$uuid" ]; then
+        gpu=$uuid
+    else
+        no_minor=${no_minor:+$no_minor,}$1
     fi
-    printf '%s\n' "$1"
 }
 
-job_gpus() {  # SLURM_JOB_GPUS ("0,2" or "0-3") -> "GPU-...,GPU-..." (empty when the job has no GPU)
-    out=
+job_gpus() {  # SLURM_JOB_GPUS ("0,2" or "0-3") -> $gpus, "GPU-...,GPU-..." (empty when the job has no GPU)
+    gpus=
+    no_minor=
+    skipped=
     for item in $(printf '%s' "${SLURM_JOB_GPUS:-}" | tr ',' ' '); do
         case $item in
-            *[!0-9-]* | -* | *-*-* | *-) log warning "job $SLURM_JOB_ID: SLURM_JOB_GPUS item '$item' is not an index; skipped"; continue ;;
+            *[!0-9-]* | -* | *-*-* | *-) skipped="$skipped '$item'"; continue ;;
             *-*) indices=$(seq "${item%-*}" "${item#*-}") ;;
             *) indices=$item ;;
         esac
         for i in $indices; do
-            out=${out:+$out,}$(gpu_of_index "$i")
+            gpu_of_index "$i"
+            gpus=${gpus:+$gpus,}$gpu
         done
     done
-    printf '%s' "$out"
+    # One line each, however many items: the lines are sent at the end and cost no time here.
+    [ -z "$skipped" ] || say warning "job $SLURM_JOB_ID: SLURM_JOB_GPUS='$SLURM_JOB_GPUS': item(s)$skipped not an index (accepted: N or N-M, comma-separated); skipped"
+    [ -z "$no_minor" ] || say warning "job $SLURM_JOB_ID: no GPU with device minor $no_minor in $FORGE_SLURM_NVIDIA_PROC; holding NVML index(es) $no_minor"
 }
 
-now_s() { date +%s.%N; }
+guarded() {  # `$0 --guarded START DEADLINE WAIT FORGE_LOAD HOLD_DIR NVIDIA_PROC SETTINGS`, run under timeout
+    start=$1 deadline=$2 FORGE_SLURM_WAIT_S=$3 FORGE_LOAD=$4 FORGE_HOLD_DIR=$5 FORGE_SLURM_NVIDIA_PROC=$6
+    settings=$7
+    holder=slurm-$SLURM_JOB_ID
+    if ! command -v "$FORGE_LOAD" >/dev/null 2>&1; then
+        say warning "job $SLURM_JOB_ID: no forge-load command ('$FORGE_LOAD'); nothing to $action, the job goes on; $settings"
+        return 0
+    fi
+    if [ "$action" = release ]; then
+        err=$("$FORGE_LOAD" release --holder "$holder" --hold-dir "$FORGE_HOLD_DIR" 2>&1 >/dev/null)
+        rc=$?
+        took=$(since "$start")
+        if [ "$rc" -eq 0 ]; then
+            say info "job $SLURM_JOB_ID: released $holder in ${took} s; $settings"
+        else
+            say err "job $SLURM_JOB_ID: forge-load release exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300); $settings"
+        fi
+        return 0
+    fi
+    job_gpus
+    [ -n "$gpus" ] || return 0
+    # The wait, cut where forge-load could not answer PYTHON_S before this phase ends (a slow settings read
+    # took its share of the bound).
+    wait_s=$(awk -v w="$FORGE_SLURM_WAIT_S" -v d="$deadline" -v r="$PYTHON_S" -v n="$(now_s)" \
+        'BEGIN { s = d - r - n; if (s < 0) s = 0; if (w + 0 <= s) print w; else printf "%.3f", s }')
+    err=$("$FORGE_LOAD" hold --gpu "$gpus" --holder "$holder" --reason "Slurm job $SLURM_JOB_ID" \
+        --wait "$wait_s" --hold-dir "$FORGE_HOLD_DIR" 2>&1 >/dev/null)
+    rc=$?
+    took=$(since "$start")
+    case $rc in
+        0) say info "job $SLURM_JOB_ID: held GPU $gpus as $holder in ${took} s (its filler drained, or none runs there); $settings" ;;
+        1) say warning "job $SLURM_JOB_ID: held GPU $gpus as $holder, no drain acknowledged within ${wait_s} s; the job starts anyway; $settings" ;;
+        *) say err "job $SLURM_JOB_ID: forge-load hold exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300); the job starts anyway; $settings" ;;
+    esac
+}
 
 case ${SLURM_SCRIPT_CONTEXT:-} in
     prolog_slurmd) action=hold ;;
@@ -137,47 +196,74 @@ case ${SLURM_SCRIPT_CONTEXT:-} in
     *) case ${0##*/} in *epilog*) action=release ;; *) action=hold ;; esac ;;
 esac
 
-if [ "${1:-}" != --guarded ]; then
-    # The outer run (as slurmd calls it, with no arguments): the real work runs again under `timeout`, with
-    # the start time as argument; whatever it does, this exits 0.
-    [ -n "${SLURM_JOB_GPUS:-}" ] || exit 0  # a job without GPUs: nothing held, nothing to release
-    read_settings say  # here only: the guarded run below reads them again, quietly
-    bound=$(awk -v w="$FORGE_SLURM_WAIT_S" 'BEGIN { print w + 1 }')
-    start=$(now_s)
-    timeout -s KILL "$bound" "$0" --guarded "$start"
-    rc=$?
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        log warning "job $SLURM_JOB_ID: $action gave up after ${bound} s (forge-load hung?); the job goes on; $settings"
-    fi
-    exit 0
-fi
-
-read_settings
-holder=slurm-$SLURM_JOB_ID
-if ! command -v "$FORGE_LOAD" >/dev/null 2>&1; then
-    log warning "job $SLURM_JOB_ID: no forge-load command ('$FORGE_LOAD'); nothing to $action, the job goes on; $settings"
-    exit 0
-fi
-if [ "$action" = release ]; then
-    err=$("$FORGE_LOAD" release --holder "$holder" --hold-dir "$FORGE_HOLD_DIR" 2>&1 >/dev/null)
-    rc=$?
-    took=$(awk -v a="$2" -v b="$(now_s)" 'BEGIN { printf "%.3f", b - a }')
-    if [ "$rc" -eq 0 ]; then
-        log info "job $SLURM_JOB_ID: released $holder in ${took} s; $settings"
-    else
-        log err "job $SLURM_JOB_ID: forge-load release exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300 | tr '\n' ' '); $settings"
-    fi
-    exit 0
-fi
-gpus=$(job_gpus)
-[ -n "$gpus" ] || exit 0
-err=$("$FORGE_LOAD" hold --gpu "$gpus" --holder "$holder" --reason "Slurm job $SLURM_JOB_ID" \
-    --wait "$FORGE_SLURM_WAIT_S" --hold-dir "$FORGE_HOLD_DIR" 2>&1 >/dev/null)
-rc=$?
-took=$(awk -v a="$2" -v b="$(now_s)" 'BEGIN { printf "%.3f", b - a }')
-case $rc in
-    0) log info "job $SLURM_JOB_ID: held GPU $gpus as $holder in ${took} s (its filler drained, or none runs there); $settings" ;;
-    1) log warning "job $SLURM_JOB_ID: held GPU $gpus as $holder, no drain acknowledged within ${FORGE_SLURM_WAIT_S} s; the job starts anyway; $settings" ;;
-    *) log err "job $SLURM_JOB_ID: forge-load hold exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300 | tr '\n' ' '); the job starts anyway; $settings" ;;
+case ${1:-} in
+    --settings) print_settings; exit 0 ;;
+    --guarded) shift; guarded "$@"; exit 0 ;;
 esac
+
+# The run as slurmd starts it (no arguments). It opens no file itself: what may block (the settings file,
+# forge-load, the syslog socket) runs in a child under `timeout -s KILL`, each within what is left of the
+# bound, and the lines for syslog are gathered in $lines and sent last.
+[ -n "${SLURM_JOB_GPUS:-}" ] || exit 0  # a job without GPUs: nothing held, nothing to release
+start=$(now_s)
+lines=
+found=$(timeout -s KILL "$SETTINGS_S" "$0" --settings 2>/dev/null)
+rc=$?
+conf=
+while IFS= read -r line; do
+    case $line in
+        'conf '*) conf=${line#conf } ;;
+        '<'*) [ "$rc" -ne 0 ] || lines="$lines$line$NL" ;;
+        'set '*)
+            [ "$rc" -eq 0 ] || continue  # a read cut short: the defaults, never half a file
+            key=${line#set }
+            key=${key%% *}
+            value=${line#set "$key" }
+            case $key in
+                FORGE_LOAD) FORGE_LOAD=$value ;;
+                FORGE_HOLD_DIR) FORGE_HOLD_DIR=$value ;;
+                FORGE_SLURM_WAIT_S) FORGE_SLURM_WAIT_S=$value ;;
+                FORGE_SLURM_SYSLOG_SOCKET) FORGE_SLURM_SYSLOG_SOCKET=$value ;;
+                FORGE_SLURM_NVIDIA_PROC) FORGE_SLURM_NVIDIA_PROC=$value ;;
+            esac
+            ;;
+    esac
+done <<EOF
+$found
+EOF
+if [ "$rc" -eq 0 ]; then
+    settings="settings ${conf:-defaults (no forge-load.conf beside SLURM_CONF or the script)}"
+else
+    what=${conf:-forge-load.conf (beside SLURM_CONF or the script)}
+    case $rc in
+        124 | 137) why="did not answer within $SETTINGS_S s (a FIFO? a hung file system?)" ;;
+        *) why="could not be read (exit $rc)" ;;
+    esac
+    settings="settings defaults ($what $why)"
+    lines="$lines$(say warning "job $SLURM_JOB_ID: $what $why; the defaults are used")$NL"
+fi
+bound=$(awk -v w="$FORGE_SLURM_WAIT_S" 'BEGIN { print w + 1 }')
+deadline=$(awk -v s="$start" -v b="$bound" 'BEGIN { printf "%.3f", s + b }')
+work_s=$(left_before "$deadline" "$LOG_S" "")
+if [ -n "$work_s" ]; then
+    work_deadline=$(awk -v d="$deadline" -v r="$LOG_S" 'BEGIN { printf "%.3f", d - r }')
+    said=$(timeout -s KILL "$work_s" "$0" --guarded "$start" "$work_deadline" "$FORGE_SLURM_WAIT_S" \
+        "$FORGE_LOAD" "$FORGE_HOLD_DIR" "$FORGE_SLURM_NVIDIA_PROC" "$settings" 2>/dev/null)
+    rc=$?
+    [ -z "$said" ] || lines="$lines$said$NL"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        lines="$lines$(say warning "job $SLURM_JOB_ID: $action gave up after $(since "$start") s, at the bound of $bound s less ${LOG_S} s for these lines (forge-load hung?); the job goes on; $settings")$NL"
+    fi
+fi
+log_s=$(left_before "$deadline" 0 "$LOG_S")
+if [ -n "$lines" ] && [ -n "$log_s" ]; then
+    # One logger for every line: a socket that does not drain holds it until it is killed, and the lines are lost.
+    if [ -n "$FORGE_SLURM_SYSLOG_SOCKET" ]; then
+        (printf '%s' "$lines" | timeout -s KILL "$log_s" logger --prio-prefix -u "$FORGE_SLURM_SYSLOG_SOCKET" \
+            -t "$TAG" -p daemon.info) >/dev/null 2>&1
+    else
+        (printf '%s' "$lines" | timeout -s KILL "$log_s" logger --prio-prefix -t "$TAG" -p daemon.info) \
+            >/dev/null 2>&1
+    fi
+fi
 exit 0
