@@ -9,15 +9,19 @@ before its context exists while GPU 0 keeps filling.
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import os
+import queue
 import shutil
+import socketserver
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ from docker_support import (
 from test_fleet import run_fleet
 
 from forge_load.fleet import engine as fleet_engine
+from forge_load.fleet import events as fleet_events
 from forge_load.fleet import plan
 from forge_load.fleet import watch as fleet_watch
 from forge_load.fleet.command import build_parser
@@ -317,10 +322,12 @@ class FakeEngine:
     def inspect_container(self, container_id: str) -> dict[str, Any]:
         raise AssertionError("the engine's files are there: no inspect")
 
-    def events(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    def events(self, **kwargs: Any) -> Iterator[bytes]:
         self.since = kwargs["since"]
         assert kwargs["filters"] == {"type": "container", "event": list(dockerwatch.EVENTS)}
-        yield from self.sent
+        assert kwargs["decode"] is False  # the raw chunks, as the engine sends them: split by the watcher
+        for sent in self.sent:
+            yield json.dumps(sent).encode() + b"\n"
         raise self.end
 
 
@@ -365,6 +372,156 @@ def test_a_container_removed_while_listed_is_not_an_engine_failure(tmp_path: Pat
     watch = fleet_watch.Watch(Removed(tmp_path, [ID_B], [], KeyboardInterrupt()), book.holds, None, book.lines.append)
     watch.reconcile()  # listed, then gone before its inspect: nothing to hold, and no exception
     assert book.on_disk() == {} and book.lines == []
+
+
+class HttpEngine:
+    """A Docker engine at the HTTP level, on a unix socket: the docker SDK's own client talks to it, so the SDK's
+    reading of the event stream is part of what is tested. `/events` sends, as one HTTP chunk each, the bytes the
+    test puts in `chunks`, and stays open until the test puts None."""
+
+    def __init__(self, path: Path, root: Path) -> None:
+        self.chunks: queue.Queue[bytes | None] = queue.Queue()
+        self.root = root
+        self.streams = 0
+        engine = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - the base class's name
+                path = urllib.parse.urlsplit(self.path).path
+                if path.endswith("/events"):
+                    engine.streams += 1
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    while (chunk := engine.chunks.get()) is not None:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.close_connection = True
+                    return
+                answers: dict[str, Any] = {
+                    "/_ping": "OK", "/version": {"ApiVersion": "1.41", "MinAPIVersion": "1.12", "Version": "20.10.24"},
+                    "/info": {"DockerRootDir": str(engine.root)}, "/containers/json": []}
+                name = "/" + path.rsplit("/", 1)[-1] if path.count("/") > 1 or path == "/_ping" else path
+                name = "/containers/json" if path.endswith("/containers/json") else name
+                if name not in answers:
+                    self.send_error(404)
+                    return
+                answer = answers[name]
+                body = answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain" if isinstance(answer, str) else "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.chunks.put(None)
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def event_chunk(action: str, container_id: str) -> bytes:
+    """An event as the engine sends it: one JSON object and a newline, one HTTP chunk."""
+    return json.dumps(event(action, container_id)).encode() + b"\n"
+
+
+def test_events_are_read_however_the_engines_bytes_are_cut_and_what_is_not_one_costs_one_line() -> None:
+    bad: list[tuple[str, int]] = []
+    splitter = fleet_events.EventSplitter(lambda text, size: bad.append((text, size)))
+    one = json.dumps(event("create", ID_A)).replace("n_aa", "n_\u00e9").encode() + b"\n"
+    # An event cut anywhere, even inside a character of two bytes, is read once its newline arrives.
+    for cut in range(1, len(one)):
+        got = splitter.feed(one[:cut]) + splitter.feed(one[cut:])
+        assert [e["Actor"]["Attributes"]["name"] for e in got] == ["n_\u00e9"], cut
+    assert bad == []
+    # Two in one chunk; one without its newline (read at once: it is complete); then junk, one line each.
+    assert [e["Action"] for e in splitter.feed(json.dumps(event("start", ID_A)).encode() + b"\n" +
+                                               json.dumps(event("die", ID_A)).encode())] == ["start", "die"]
+    assert splitter.feed(b"\n") == [] and bad == []
+    assert splitter.feed(b"garbage {\"also\": garbage\n") == [] and len(bad) == 1
+    assert "garbage" in bad[0][0] and bad[0][1] == len("garbage {\"also\": garbage")
+    assert [e["Action"] for e in splitter.feed(b"junk" + json.dumps(event("destroy", ID_A)).encode() + b"\n")] \
+        == ["destroy"] and len(bad) == 2 and bad[1][0] == "junk"
+    assert splitter.feed(b'"a string" 42 null\n') == [] and len(bad) == 3  # JSON, but no event
+    # Bytes that never end a line are not kept for ever.
+    assert splitter.feed(b"x" * (fleet_events.MAX_PENDING + 1)) == [] and len(bad) == 4
+    assert bad[3][1] == fleet_events.MAX_PENDING + 1 and len(bad[3][0]) == 200
+    assert [e["Action"] for e in splitter.feed(json.dumps(event("create", ID_B)).encode() + b"\n")] == ["create"]
+    assert len(bad) == 4
+
+
+def test_a_malformed_chunk_on_the_event_stream_costs_that_chunk_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes that are not an event, on a stream the engine keeps open: each costs itself and one line, and the
+    `create` after it still places its hold at once (the docker SDK's decoder kept every later event behind the
+    first bad chunk, until the stream closed)."""
+    ids = [c * 64 for c in "abcdef"]
+    for n, container in enumerate(ids):
+        engine_dir(tmp_path / "containers", container, attrs([gpus(str(n % 3))]))
+    engine = HttpEngine(tmp_path / "docker.sock", tmp_path)
+    connects = [0]
+    real_connect = fleet_engine.connect
+
+    def connect() -> Any:
+        connects[0] += 1
+        if connects[0] > 1:  # the stream has ended: the test is over
+            raise KeyboardInterrupt
+        return real_connect()
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'docker.sock'}")
+    monkeypatch.setattr(fleet_engine, "connect", connect)
+    monkeypatch.setattr(fleet_watch, "ENGINE_RETRY_S", (0.0,))
+    monkeypatch.setattr("forge_load.service.holdcmd.host_uuids", lambda: UUIDS)
+    out = io.StringIO()
+    args = build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(fleet_watch.cmd_watch(args, out)), daemon=True)
+    runner.start()
+    book = Book(tmp_path / "holds")
+
+    def wait_held(container: str) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if any(holder == "docker-" + container[:12] for _, holder in book.on_disk()):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"no hold for {container[:12]} while the stream is open:\n{out.getvalue()}")
+
+    try:
+        deadline = time.monotonic() + 30
+        while "event=engine state=connected" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "event=engine state=connected" in out.getvalue(), out.getvalue()
+        malformed = [b"this is not JSON\n",  # a line of text
+                     b'{"Type": "container", "Action": "crea\n',  # an event cut short
+                     b"\xff\xfe\x00 binary\n",  # not even UTF-8
+                     b"[1, 2]\n",  # JSON, but not an event
+                     b'{"Type": "container", "Action": "create", "Actor": "nobody"}\n',  # an event of odd shape
+                     b"no newline, and an event right behind it: "]
+        for bad, container in zip(malformed, ids, strict=True):
+            engine.chunks.put(bad)
+            engine.chunks.put(event_chunk("create", container))
+            wait_held(container)
+        notes = [line for line in out.getvalue().splitlines() if "event=note" in line]
+        assert len(notes) == len(malformed), notes  # one line each
+        assert "not an event" in notes[0] and "this is not JSON" in notes[0], notes
+        assert "event=engine state=lost" not in out.getvalue() and engine.streams == 1  # the stream stayed open
+    finally:
+        engine.close()
+        runner.join(30)
+    assert result == [0], out.getvalue()
 
 
 # --- the command line and `up` ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 from forge_load.fleet import engine
 from forge_load.fleet.engine import FleetError, SettingsError, short
+from forge_load.fleet.events import EventSplitter
 from forge_load.operators.dockerwatch import EVENTS, DockerHolds, Seen, not_held_because
 from forge_load.operators.holds import HoldError, read_small
 from forge_load.service import holdcmd
@@ -24,6 +25,7 @@ from forge_load.service import holdcmd
 ENGINE_RETRY_S = (1.0, 2.0, 5.0, 10.0)
 EXPIRE_EVERY_S = 1.0
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_CONTAINER_ID = re.compile(r"[0-9A-Za-z]{1,128}\Z")  # the engine's are 64 hex digits; also a holder's name part
 
 
 def engine_files(containers_dir: str | None, container_id: str) -> dict[str, Any] | None:
@@ -42,6 +44,12 @@ def engine_files(containers_dir: str | None, container_id: str) -> dict[str, Any
         return None
     return {"HostConfig": host, "Config": config["Config"], "Name": config.get("Name", ""),
             "Created": config.get("Created")}
+
+
+def short_json(value: object) -> str:
+    """A value from the engine, as JSON, in at most 200 characters: for a line that says what was ignored."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 200 else text[:199] + "\u2026"
 
 
 class Watch:
@@ -64,9 +72,16 @@ class Watch:
         action = str(event.get("Action") or event.get("status") or "")
         if event.get("Type", "container") != "container" or action not in EVENTS:
             return
-        actor = event.get("Actor") or {}
+        # Whatever the engine sends: fields of another shape cost this event only, with one line.
+        actor = event.get("Actor")
+        actor = actor if isinstance(actor, dict) else {}
         container_id = str(actor.get("ID") or event.get("id") or "")
-        attributes = {str(k): str(v) for k, v in (actor.get("Attributes") or {}).items()}
+        raw_attributes = actor.get("Attributes")
+        if not _CONTAINER_ID.match(container_id) or not isinstance(raw_attributes, dict | None):
+            self.log(f"event=note the engine sent a {action} event without a container's id or with attributes "
+                     f"that are not an object, ignored: {short_json(event)}")
+            return
+        attributes = {str(k): str(v) for k, v in (raw_attributes or {}).items()}
         name = attributes.get("name", container_id[:12])
         now_s = time.time()
         with self.lock:
@@ -181,14 +196,18 @@ def cmd_watch(args: argparse.Namespace, out: Any) -> int:
                 watch.client = client
                 since = time.time()
                 # The stream first, then the list: what happens while we list comes in the stream.
-                stream = client.events(decode=True, since=f"{since:.9f}",
+                # Raw chunks, split here: the SDK's decoder goes deaf after one chunk that is not JSON (events.py).
+                stream = client.events(decode=False, since=f"{since:.9f}",
                                        filters={"type": "container", "event": list(EVENTS)})
+                splitter = EventSplitter(lambda text, size: log(
+                    f"event=note the engine sent {size} characters that are not an event, ignored: {text!r}"))
                 watch.reconcile()
                 failures = 0
                 log("event=engine state=connected")
                 lost = False
-                for event in stream:
-                    watch.handle(event)
+                for chunk in stream:
+                    for event in splitter.feed(chunk):
+                        watch.handle(event)
                 raise FleetError("the engine closed the event stream")
             except KeyboardInterrupt:
                 raise
