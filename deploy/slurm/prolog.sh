@@ -44,6 +44,7 @@ TAG=forge-load-slurm
 SETTINGS_S=0.5  # a local forge-load.conf answers in milliseconds
 LOG_S=0.3       # the syslog lines, sent at the end: the hold or release phase ends this long before the bound
 PYTHON_S=0.5    # forge-load's start and answer: its --wait is cut so that it answers before its phase ends
+EXIT_S=0.05     # the shell's own start (before $start) and exit, kept out of the last phase
 NL='
 '
 
@@ -206,6 +207,7 @@ esac
 # bound, and the lines for syslog are gathered in $lines and sent last.
 [ -n "${SLURM_JOB_GPUS:-}" ] || exit 0  # a job without GPUs: nothing held, nothing to release
 start=$(now_s)
+exec 2>/dev/null  # what is said goes to syslog; not the shell's "Killed" for a child ended at its phase's end
 lines=
 found=$(timeout -s KILL "$SETTINGS_S" "$0" --settings 2>/dev/null)
 rc=$?
@@ -255,7 +257,7 @@ if [ -n "$work_s" ]; then
         lines="$lines$(say warning "job $SLURM_JOB_ID: $action gave up after $(since "$start") s, at the bound of $bound s less ${LOG_S} s for these lines (forge-load hung?); the job goes on; $settings")$NL"
     fi
 fi
-log_s=$(left_before "$deadline" 0 "$LOG_S")
+log_s=$(left_before "$deadline" "$EXIT_S" "$LOG_S")
 if [ -n "$lines" ] && [ -n "$log_s" ]; then
     # One logger for every line: a socket that does not drain holds it until it is killed, and the lines are lost.
     if [ -n "$FORGE_SLURM_SYSLOG_SOCKET" ]; then
