@@ -78,8 +78,8 @@ class Watch:
         container_id = str(actor.get("ID") or event.get("id") or "")
         raw_attributes = actor.get("Attributes")
         if not _CONTAINER_ID.match(container_id) or not isinstance(raw_attributes, dict | None):
-            self.log(f"event=note the engine sent a {action} event without a container's id or with attributes "
-                     f"that are not an object, ignored: {short_json(event)}")
+            self.log(f"event=note the engine sent a {action} event without a container id (letters and digits) "
+                     f"or with attributes that are not an object, ignored: {short_json(event)}")
             return
         attributes = {str(k): str(v) for k, v in (raw_attributes or {}).items()}
         name = attributes.get("name", container_id[:12])
