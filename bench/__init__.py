@@ -2,15 +2,8 @@
 GPU, the virtual GPU or the simulated GPU. It imports forge_load, never the reverse, and is not part of the
 shipped package or the image. What every number means: docs/benchmarks/README.md.
 
-  cli.py        the command line and main(): mode, output folder, exit codes, --render
-  results.py    numbers with units, the typed records of each scenario, goals and their judging
-  analysis.py   numbers from the filler's JSON log and from utilization samples (tracking, yield)
-  runner.py     child processes (own process group, timeouts, all ended on exit) and their CPU time
-  sampler.py    the NVML sampling thread of a real run, reading samples as the Monitor does
-  scenarios.py  tracking, yield and footprint, on the simulated GPU and on a real one
-  kubelet.py    a test kubelet (the pod-resources API on a unix socket): the announced scenario's and the tests'
-  cpu.py        the cpu scenario: the filler's CPU per GPU, start-up and tracking (virtual or real GPU)
-  render.py     results.md, the generated blocks of docs/benchmarks.md, the plots
+Its modules, one per scenario beside what they share: the map in docs/design.md, "The benchmark: `bench/`"
+(tests/test_layers.py checks that it lists every one).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A test kubelet: the pod-resources API (forge_load/podresources/api.proto, v1.PodResourcesLister.List) served by
 grpcio on a unix socket, answering with whatever assignments the caller sets: the kubelet of the tests
-(tests/test_kubelet.py) and of the `announced` scenario (bench/scenarios.py).
+(tests/test_kubelet.py) and of the `announced` scenario (bench/announced.py).
 
     with TestKubelet(tmp_path / "kubelet.sock") as kubelet:
         kubelet.assign("default", "train", "main", "nvidia.com/gpu", ["GPU-..."])

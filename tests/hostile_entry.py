@@ -1,4 +1,4 @@
-"""Runs forge-load's console entry point (the one pyproject.toml names) for tests/test_hostile.py, with hooks:
+"""Runs forge-load's console entry point (the one pyproject.toml names) for the hostile tests, with hooks:
 
     python tests/hostile_entry.py [--signal-on-import SIGNAME:MODULE] [--wall-clock-sim] [--without MODULE]
                                   -- FORGE-LOAD ARGS...

@@ -318,7 +318,7 @@ def test_close_is_fast_with_connections_open_and_ends_them() -> None:
             sock.close()
 
 
-# --- out of file descriptors (issue 17) -----------------------------------------------------------------------
+# --- out of file descriptors ------------------------------------------------------------------------------------
 
 def test_out_of_descriptors_the_accept_loop_backs_off_and_says_so_once(capsys: pytest.CaptureFixture[str]) -> None:
     """accept() failing with EMFILE leaves the connection in the backlog: a loop that retried at once would spin.

@@ -1,6 +1,7 @@
 """The package's map in docs/design.md ("The package") against the code: every module listed once, in the order
-of the layers that pyproject.toml declares to import-linter. The imports themselves are checked by
-`lint-imports` (scripts/test.sh), against those contracts, not here."""
+of the layers that pyproject.toml declares to import-linter; and the benchmark's map ("The benchmark"): every module
+of bench/ listed once. The imports themselves are checked by `lint-imports` (scripts/test.sh), against those
+contracts, not here."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "forge_load"
+BENCH = ROOT / "bench"
+
+
+def design_section(heading: str) -> str:
+    """The text of docs/design.md's section `heading`, up to the next heading."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    return re.split(r"^##", text[text.index(heading) + len(heading):], maxsplit=1, flags=re.M)[0]
 
 
 def mapped() -> list[str]:
     """The modules and packages of the tables under "The package" in docs/design.md, top to bottom, as paths under
     forge_load/ ("control/policy.py", "podresources/")."""
-    text = (ROOT / "docs" / "design.md").read_text()
-    section = text[text.index("### The package: `forge_load/`"):]
-    section = section[:section.index("\n### ")]
+    section = design_section("### The package: `forge_load/`")
     return re.findall(r"^\| `forge_load/([a-z_/]+\.py|[a-z_]+/)` \|", section, re.M)
 
 
@@ -53,3 +59,8 @@ def test_every_package_is_in_a_layer() -> None:
     bottom_up = layers()
     packages = [p.parent.name + "/" for p in PACKAGE.glob("*/__init__.py")]
     assert [p for p in packages if layer_of(p, bottom_up) == len(bottom_up)] == []
+
+
+def test_the_bench_map_lists_every_module_once() -> None:
+    listed = re.findall(r"^\| `bench/([a-z_]+\.py)` \|", design_section("### The benchmark: `bench/`"), re.M)
+    assert sorted(listed) == sorted(p.name for p in BENCH.glob("*.py") if p.name != "__init__.py")

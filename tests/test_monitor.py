@@ -521,7 +521,7 @@ def test_the_sample_buffer_is_asked_about_once_per_window_and_no_sample_is_late(
     assert probe.samples_calls <= 30 / window_s + learning + 5, probe.samples_calls  # not one per poll (300)
 
 
-# --- waking the reader (issue 20) ---------------------------------------------------------------------------------
+# --- waking the reader --------------------------------------------------------------------------------------------
 
 
 def test_while_the_reader_fills_only_a_changed_verdict_wakes_it_and_take_keeps_every_sample() -> None:

@@ -143,7 +143,7 @@ def test_sigusr2_lifts_only_the_signals_pause(tmp_path: Path) -> None:
     assert pauses.check().reason is None
 
 
-# --- times at and beyond the ends of the calendar (issue 17): never a crash ------------------------------------
+# --- times at and beyond the ends of the calendar: never a crash -----------------------------------------------
 
 KIRITIMATI, MINUS_12 = ZoneInfo("Pacific/Kiritimati"), ZoneInfo("Etc/GMT+12")  # UTC+14 and UTC-12
 ZONES = [BERLIN, KIRITIMATI, MINUS_12, None]  # None: the C library's local time (TZ)
@@ -214,7 +214,7 @@ def test_a_time_at_the_end_of_the_calendar_is_shown_where_it_can_be() -> None:
     assert shown_time(float("inf")) is None and shown_time(float("nan")) is None
 
 
-# --- the host out of descriptors or memory (issue 17): not "the pause file says pause" ---------------------------
+# --- the host out of descriptors or memory: not "the pause file says pause" --------------------------------------
 
 class ShortHost:
     """read_pause_file, until `short` is set: then every open() fails as on a host out of descriptors."""

@@ -126,7 +126,7 @@ def test_same_seed_same_run() -> None:
     assert strip(first.events) == strip(again.events)
 
 
-# --- wake-ups (issue 20) ----------------------------------------------------------------------------------------
+# --- wake-ups ---------------------------------------------------------------------------------------------------
 
 def test_a_foreign_context_is_yielded_to_at_the_poll_that_sees_it_on_memory_and_processes() -> None:
     """The GPU's loop is no longer woken by every reading, but a reading whose verdict changes wakes it at once:

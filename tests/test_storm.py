@@ -2,12 +2,14 @@
 our busy share over any second stays within the plan's duty (under the power cap's limit), and a stop still acts
 at once.
 
-The storms: SIGUSR1/SIGUSR2 by turns every 10 ms; a hold placed and released by turns at every 10-ms poll; the
-signal storm again under FORGE_MAX_POWER_W; short jobs resumed from 50 ms after each."""
+The storms: SIGUSR1/SIGUSR2 by turns every 10 ms (and with a pause file there: every pause acts at the step it is
+seen, and the log coalesces the lines); a hold placed and released by turns at every 10-ms poll; the signal storm
+again under FORGE_MAX_POWER_W; short jobs resumed from 50 ms after each."""
 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +22,8 @@ from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W, SimGpu
 from forge_load.operators import holds
 from forge_load.operators.pause import PauseSwitch
 from forge_load.service.loop import open_simulated
-from forge_load.service.runtime import Controls, log_start
-from tests.simrun import simulate
+from forge_load.service.runtime import Controls, log_stop
+from tests.simrun import drive_storm, simulate
 
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0
 STEP_S = 0.01
@@ -55,23 +57,23 @@ def storm(flags: str, env: dict[str, str], toggle: Callable[[PauseSwitch, int], 
     config = load_config(f"--simulate --log-format json --log-interval 5 {flags}".split(), env)
     switch = PauseSwitch()
     run = open_simulated(config, io.StringIO(), keep_history=True, controls=Controls(switch), wall_start_s=0.0)
-    rt, clock = run.runtime, run.clock
-    log_start(rt, {})
-    monitor_due_s = rt.monitor.step(0.0)
-    most_duty, stops = 0.0, 0
-    for i in range(1, round(STORM_S / STEP_S) + 1):
-        now_s = i * STEP_S
-        clock.advance_to(now_s)
-        if monitor_due_s <= now_s:
-            monitor_due_s = rt.monitor.step(now_s)
+    rt = run.runtime
+    most_duty, stops, launched = 0.0, 0, 0
+
+    def act(i: int, _now_s: float) -> None:
+        nonlocal launched
         toggle(switch, i)
         launched = len(run.gpu._ends)
-        rt.filler.step(now_s)
+
+    def check(i: int, now_s: float) -> None:
+        nonlocal most_duty, stops
         most_duty = max(most_duty, rt.worker.plan.duty_ratio)
         if i % 2 == 1 and rt.filler.state.value in ("paused", "held"):
             stops += 1
             assert rt.worker.plan.duty_ratio == 0 and len(run.gpu._ends) == launched, f"launched at {now_s:.2f} s"
             assert not launched or run.gpu._ends[-1] <= now_s + QUEUE_S + 1e-3, f"queued past {now_s:.2f} s"
+
+    drive_storm(run, STORM_S, STEP_S, act, check)
     return Storm(run.gpu, most_duty, stops)
 
 
@@ -87,6 +89,48 @@ def test_a_signal_storm_never_runs_more_than_the_duty(target: float) -> None:
     assert s.peak_share() <= s.most_duty + 0.01, (s.peak_share(), s.most_duty)
     # Each start sizes kernels as the steady state does (PI's 10-ms slice, within its dead band).
     assert s.longest_kernel_s() <= 0.015, s.longest_kernel_s()
+
+
+@pytest.mark.parametrize("pause_file", [True, False], ids=["pause file there", "no pause file"])
+def test_a_signal_storm_pauses_at_once_and_coalesces_its_lines(tmp_path: Path, pause_file: bool) -> None:
+    """SIGUSR1 and SIGUSR2 by turns every 10 ms for 20 virtual seconds (as a `while true; do docker kill -s USR1
+    ...; docker kill -s USR2 ...; done` would): every pause takes effect at the step it is seen, the log holds about
+    a pause line a second, and its last pause line says the state the storm left."""
+    path = tmp_path / "pause"
+    if pause_file:
+        path.touch()
+    config = load_config(["--simulate", "--log-format", "json", "--log-interval", "5", "--pause-file", str(path)], {})
+    switch = PauseSwitch()
+    out = io.StringIO()
+    run = open_simulated(config, out, controls=Controls(switch))
+    rt, clock = run.runtime, run.clock
+    storm_s = 20.0
+
+    def check(_i: int, now_s: float) -> None:
+        paused = pause_file or switch.by is not None
+        assert (rt.filler.state.value == "paused") == paused, (now_s, rt.filler.state)
+        if paused:
+            assert rt.worker.plan.duty_ratio == 0, f"still launching at {now_s:.2f} s while paused"
+
+    drive_storm(run, storm_s, STEP_S, lambda i, _now_s: signals(switch, i), check)
+    switch.set(True, "SIGUSR1")  # the storm ends paused by the signal (and the file, where there is one)
+    end_s = storm_s + 0.05
+    clock.advance_to(end_s)
+    rt.filler.step(end_s)
+    assert rt.worker.plan.duty_ratio == 0
+    while rt.worker.in_flight:
+        clock.advance_to(rt.worker.drain(clock.now()))
+    log_stop(rt, clock.now(), "signal SIGTERM")
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    changes = [e for e in events if e["event"] in ("pause", "unpause")]
+    assert len(changes) <= storm_s + 3, f"{len(changes)} pause lines in {storm_s:g} s"
+    assert len(events) <= 2 * storm_s + 10, f"{len(events)} lines in {storm_s:g} s"
+    assert sum(int(e.get("coalesced", 0)) for e in changes) > 1000  # the lines say how many changes they stand for
+    last = changes[-1]
+    assert last["event"] == "pause" and last["state"] == "paused", last
+    assert last["reason"].startswith("SIGUSR1 (SIGUSR2 resumes)"), last
+    assert ("pause file" in last["reason"]) == pause_file, last
+    assert events[-1]["event"] == "stop" and events[-1]["state"] == "paused"
 
 
 def test_a_hold_release_storm_never_runs_more_than_the_duty(tmp_path: Path) -> None:
