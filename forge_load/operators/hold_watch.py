@@ -5,6 +5,7 @@ on disk and its safe reads are holds.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import threading
@@ -40,7 +41,8 @@ class HoldBoard:
     def replace(self, holds: Iterable[Hold]) -> bool:
         """Every hold of the board, at once; whether anything changed (listeners are told then)."""
         by_gpu: dict[str, list[Hold]] = {}
-        for hold in holds:
+        for hold in holds:  # by the one spelling of its UUID: a kubelet's `GPU-5FD4...` is NVML's `GPU-5fd4...`
+            hold = dataclasses.replace(hold, gpu_uuid=disk.canonical_gpu_uuid(hold.gpu_uuid))
             by_gpu.setdefault(hold.gpu_uuid, []).append(hold)
         new = {gpu: tuple(sorted(held, key=lambda h: h.holder)) for gpu, held in by_gpu.items()}
         with self._lock:
@@ -53,7 +55,7 @@ class HoldBoard:
 
     def holds_for(self, gpu_uuid: str) -> tuple[Hold, ...]:
         with self._lock:
-            return self._holds.get(gpu_uuid, ())
+            return self._holds.get(disk.canonical_gpu_uuid(gpu_uuid), ())
 
 
 def jobs_announced(hold_dir: str, board: HoldBoard | None) -> bool:
