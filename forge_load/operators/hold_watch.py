@@ -13,7 +13,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from forge_load.operators import holds as disk
-from forge_load.operators.holds import ACK_REFRESH_S, DEFAULT_IDLE_AGE_OUT_S, Ack, Hold, HoldsView, ack_name
+from forge_load.operators.holds import (
+    ACK_REFRESH_S,
+    DEFAULT_IDLE_AGE_OUT_S,
+    Ack,
+    BootStamp,
+    Hold,
+    HoldsView,
+    ack_name,
+)
 from forge_load.operators.listeners import Listeners
 
 FAIL_SAFE_HOLDER = "-"  # no holder's name (HOLDER_RE): the GPU held because its holds cannot be counted or read
@@ -180,8 +188,10 @@ class FillerHolds:
     fails is said once (`ack_problem`) and tried again at the next change or refresh."""
 
     def __init__(self, hold_dir: str, gpu_uuid: str, pid: int, wall_clock: Callable[[], float],
-                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None) -> None:
+                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None,
+                 boot_clock: Callable[[], BootStamp] = disk.boot_stamp) -> None:
         self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s, board)
+        self.boot_clock = boot_clock  # the host's, even in a simulated run: `hold --wait` reads it in real time
         self.hold_dir = hold_dir
         self.gpu_uuid = gpu_uuid
         self.pid = pid
@@ -218,7 +228,8 @@ class FillerHolds:
             return None
         self._last, self._written_s = said, now_s
         try:
-            disk.write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock()))
+            disk.write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock(),
+                                              self.boot_clock()))
         except FileNotFoundError:
             return None  # no hold directory (not mounted): nothing to acknowledge to
         except OSError as error:

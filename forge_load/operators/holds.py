@@ -1,4 +1,5 @@
-"""Holds: named requests that one GPU's filler not run (docs/holds.md). Pure stdlib; no clock is read here.
+"""Holds: named requests that one GPU's filler not run (docs/holds.md). Pure stdlib; the only clock read here is
+boot_stamp(), the host's boot clock that acknowledgements are judged by, and only when a caller asks for it.
 
 On disk (format 1), one flat directory (FORGE_HOLD_DIR, default /run/forge-load/holds):
   - `hold.<GPU-UUID>.<HOLDER>.json`: a hold, UTF-8 JSON of at most HOLD_MAX_BYTES;
@@ -15,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import math
 import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -64,13 +67,24 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class BootStamp:
+    """A time on this host's boot clock (CLOCK_BOOTTIME: seconds since boot, suspend included), and which boot.
+    No step of the wall clock (NTP, an operator's `date -s`) moves it, and every process of the host reads the same
+    one, containers included: what `hold --wait` judges an acknowledgement's age and order by."""
+
+    boot_id: str  # /proc/sys/kernel/random/boot_id; "" where it cannot be read
+    boot_s: float
+
+
+@dataclass(frozen=True)
 class Ack:
     gpu_uuid: str
     pid: int
     state: str
     held_by: tuple[str, ...]
     drained: bool
-    written_unix_s: float
+    written_unix_s: float  # shown to people; judged only where the filler gave no boot stamp (an earlier release)
+    written_boot: BootStamp | None = None
 
 
 @dataclass(frozen=True)
@@ -225,9 +239,11 @@ def hold_from_json(data: bytes, gpu_uuid: str, holder: str) -> Hold:
 
 
 def ack_to_json(ack: Ack) -> bytes:
+    boot = ack.written_boot
+    stamp = {} if boot is None else {"boot_id": boot.boot_id, "written_boot_s": boot.boot_s}
     return json.dumps({"format": FORMAT, "gpu": ack.gpu_uuid, "pid": ack.pid, "state": ack.state,
                        "held_by": list(ack.held_by), "drained": ack.drained,
-                       "written_unix_s": ack.written_unix_s}).encode("utf-8")
+                       "written_unix_s": ack.written_unix_s, **stamp}).encode("utf-8")
 
 
 def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
@@ -240,7 +256,9 @@ def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
             or not isinstance(state, str) or not isinstance(held_by, list)
             or not all(isinstance(h, str) for h in held_by) or not isinstance(drained, bool) or written is None):
         raise HoldError("is not a filler's acknowledgement of this GPU")
-    return Ack(gpu_uuid, pid, state, tuple(str(h) for h in held_by), drained, written)
+    boot_id, boot_s = loaded.get("boot_id"), _number(loaded.get("written_boot_s"))
+    boot = BootStamp(boot_id, boot_s) if isinstance(boot_id, str) and boot_s is not None else None
+    return Ack(gpu_uuid, pid, state, tuple(str(h) for h in held_by), drained, written, boot)
 
 
 # --- the API ---------------------------------------------------------------------------------------------
@@ -416,9 +434,47 @@ def read_ack(hold_dir: str, gpu_uuid: str) -> Ack | None:
         return None
 
 
-def acknowledged(ack: Ack | None, holder: str, placed_unix_s: float, now_unix_s: float) -> bool:
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            return file.read(64).strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def boot_stamp() -> BootStamp:
+    """Now on this host's boot clock."""
+    return BootStamp(_boot_id(), time.clock_gettime(time.CLOCK_BOOTTIME))
+
+
+def _ack_times(ack: Ack, now_unix_s: float, now_boot: BootStamp | None) -> tuple[float, float] | None:
+    """(the acknowledgement's age, when it was written) on the boot clock where both sides stamped it, else on the
+    wall clock (a filler of an earlier release); None for one written before this boot (no filler of this boot)."""
+    if ack.written_boot is not None and now_boot is not None:
+        if ack.written_boot.boot_id != now_boot.boot_id:
+            return None
+        return now_boot.boot_s - ack.written_boot.boot_s, ack.written_boot.boot_s
+    return now_unix_s - ack.written_unix_s, ack.written_unix_s
+
+
+def ack_live(ack: Ack | None, now_unix_s: float, now_boot: BootStamp | None) -> bool:
+    """Whether a live filler stands behind the acknowledgement: one written within ACK_STALE_S, in this boot."""
+    times = _ack_times(ack, now_unix_s, now_boot) if ack is not None else None
+    return times is not None and times[0] <= ACK_STALE_S
+
+
+def acknowledged(ack: Ack | None, holder: str, placed_unix_s: float, now_unix_s: float,
+                 placed_boot: BootStamp | None = None, now_boot: BootStamp | None = None) -> bool:
     """Whether `hold --wait` may return for this GPU: no live filler there (no acknowledgement, or one older than
-    ACK_STALE_S: fail open), or its filler honours `holder`, has drained, and said so after the hold was placed."""
-    if ack is None or now_unix_s - ack.written_unix_s > ACK_STALE_S:
+    ACK_STALE_S: fail open), or its filler honours `holder`, has drained, and said so after the hold was placed.
+    Age and order are judged on the boot clock where the filler stamped it and the caller gives `placed_boot` and
+    `now_boot`: a step of either side's wall clock then changes nothing."""
+    if placed_boot is None or now_boot is None:
+        placed_boot = now_boot = None  # one clock for all three times
+    if ack is None or not ack_live(ack, now_unix_s, now_boot):
         return True
-    return holder in ack.held_by and ack.drained and ack.written_unix_s >= placed_unix_s
+    times = _ack_times(ack, now_unix_s, now_boot)
+    assert times is not None
+    placed_s = placed_boot.boot_s if ack.written_boot is not None and placed_boot is not None else placed_unix_s
+    return holder in ack.held_by and ack.drained and times[1] >= placed_s

@@ -228,7 +228,7 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
     try:
         made_dir = holds.ensure_dir(hold_dir)
-        placed_s = time.time()
+        placed_s, placed_boot = time.time(), holds.boot_stamp()  # the boot clock judges; no wall-clock step moves it
         for uuid in gpus:
             holds.place(hold_dir, Hold(uuid, holder, reason, placed_s, until_s))
     except HoldError as error:
@@ -247,7 +247,7 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
         ack = holds.read_ack(hold_dir, uuid)
         if ack is None and time.monotonic() < unsure_until_s:
             return False
-        return holds.acknowledged(ack, holder, placed_s, time.time())
+        return holds.acknowledged(ack, holder, placed_s, time.time(), placed_boot, holds.boot_stamp())
 
     waiting = list(gpus)
     while True:
@@ -303,14 +303,14 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
         found, problems = holds.all_holds(hold_dir)
     except HoldError as error:
         raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
-    now_s = time.time()
+    now_s, now_boot = time.time(), holds.boot_stamp()
     acks = {uuid: holds.read_ack(hold_dir, uuid) for uuid in {h.gpu_uuid for h in found}}
 
     def filler(hold: Hold) -> str:
         ack = acks[hold.gpu_uuid]
         if hold.until_unix_s is not None and hold.until_unix_s <= now_s:
             return "expired"
-        if ack is None or now_s - ack.written_unix_s > holds.ACK_STALE_S:
+        if ack is None or not holds.ack_live(ack, now_s, now_boot):
             return "no filler"
         if hold.holder not in ack.held_by:
             return "not honoured (yet, or aged out)"
