@@ -115,6 +115,14 @@ class HoldWatch:
         """Foreign work on the GPU now: no hold on it is idle."""
         self._last_foreign_s = now_s
 
+    def stamp(self, holder: str) -> int | None:
+        """The mtime (ns) of an honoured holder's file (its `since` for the board's): a refresh moves it."""
+        return self._stamp.get(holder)
+
+    def aged_out(self) -> dict[str, int]:
+        """The holders aged out, not honoured until their file is rewritten, and their file's mtime (ns) then."""
+        return dict(self._aged)
+
     def _changed(self, now_s: float) -> bool:
         try:
             mtime_ns: int | None = os.stat(self.hold_dir).st_mtime_ns

@@ -4,6 +4,7 @@ boot_stamp(), the host's boot clock that acknowledgements are judged by, and onl
 On disk (format 1), one flat directory (FORGE_HOLD_DIR, default /run/forge-load/holds):
   - `hold.<GPU-UUID>.<HOLDER>.json`: a hold, UTF-8 JSON of at most HOLD_MAX_BYTES;
   - `filler.<GPU-UUID>.json`: that GPU's filler's acknowledgement (what it honours, whether it has drained);
+  - `filler.<GPU-UUID>.lock`: locked while exclusive mode's child holds a CUDA context on that GPU;
   - dot files: the temporary files of atomic writes (write, then rename), never holds.
 
 Every read refuses what is not a regular file (links are not followed), never blocks on a FIFO, reads at most
@@ -16,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import functools
 import json
 import math
 import os
 import re
+import resource
 import secrets
 import stat
 import time
@@ -354,7 +357,7 @@ def list_dir(hold_dir: str) -> Listing:
                 if parsed not in names:  # one holder, one hold, however many spellings of the UUID name it
                     holds.setdefault(parsed[0], []).append(parsed[1])
                 names.setdefault(parsed, []).append(name)
-            elif not name.startswith(".") and not (name.startswith(ACK_PREFIX) and name.endswith(SUFFIX)):
+            elif not name.startswith(".") and not name.startswith(ACK_PREFIX):  # filler.*: the filler's own
                 ignored.append(name)
     except (FileNotFoundError, NotADirectoryError):
         return Listing(missing=True)
@@ -420,6 +423,64 @@ def all_holds(hold_dir: str) -> tuple[list[Hold], list[str]]:
     if listing.truncated:
         problems.append(f"more than {MAX_ENTRIES} entries: only the first were read")
     return holds, problems
+
+
+def context_lock_name(gpu_uuid: str) -> str:
+    return f"{ACK_PREFIX}{canonical_gpu_uuid(gpu_uuid)}.lock"
+
+
+def _above_the_drivers(fd: int) -> int:
+    """The lock's descriptor moved high: a dying process's files are closed in order of number, so the lock goes after
+    the driver's (opened later, numbered lower than this), whose closing frees the context."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    floor = min(soft if soft != resource.RLIM_INFINITY else 1024, 1024) - 1
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except OSError:
+        return fd
+    os.close(fd)
+    return high
+
+
+def lock_context(hold_dir: str, gpu_uuid: str) -> int | None:
+    """Exclusive mode's child takes this before it creates its CUDA context and keeps it for its life: the kernel
+    lets go of a lock only when its holder's files close, at its exit, whatever stops or hangs meanwhile (docs/
+    exclusive.md). The descriptor (never to be closed: it goes with the process); None when another process holds the
+    lock; OSError when the file cannot be made or opened (not a regular file, not ours to open)."""
+    path = os.path.join(hold_dir, context_lock_name(gpu_uuid))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "is not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return _above_the_drivers(fd)
+
+
+def context_held(hold_dir: str, gpu_uuid: str) -> bool:
+    """Whether a live process of ours holds (or is about to create) a CUDA context on this GPU in exclusive mode: its
+    lock (lock_context) is taken. Asked without blocking, by a shared lock let go at once."""
+    try:
+        fd = os.open(os.path.join(hold_dir, context_lock_name(gpu_uuid)),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # none: no child of ours has ever run here (or the file is not ours to read)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def write_ack(hold_dir: str, ack: Ack) -> None:

@@ -247,7 +247,11 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
         ack = holds.read_ack(hold_dir, uuid)
         if ack is None and time.monotonic() < unsure_until_s:
             return False
-        return holds.acknowledged(ack, holder, placed_s, time.time(), placed_boot, holds.boot_stamp())
+        if not holds.acknowledged(ack, holder, placed_s, time.time(), placed_boot, holds.boot_stamp()):
+            return False
+        # Exclusive mode: a live context of ours (its child's lock) is never "no filler", whatever the
+        # acknowledgement says or how stale it is (a supervisor stopped or hung).
+        return not holds.context_held(hold_dir, uuid)
 
     waiting = list(gpus)
     while True:
