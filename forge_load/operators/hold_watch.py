@@ -33,6 +33,28 @@ class HoldChange:
     holder: str
     reason: str  # the hold's reason ("hold"), or why it ended: released, expired, aged out ("release")
     until_unix_s: float | None = None
+    count: int = 1  # the holders it stands for (coalesce): `holder` is the first of them by name
+
+
+def coalesce(changes: list[HoldChange]) -> list[HoldChange]:
+    """One change (one log line) per kind in one look at the holds, however many holders it stands for: 1,000 pods
+    the kubelet assigns one GPU in one poll are one `hold` with count 1000, not 1,000 lines. Holds begun are one;
+    holds ended are one per why (released, expired, aged out); the fail safe's stand apart. Order is kept, each
+    group where its first change was."""
+    out: list[HoldChange] = []
+    at: dict[tuple[str, str], int] = {}  # (event, why) -> its change's place in out
+    for change in changes:
+        if change.holder == FAIL_SAFE_HOLDER:
+            out.append(change)
+            continue
+        key = (change.event, change.reason if change.event == "release" else "")
+        if key in at:
+            first = out[at[key]]
+            out[at[key]] = dataclasses.replace(first, count=first.count + change.count)
+        else:
+            at[key] = len(out)
+            out.append(change)
+    return out
 
 class HoldBoard:
     """Holds kept in this process, never on disk: what an engine the filler asks itself says (the kubelet's

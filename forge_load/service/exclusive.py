@@ -31,7 +31,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.status import GpuStatus
 from forge_load.log import EventLog
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
+from forge_load.operators.hold_watch import FillerHolds, HoldBoard, coalesce, jobs_announced
 from forge_load.operators.pause import Pauses, shown_time
 from forge_load.service.runtime import stop_reason
 
@@ -176,12 +176,14 @@ class Supervisor:
         changes, problems = self.holds.check(now_s)
         for problem in problems:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
-        for change in changes:
+        for change in coalesce(changes):  # many holders at once: one line, with their count
             reason = change.reason or (f"held by {change.holder}" if change.event == "hold" else "")
             fields: dict[str, object] = {"holder": change.holder, "reason": reason}
+            if change.count > 1:
+                fields["count"] = change.count
             if change.until_unix_s is not None:
                 fields["until"] = shown_time(change.until_unix_s)
-            self.holds_begun += change.event == "hold"
+            self.holds_begun += change.count if change.event == "hold" else 0
             self.log.emit(change.event, t=self._t(now_s), **fields)
         self._reap(now_s)  # first: a child that ended by itself counts in what follows
         pause = self.pauses.check().reason if self.pauses is not None else None
