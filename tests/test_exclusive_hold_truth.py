@@ -24,7 +24,7 @@ from forge_load.gpu.backend import SimBackend
 from forge_load.operators import holds
 from forge_load.operators.holds import Hold
 from forge_load.service import holdcmd
-from forge_load.service.exclusive_child import child_main
+from forge_load.service.exclusive_child import child_main, take_context_lock
 from tests.test_exclusive_vgpu import command, foreign, ours, wait_until
 from tests.test_real_path import finish, forge
 from vgpu.pytest_plugin import VgpuFactory
@@ -42,9 +42,9 @@ def test_hold_wait_never_returns_0_while_our_childs_context_lock_is_taken(tmp_pa
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """No acknowledgement at all (a supervisor that never wrote one, or whose one went stale) beside a live child of
     ours: not "no filler"."""
-    fd = holds.lock_context(str(tmp_path), GPU0.upper())  # taken as the child does, in any spelling
-    assert fd is not None and holds.context_held(str(tmp_path), GPU0)
-    assert holds.lock_context(str(tmp_path), GPU0) is None  # one holder at a time
+    fd, why_not = take_context_lock(str(tmp_path), GPU0.upper(), threading.Event())  # as the child does
+    assert fd is not None and why_not is None and holds.context_held(str(tmp_path), GPU0)  # in any spelling
+    assert take_context_lock(str(tmp_path), GPU0, threading.Event())[0] is None  # one holder at a time
     try:
         code, err = hold(tmp_path, "0.3", capsys)
         assert code == 1 and "not acknowledged" in err[0], err
@@ -56,8 +56,8 @@ def test_hold_wait_never_returns_0_while_our_childs_context_lock_is_taken(tmp_pa
 
 
 def test_the_lock_file_is_the_fillers_own_and_never_a_problem_in_the_directory(tmp_path: Path) -> None:
-    fd = holds.lock_context(str(tmp_path), GPU0)
-    assert fd is not None
+    fd, _ = take_context_lock(str(tmp_path), GPU0, threading.Event())
+    assert fd is not None and fd >= 100  # above the driver's descriptors, so that it is closed after them
     os.close(fd)
     assert holds.list_dir(str(tmp_path)).ignored == ()
 

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import re
-import resource
 import secrets
 import stat
 import time
@@ -429,42 +428,10 @@ def context_lock_name(gpu_uuid: str) -> str:
     return f"{ACK_PREFIX}{canonical_gpu_uuid(gpu_uuid)}.lock"
 
 
-def _above_the_drivers(fd: int) -> int:
-    """The lock's descriptor moved high: a dying process's files are closed in order of number, so the lock goes after
-    the driver's (opened later, numbered lower than this), whose closing frees the context."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    floor = min(soft if soft != resource.RLIM_INFINITY else 1024, 1024) - 1
-    try:
-        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
-    except OSError:
-        return fd
-    os.close(fd)
-    return high
-
-
-def lock_context(hold_dir: str, gpu_uuid: str) -> int | None:
-    """Exclusive mode's child takes this before it creates its CUDA context and keeps it for its life: the kernel
-    lets go of a lock only when its holder's files close, at its exit, whatever stops or hangs meanwhile (docs/
-    exclusive.md). The descriptor (never to be closed: it goes with the process); None when another process holds the
-    lock; OSError when the file cannot be made or opened (not a regular file, not ours to open)."""
-    path = os.path.join(hold_dir, context_lock_name(gpu_uuid))
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "is not a regular file")
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return _above_the_drivers(fd)
-
-
 def context_held(hold_dir: str, gpu_uuid: str) -> bool:
-    """Whether a live process of ours holds (or is about to create) a CUDA context on this GPU in exclusive mode: its
-    lock (lock_context) is taken. Asked without blocking, by a shared lock let go at once."""
+    """Whether a live process of ours holds (or is about to create) a CUDA context on this GPU in exclusive mode: the
+    flock its child keeps on context_lock_name for its life (service/exclusive_child.py) is taken. Asked without
+    blocking, by a shared lock let go at once."""
     try:
         fd = os.open(os.path.join(hold_dir, context_lock_name(gpu_uuid)),
                      os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -3,20 +3,23 @@ lives and dies with this process. Started by the supervisor as `python -m forge_
 (config, the supervisor's start, the hold directory, the holds it let age out) pickled on stdin.
 
 It does not trust the supervisor to stay alive and awake: before its context exists it takes the GPU's context lock
-in the hold directory (holds.lock_context), which `hold --wait` reads and the kernel lets go only at its exit; and it
+in the hold directory (take_context_lock), which `hold --wait` reads and the kernel lets go only at its exit; and it
 watches the hold directory itself, ending on a hold the supervisor has not ended it for within SUPERVISOR_GRACE_S (a
 supervisor stopped or hung on NVML or on its stdout), so that a hold is honoured whatever becomes of its parent."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pickle
+import resource
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, TextIO
 
 from forge_load.config.settings import Config
@@ -27,6 +30,7 @@ from forge_load.log import internal_error
 from forge_load.operators import holds as disk
 from forge_load.operators.hold_watch import HoldWatch
 from forge_load.service import gpu_threads, runtime
+from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
 
 HOLDS_POLL_S = 0.1  # the child's own look at the holds, as often as the supervisor's
@@ -34,21 +38,37 @@ HOLDS_POLL_S = 0.1  # the child's own look at the holds, as often as the supervi
 # means the supervisor cannot (stopped, hung), and the child ends itself.
 SUPERVISOR_GRACE_S = 0.5
 LOCK_TRIES_S = 1.0  # a `hold --wait` asking the lock holds it for microseconds: tried again this long
+LOCK_FD_FLOOR = 1024  # the lock's descriptor at least this less one (or the limit): above the driver's files
+
+
+def _above_the_drivers(fd: int) -> int:
+    """The lock's descriptor moved high: a dying process's files are closed in order of number, so the lock goes after
+    the driver's (opened later, numbered lower than this), whose closing frees the context."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    floor = min(soft if soft != resource.RLIM_INFINITY else LOCK_FD_FLOOR, LOCK_FD_FLOOR) - 1
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except OSError:
+        return fd
+    os.close(fd)
+    return high
 
 
 def take_context_lock(hold_dir: str, gpu_uuid: str, stop: threading.Event) -> tuple[int | None, str | None]:
-    """The GPU's context lock (holds.lock_context) before any context exists: (its descriptor, None), or (None, why
-    not). Without it the child still fills, as a filler whose acknowledgement cannot be written still does."""
+    """The GPU's context lock in the hold directory (holds.context_lock_name), taken before any context exists and
+    never let go: the kernel lets go of it at this process's exit, whatever stops or hangs meanwhile; `hold --wait`
+    reads it (holds.context_held). (its descriptor, None), or (None, why not). Without it the child still fills, as
+    a filler whose acknowledgement cannot be written still does."""
+    lock = Path(hold_dir) / disk.context_lock_name(gpu_uuid)
     deadline_s = time.monotonic() + LOCK_TRIES_S
     while True:
-        try:
-            fd = disk.lock_context(hold_dir, gpu_uuid)
-        except OSError as error:
-            return None, f"cannot take {disk.context_lock_name(gpu_uuid)} in {hold_dir} ({error.strerror or error})"
+        fd, holder = claim_lock(lock, mode=disk.FILE_MODE)  # readable by all: the hold command asks it
         if fd is not None:
-            return fd, None
+            return _above_the_drivers(fd), None
+        if holder is None:
+            return None, f"cannot take {lock} (not a regular file of this user's, or not writable)"
         if time.monotonic() >= deadline_s or stop.wait(0.01):
-            return None, f"{disk.context_lock_name(gpu_uuid)} in {hold_dir} is locked by another process"
+            return None, f"{lock} is locked by another process (pid {holder})"
 
 
 def watch_holds(hold_dir: str, gpu_uuid: str, aged_out: dict[str, int], stop: runtime.StopEvent,
