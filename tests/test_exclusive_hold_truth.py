@@ -134,3 +134,16 @@ def test_hold_wait_with_the_supervisor_stopped_returns_only_once_our_context_is_
     assert len(child_stop) == 1, run.events
     print(f"hold --wait with the supervisor stopped returned 0 after {held_s - asked_s:.2f} s, the command's start "
           "included (virtual GPU, this machine)")
+
+
+def test_holds_does_not_say_no_filler_beside_a_live_context_of_ours(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    holds.place(str(tmp_path), Hold(GPU0, "job", "", time.time()))
+    fd, _ = take_context_lock(str(tmp_path), GPU0, threading.Event())  # a child whose supervisor is silent
+    assert fd is not None
+    try:
+        assert holdcmd.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
+        (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    finally:
+        os.close(fd)
+    assert row["filler"] == "draining (our exclusive-mode child still holds the GPU)"

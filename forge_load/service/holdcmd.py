@@ -315,6 +315,8 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
         if hold.until_unix_s is not None and hold.until_unix_s <= now_s:
             return "expired"
         if ack is None or not holds.ack_live(ack, now_s, now_boot):
+            if holds.context_held(hold_dir, hold.gpu_uuid):  # a supervisor stopped or hung beside its child
+                return "draining (our exclusive-mode child still holds the GPU)"
             return "no filler"
         if hold.holder not in ack.held_by:
             return "not honoured (yet, or aged out)"
