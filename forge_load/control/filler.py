@@ -17,7 +17,7 @@ from forge_load.control.powercap import CapChange, PowerCap, PowerWatch
 from forge_load.control.quantity import UTILIZATION, Quantity
 from forge_load.control.status import GpuStatus
 from forge_load.control.worker import IDLE_PLAN, Worker
-from forge_load.operators.hold_watch import FillerHolds
+from forge_load.operators.hold_watch import FillerHolds, coalesce
 from forge_load.operators.pause import Pauses, shown_time
 
 
@@ -204,11 +204,14 @@ class Filler:
         changes, problems = self.holds.check(now_s)
         for problem in problems:
             self.lines.emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+        changes = coalesce(changes)  # many holders at once: one line, with their count
         releases = [c for c in changes if c.event == "release"]
         for change in changes:
             extra: dict[str, object] = {"holder": change.holder}
+            if change.count > 1:
+                extra["count"] = change.count
             if change.event == "hold":
-                self.holds_begun += 1
+                self.holds_begun += change.count
                 if change.until_unix_s is not None:
                     extra["until"] = shown_time(change.until_unix_s)
                 reason = change.reason or f"held by {change.holder}"

@@ -5,6 +5,7 @@ on disk and its safe reads are holds.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import threading
@@ -12,7 +13,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from forge_load.operators import holds as disk
-from forge_load.operators.holds import ACK_REFRESH_S, DEFAULT_IDLE_AGE_OUT_S, Ack, Hold, HoldsView, ack_name
+from forge_load.operators.holds import (
+    ACK_REFRESH_S,
+    DEFAULT_IDLE_AGE_OUT_S,
+    Ack,
+    BootStamp,
+    Hold,
+    HoldsView,
+    ack_name,
+)
 from forge_load.operators.listeners import Listeners
 
 FAIL_SAFE_HOLDER = "-"  # no holder's name (HOLDER_RE): the GPU held because its holds cannot be counted or read
@@ -24,6 +33,28 @@ class HoldChange:
     holder: str
     reason: str  # the hold's reason ("hold"), or why it ended: released, expired, aged out ("release")
     until_unix_s: float | None = None
+    count: int = 1  # the holders it stands for (coalesce): `holder` is the first of them by name
+
+
+def coalesce(changes: list[HoldChange]) -> list[HoldChange]:
+    """One change (one log line) per kind in one look at the holds, however many holders it stands for: 1,000 pods
+    the kubelet assigns one GPU in one poll are one `hold` with count 1000, not 1,000 lines. Holds begun are one;
+    holds ended are one per why (released, expired, aged out); the fail safe's stand apart. Order is kept, each
+    group where its first change was."""
+    out: list[HoldChange] = []
+    at: dict[tuple[str, str], int] = {}  # (event, why) -> its change's place in out
+    for change in changes:
+        if change.holder == FAIL_SAFE_HOLDER:
+            out.append(change)
+            continue
+        key = (change.event, change.reason if change.event == "release" else "")
+        if key in at:
+            first = out[at[key]]
+            out[at[key]] = dataclasses.replace(first, count=first.count + change.count)
+        else:
+            at[key] = len(out)
+            out.append(change)
+    return out
 
 class HoldBoard:
     """Holds kept in this process, never on disk: what an engine the filler asks itself says (the kubelet's
@@ -40,7 +71,8 @@ class HoldBoard:
     def replace(self, holds: Iterable[Hold]) -> bool:
         """Every hold of the board, at once; whether anything changed (listeners are told then)."""
         by_gpu: dict[str, list[Hold]] = {}
-        for hold in holds:
+        for hold in holds:  # by the one spelling of its UUID: a kubelet's `GPU-5FD4...` is NVML's `GPU-5fd4...`
+            hold = dataclasses.replace(hold, gpu_uuid=disk.canonical_gpu_uuid(hold.gpu_uuid))
             by_gpu.setdefault(hold.gpu_uuid, []).append(hold)
         new = {gpu: tuple(sorted(held, key=lambda h: h.holder)) for gpu, held in by_gpu.items()}
         with self._lock:
@@ -53,7 +85,7 @@ class HoldBoard:
 
     def holds_for(self, gpu_uuid: str) -> tuple[Hold, ...]:
         with self._lock:
-            return self._holds.get(gpu_uuid, ())
+            return self._holds.get(disk.canonical_gpu_uuid(gpu_uuid), ())
 
 
 def jobs_announced(hold_dir: str, board: HoldBoard | None) -> bool:
@@ -104,6 +136,14 @@ class HoldWatch:
     def foreign_seen(self, now_s: float) -> None:
         """Foreign work on the GPU now: no hold on it is idle."""
         self._last_foreign_s = now_s
+
+    def stamp(self, holder: str) -> int | None:
+        """The mtime (ns) of an honoured holder's file (its `since` for the board's): a refresh moves it."""
+        return self._stamp.get(holder)
+
+    def aged_out(self) -> dict[str, int]:
+        """The holders aged out, not honoured until their file is rewritten, and their file's mtime (ns) then."""
+        return dict(self._aged)
 
     def _changed(self, now_s: float) -> bool:
         try:
@@ -178,8 +218,10 @@ class FillerHolds:
     fails is said once (`ack_problem`) and tried again at the next change or refresh."""
 
     def __init__(self, hold_dir: str, gpu_uuid: str, pid: int, wall_clock: Callable[[], float],
-                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None) -> None:
+                 idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None,
+                 boot_clock: Callable[[], BootStamp] = disk.boot_stamp) -> None:
         self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s, board)
+        self.boot_clock = boot_clock  # the host's, even in a simulated run: `hold --wait` reads it in real time
         self.hold_dir = hold_dir
         self.gpu_uuid = gpu_uuid
         self.pid = pid
@@ -216,7 +258,8 @@ class FillerHolds:
             return None
         self._last, self._written_s = said, now_s
         try:
-            disk.write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock()))
+            disk.write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock(),
+                                              self.boot_clock()))
         except FileNotFoundError:
             return None  # no hold directory (not mounted): nothing to acknowledge to
         except OSError as error:

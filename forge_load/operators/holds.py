@@ -1,8 +1,10 @@
-"""Holds: named requests that one GPU's filler not run (docs/holds.md). Pure stdlib; no clock is read here.
+"""Holds: named requests that one GPU's filler not run (docs/holds.md). Pure stdlib; the only clock read here is
+boot_stamp(), the host's boot clock that acknowledgements are judged by, and only when a caller asks for it.
 
 On disk (format 1), one flat directory (FORGE_HOLD_DIR, default /run/forge-load/holds):
   - `hold.<GPU-UUID>.<HOLDER>.json`: a hold, UTF-8 JSON of at most HOLD_MAX_BYTES;
   - `filler.<GPU-UUID>.json`: that GPU's filler's acknowledgement (what it honours, whether it has drained);
+  - `filler.<GPU-UUID>.lock`: locked while exclusive mode's child holds a CUDA context on that GPU;
   - dot files: the temporary files of atomic writes (write, then rename), never holds.
 
 Every read refuses what is not a regular file (links are not followed), never blocks on a FIFO, reads at most
@@ -12,19 +14,27 @@ to log, once each. Beyond MAX_HOLDS holds on one GPU, the GPU is held (fail safe
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
+import fcntl
+import functools
 import json
 import math
 import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 FORMAT: int = 1
 DEFAULT_HOLD_DIR: str = "/run/forge-load/holds"
 HOLD_MAX_BYTES: int = 4096
+# A reason is limited in the characters a user types: any this many fit a hold of HOLD_MAX_BYTES, at 4 bytes of UTF-8
+# (or 2 of a JSON escape) each, beside the longest GPU id, holder and times (240 bytes; tests/test_holds_input.py).
+MAX_REASON_CHARS: int = 900
 MAX_HOLDS: int = 256  # per GPU; more and the GPU is held whatever they say
 MAX_ENTRIES: int = 4096  # names looked at in the directory per read; more and every GPU is held
 ACK_MAX_BYTES: int = 1 << 20  # our own file: every holder of a GPU held fail safe fits
@@ -41,7 +51,7 @@ FILE_MODE: int = 0o644
 HOLDER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _HEX = "[0-9a-fA-F]"
 _UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
-GPU_UUID_RE = re.compile(rf"(?:GPU|MIG)-{_UUID}", re.ASCII)
+GPU_UUID_RE = re.compile(rf"(?i:GPU|MIG)-{_UUID}", re.ASCII)  # any case: canonical_gpu_uuid says which GPU
 HOLD_PREFIX, ACK_PREFIX, SUFFIX = "hold.", "filler.", ".json"
 
 
@@ -59,13 +69,24 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class BootStamp:
+    """A time on this host's boot clock (CLOCK_BOOTTIME: seconds since boot, suspend included), and which boot.
+    No step of the wall clock (NTP, an operator's `date -s`) moves it, and every process of the host reads the same
+    one, containers included: what `hold --wait` judges an acknowledgement's age and order by."""
+
+    boot_id: str  # /proc/sys/kernel/random/boot_id; "" where it cannot be read
+    boot_s: float
+
+
+@dataclass(frozen=True)
 class Ack:
     gpu_uuid: str
     pid: int
     state: str
     held_by: tuple[str, ...]
     drained: bool
-    written_unix_s: float
+    written_unix_s: float  # shown to people; judged only where the filler gave no boot stamp (an earlier release)
+    written_boot: BootStamp | None = None
 
 
 @dataclass(frozen=True)
@@ -93,22 +114,31 @@ def valid_gpu_uuid(uuid: str) -> bool:
     return GPU_UUID_RE.fullmatch(uuid) is not None
 
 
+def canonical_gpu_uuid(uuid: str) -> str:
+    """The one spelling of a GPU (or MIG) UUID that holds are named and compared by: `GPU-` and the hex in lower
+    case, as NVML spells it. UUIDs are case-insensitive hex, so `GPU-5FD4...` typed by an operator, named in a
+    file or sent by the kubelet is the GPU NVML calls `GPU-5fd4...`. Anything that is no UUID comes back as it is."""
+    if not valid_gpu_uuid(uuid):
+        return uuid
+    return uuid[:3].upper() + uuid[3:].lower()
+
+
 def hold_name(gpu_uuid: str, holder: str) -> str:
-    return f"{HOLD_PREFIX}{gpu_uuid}.{holder}{SUFFIX}"
+    return f"{HOLD_PREFIX}{canonical_gpu_uuid(gpu_uuid)}.{holder}{SUFFIX}"
 
 
 def ack_name(gpu_uuid: str) -> str:
-    return f"{ACK_PREFIX}{gpu_uuid}{SUFFIX}"
+    return f"{ACK_PREFIX}{canonical_gpu_uuid(gpu_uuid)}{SUFFIX}"
 
 
 def parse_hold_name(name: str) -> tuple[str, str] | None:
-    """(GPU UUID, holder) of a hold's file name; None for any other name."""
+    """(GPU UUID, canonical, and holder) of a hold's file name; None for any other name."""
     if not (name.startswith(HOLD_PREFIX) and name.endswith(SUFFIX)):
         return None
     uuid, dot, holder = name[len(HOLD_PREFIX):-len(SUFFIX)].partition(".")
     if not dot or not valid_gpu_uuid(uuid) or not valid_holder(holder):
         return None
-    return uuid, holder
+    return canonical_gpu_uuid(uuid), holder
 
 
 # --- reading and writing files --------------------------------------------------------------------------------
@@ -150,7 +180,12 @@ def write_atomic(directory: str, name: str, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:  # a short write (a full disk, a signal) is written on: nothing short is renamed into place
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.EIO, "the file system took no more of it")
+                view = view[written:]
             os.fchmod(fd, FILE_MODE)  # the umask does not decide who can read a hold
         finally:
             os.close(fd)
@@ -184,14 +219,17 @@ def _load(data: bytes) -> dict[str, object]:
 
 
 def hold_to_json(hold: Hold) -> bytes:
+    """UTF-8 as it is (not \\u escapes, six bytes a character): MAX_REASON_CHARS of any text fit."""
     return json.dumps({"format": FORMAT, "gpu": hold.gpu_uuid, "holder": hold.holder, "reason": hold.reason,
-                       "since_unix_s": hold.since_unix_s, "until_unix_s": hold.until_unix_s}).encode("utf-8")
+                       "since_unix_s": hold.since_unix_s, "until_unix_s": hold.until_unix_s},
+                      ensure_ascii=False).encode("utf-8", "backslashreplace")  # a lone surrogate: its JSON escape
 
 
 def hold_from_json(data: bytes, gpu_uuid: str, holder: str) -> Hold:
     """The hold a file named for (gpu_uuid, holder) holds; HoldError for anything but format 1 that agrees."""
     loaded = _load(data)
-    if loaded.get("gpu") != gpu_uuid or loaded.get("holder") != holder:
+    gpu, gpu_uuid = loaded.get("gpu"), canonical_gpu_uuid(gpu_uuid)
+    if not isinstance(gpu, str) or canonical_gpu_uuid(gpu) != gpu_uuid or loaded.get("holder") != holder:
         raise HoldError("names another GPU or holder than its file name")
     reason = loaded.get("reason", "")
     since = _number(loaded.get("since_unix_s"))
@@ -203,20 +241,26 @@ def hold_from_json(data: bytes, gpu_uuid: str, holder: str) -> Hold:
 
 
 def ack_to_json(ack: Ack) -> bytes:
+    boot = ack.written_boot
+    stamp = {} if boot is None else {"boot_id": boot.boot_id, "written_boot_s": boot.boot_s}
     return json.dumps({"format": FORMAT, "gpu": ack.gpu_uuid, "pid": ack.pid, "state": ack.state,
                        "held_by": list(ack.held_by), "drained": ack.drained,
-                       "written_unix_s": ack.written_unix_s}).encode("utf-8")
+                       "written_unix_s": ack.written_unix_s, **stamp}).encode("utf-8")
 
 
 def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
     loaded = _load(data)
     pid, state, held_by, drained = (loaded.get(k) for k in ("pid", "state", "held_by", "drained"))
     written = _number(loaded.get("written_unix_s"))
-    if (loaded.get("gpu") != gpu_uuid or not isinstance(pid, int) or isinstance(pid, bool)
+    gpu, gpu_uuid = loaded.get("gpu"), canonical_gpu_uuid(gpu_uuid)
+    if (not isinstance(gpu, str) or canonical_gpu_uuid(gpu) != gpu_uuid
+            or not isinstance(pid, int) or isinstance(pid, bool)
             or not isinstance(state, str) or not isinstance(held_by, list)
             or not all(isinstance(h, str) for h in held_by) or not isinstance(drained, bool) or written is None):
         raise HoldError("is not a filler's acknowledgement of this GPU")
-    return Ack(gpu_uuid, pid, state, tuple(str(h) for h in held_by), drained, written)
+    boot_id, boot_s = loaded.get("boot_id"), _number(loaded.get("written_boot_s"))
+    boot = BootStamp(boot_id, boot_s) if isinstance(boot_id, str) and boot_s is not None else None
+    return Ack(gpu_uuid, pid, state, tuple(str(h) for h in held_by), drained, written, boot)
 
 
 # --- the API ---------------------------------------------------------------------------------------------
@@ -247,6 +291,7 @@ def place(hold_dir: str, hold: Hold) -> Hold:
     """Write (or refresh) a hold; a refresh keeps the first `since_unix_s`. Returns the hold as written."""
     if not valid_gpu_uuid(hold.gpu_uuid) or not valid_holder(hold.holder):
         raise HoldError(f"not a GPU UUID and holder: {hold.gpu_uuid!r} {hold.holder!r}")
+    hold = dataclasses.replace(hold, gpu_uuid=canonical_gpu_uuid(hold.gpu_uuid))
     name = hold_name(hold.gpu_uuid, hold.holder)
     try:
         previous = hold_from_json(read_small(os.path.join(hold_dir, name)), hold.gpu_uuid, hold.holder)
@@ -264,15 +309,21 @@ def place(hold_dir: str, hold: Hold) -> Hold:
 
 
 def release(hold_dir: str, gpu_uuid: str, holder: str) -> bool:
-    """Remove a hold; False when there was none."""
-    try:
-        os.unlink(os.path.join(hold_dir, hold_name(gpu_uuid, holder)))
-    except FileNotFoundError:
-        return False
-    except OSError as error:
-        raise HoldError(f"cannot remove {hold_name(gpu_uuid, holder)} from {hold_dir} "
-                        f"({error.strerror or error})") from None
-    return True
+    """Remove a hold, in whatever spelling of the UUID its file is named; False when there was none."""
+    gpu_uuid = canonical_gpu_uuid(gpu_uuid)
+    names = {hold_name(gpu_uuid, holder)}
+    with contextlib.suppress(HoldError):
+        names.update(list_dir(hold_dir).names.get((gpu_uuid, holder), ()))
+    removed = False
+    for name in sorted(names):
+        try:
+            os.unlink(os.path.join(hold_dir, name))
+            removed = True
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            raise HoldError(f"cannot remove {name} from {hold_dir} ({error.strerror or error})") from None
+    return removed
 
 
 def _names(hold_dir: str) -> Iterator[str]:
@@ -285,7 +336,8 @@ def _names(hold_dir: str) -> Iterator[str]:
 class Listing:
     """The hold names of a directory by GPU, what else it holds, and whether it was too long to read whole."""
 
-    holds: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID -> holders
+    holds: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID (canonical) -> holders
+    names: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (GPU UUID, holder) -> its files' names
     ignored: tuple[str, ...] = ()  # names that are neither holds, acknowledgements nor dot files
     truncated: bool = False
     missing: bool = False  # no such directory
@@ -293,21 +345,24 @@ class Listing:
 
 def list_dir(hold_dir: str) -> Listing:
     holds: dict[str, list[str]] = {}
+    names: dict[tuple[str, str], list[str]] = {}
     ignored: list[str] = []
     try:
         for count, name in enumerate(_names(hold_dir)):
             if count >= MAX_ENTRIES:
-                return Listing(holds, tuple(ignored), truncated=True)
+                return Listing(holds, names, tuple(ignored), truncated=True)
             parsed = parse_hold_name(name)
             if parsed is not None:
-                holds.setdefault(parsed[0], []).append(parsed[1])
-            elif not name.startswith(".") and not (name.startswith(ACK_PREFIX) and name.endswith(SUFFIX)):
+                if parsed not in names:  # one holder, one hold, however many spellings of the UUID name it
+                    holds.setdefault(parsed[0], []).append(parsed[1])
+                names.setdefault(parsed, []).append(name)
+            elif not name.startswith(".") and not name.startswith(ACK_PREFIX):  # filler.*: the filler's own
                 ignored.append(name)
     except (FileNotFoundError, NotADirectoryError):
         return Listing(missing=True)
     except OSError as error:
         raise HoldError(f"cannot list {hold_dir} ({error.strerror or error})") from None
-    return Listing(holds, tuple(ignored))
+    return Listing(holds, names, tuple(ignored))
 
 
 def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing | None = None) -> HoldsView:
@@ -326,6 +381,7 @@ def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing
     if listing.truncated:
         why = f"hold directory {hold_dir} has more than {MAX_ENTRIES} entries: GPU held until it has fewer"
         return HoldsView(problems=(*problems, why), fail_safe=why)
+    gpu_uuid = canonical_gpu_uuid(gpu_uuid)
     holders = sorted(listing.holds.get(gpu_uuid, []))
     if len(holders) > MAX_HOLDS:
         why = f"more than {MAX_HOLDS} holds on this GPU in {hold_dir}: GPU held until there are fewer"
@@ -334,19 +390,22 @@ def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing
     expired: list[Hold] = []
     mtimes_ns: dict[str, int] = {}
     for holder in holders:
-        name = hold_name(gpu_uuid, holder)
-        try:
-            data, mtimes_ns[holder] = _read_regular(os.path.join(hold_dir, name), HOLD_MAX_BYTES)
-            hold = hold_from_json(data, gpu_uuid, holder)
-        except FileNotFoundError:
-            continue  # released while we read
-        except HoldError as error:
-            problems.append(f"hold file {os.path.join(hold_dir, name)} {error}: ignored")
-            continue
-        if hold.until_unix_s is not None and hold.until_unix_s <= now_unix_s:
-            expired.append(hold)
-        else:
-            honoured.append(hold)
+        read: list[Hold] = []
+        for name in sorted(listing.names.get((gpu_uuid, holder), [hold_name(gpu_uuid, holder)])):
+            try:
+                data, mtime_ns = _read_regular(os.path.join(hold_dir, name), HOLD_MAX_BYTES)
+                read.append(hold_from_json(data, gpu_uuid, holder))
+            except FileNotFoundError:
+                continue  # released while we read
+            except HoldError as error:
+                problems.append(f"hold file {os.path.join(hold_dir, name)} {error}: ignored")
+                continue
+            mtimes_ns[holder] = max(mtime_ns, mtimes_ns.get(holder, mtime_ns))
+        live = [h for h in read if h.until_unix_s is None or h.until_unix_s > now_unix_s]
+        if live:  # a holder's files in two spellings of the UUID: one hold, honoured while either is
+            honoured.append(live[0])
+        elif read:
+            expired.append(read[0])
     return HoldsView(tuple(honoured), tuple(problems), expired=tuple(expired), mtimes_ns=mtimes_ns,
                      named=tuple(holders))
 
@@ -365,6 +424,32 @@ def all_holds(hold_dir: str) -> tuple[list[Hold], list[str]]:
     return holds, problems
 
 
+def context_lock_name(gpu_uuid: str) -> str:
+    return f"{ACK_PREFIX}{canonical_gpu_uuid(gpu_uuid)}.lock"
+
+
+def context_held(hold_dir: str, gpu_uuid: str) -> bool:
+    """Whether a live process of ours holds (or is about to create) a CUDA context on this GPU in exclusive mode: the
+    flock its child keeps on context_lock_name for its life (service/exclusive_child.py) is taken. Asked without
+    blocking, by a shared lock let go at once."""
+    try:
+        fd = os.open(os.path.join(hold_dir, context_lock_name(gpu_uuid)),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # none: no child of ours has ever run here (or the file is not ours to read)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def write_ack(hold_dir: str, ack: Ack) -> None:
     write_atomic(hold_dir, ack_name(ack.gpu_uuid), ack_to_json(ack))
 
@@ -377,9 +462,47 @@ def read_ack(hold_dir: str, gpu_uuid: str) -> Ack | None:
         return None
 
 
-def acknowledged(ack: Ack | None, holder: str, placed_unix_s: float, now_unix_s: float) -> bool:
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            return file.read(64).strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def boot_stamp() -> BootStamp:
+    """Now on this host's boot clock."""
+    return BootStamp(_boot_id(), time.clock_gettime(time.CLOCK_BOOTTIME))
+
+
+def _ack_times(ack: Ack, now_unix_s: float, now_boot: BootStamp | None) -> tuple[float, float] | None:
+    """(the acknowledgement's age, when it was written) on the boot clock where both sides stamped it, else on the
+    wall clock (a filler of an earlier release); None for one written before this boot (no filler of this boot)."""
+    if ack.written_boot is not None and now_boot is not None:
+        if ack.written_boot.boot_id != now_boot.boot_id:
+            return None
+        return now_boot.boot_s - ack.written_boot.boot_s, ack.written_boot.boot_s
+    return now_unix_s - ack.written_unix_s, ack.written_unix_s
+
+
+def ack_live(ack: Ack | None, now_unix_s: float, now_boot: BootStamp | None) -> bool:
+    """Whether a live filler stands behind the acknowledgement: one written within ACK_STALE_S, in this boot."""
+    times = _ack_times(ack, now_unix_s, now_boot) if ack is not None else None
+    return times is not None and times[0] <= ACK_STALE_S
+
+
+def acknowledged(ack: Ack | None, holder: str, placed_unix_s: float, now_unix_s: float,
+                 placed_boot: BootStamp | None = None, now_boot: BootStamp | None = None) -> bool:
     """Whether `hold --wait` may return for this GPU: no live filler there (no acknowledgement, or one older than
-    ACK_STALE_S: fail open), or its filler honours `holder`, has drained, and said so after the hold was placed."""
-    if ack is None or now_unix_s - ack.written_unix_s > ACK_STALE_S:
+    ACK_STALE_S: fail open), or its filler honours `holder`, has drained, and said so after the hold was placed.
+    Age and order are judged on the boot clock where the filler stamped it and the caller gives `placed_boot` and
+    `now_boot`: a step of either side's wall clock then changes nothing."""
+    if placed_boot is None or now_boot is None:
+        placed_boot = now_boot = None  # one clock for all three times
+    if ack is None or not ack_live(ack, now_unix_s, now_boot):
         return True
-    return holder in ack.held_by and ack.drained and ack.written_unix_s >= placed_unix_s
+    times = _ack_times(ack, now_unix_s, now_boot)
+    assert times is not None
+    placed_s = placed_boot.boot_s if ack.written_boot is not None and placed_boot is not None else placed_unix_s
+    return holder in ack.held_by and ack.drained and times[1] >= placed_s

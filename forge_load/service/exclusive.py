@@ -31,7 +31,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.status import GpuStatus
 from forge_load.log import EventLog
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
+from forge_load.operators.hold_watch import FillerHolds, HoldBoard, coalesce, jobs_announced
 from forge_load.operators.pause import Pauses, shown_time
 from forge_load.service.runtime import stop_reason
 
@@ -65,13 +65,17 @@ class Child(Protocol):
 
 
 class ChildProcess:
-    """`python -m forge_load.service.exclusive_child` with the config and the supervisor's start (time.monotonic(),
-    which is the system's: the child logs on the same timeline) pickled on its stdin; stdin stays open, so the
-    child sees EOF (and ends) when this process dies, whatever killed it."""
+    """`python -m forge_load.service.exclusive_child` with the config, the supervisor's start (time.monotonic(),
+    which is the system's: the child logs on the same timeline), the hold directory and the holds aged out now
+    (`aged_out`: the child watches the holds too, and these it must not end for) pickled on its stdin; stdin stays
+    open, so the child sees EOF (and ends) when this process dies, whatever killed it."""
 
-    def __init__(self, config: Config, start_s: float) -> None:
+    def __init__(self, config: Config, start_s: float, hold_dir: str = "",
+                 aged_out: Callable[[], dict[str, int]] = dict) -> None:
         self.config = config
         self.start_s = start_s
+        self.hold_dir = hold_dir
+        self.aged_out = aged_out
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> int:
@@ -79,7 +83,7 @@ class ChildProcess:
         stdin = proc.stdin
         assert stdin is not None
         try:
-            pickle.dump((self.config, self.start_s), stdin)
+            pickle.dump((self.config, self.start_s, self.hold_dir, self.aged_out()), stdin)
             stdin.flush()
         except OSError:
             pass  # it died at once: poll() says so
@@ -172,12 +176,14 @@ class Supervisor:
         changes, problems = self.holds.check(now_s)
         for problem in problems:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
-        for change in changes:
+        for change in coalesce(changes):  # many holders at once: one line, with their count
             reason = change.reason or (f"held by {change.holder}" if change.event == "hold" else "")
             fields: dict[str, object] = {"holder": change.holder, "reason": reason}
+            if change.count > 1:
+                fields["count"] = change.count
             if change.until_unix_s is not None:
                 fields["until"] = shown_time(change.until_unix_s)
-            self.holds_begun += change.event == "hold"
+            self.holds_begun += change.count if change.event == "hold" else 0
             self.log.emit(change.event, t=self._t(now_s), **fields)
         self._reap(now_s)  # first: a child that ended by itself counts in what follows
         pause = self.pauses.check().reason if self.pauses is not None else None
@@ -292,8 +298,8 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     log.emit("exclusive", compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
                     "it fills, and ends on a hold, a pause or a foreign job")
-    child = child or ChildProcess(child_config(config, info), start_s)
     holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s, board)
+    child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out)
     sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
                      on_change)
     attach(sup.status)

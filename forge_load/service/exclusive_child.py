@@ -1,16 +1,25 @@
 """The child process of exclusive compute mode (exclusive.py): the ordinary filler of one GPU, whose CUDA context
-lives and dies with this process. Started by the supervisor as `python -m forge_load.service.exclusive_child`, with the
-config pickled on stdin."""
+lives and dies with this process. Started by the supervisor as `python -m forge_load.service.exclusive_child`, with
+(config, the supervisor's start, the hold directory, the holds it let age out) pickled on stdin.
+
+It does not trust the supervisor to stay alive and awake: before its context exists it takes the GPU's context lock
+in the hold directory (take_context_lock), which `hold --wait` reads and the kernel lets go only at its exit; and it
+watches the hold directory itself, ending on a hold the supervisor has not ended it for within SUPERVISOR_GRACE_S (a
+supervisor stopped or hung on NVML or on its stdout), so that a hold is honoured whatever becomes of its parent."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pickle
+import resource
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, TextIO
 
 from forge_load.config.settings import Config
@@ -18,18 +27,82 @@ from forge_load.control.policy import FILLING_STATES
 from forge_load.control.status import GpuSlot
 from forge_load.gpu.backend import Backend, NvidiaBackend
 from forge_load.log import internal_error
+from forge_load.operators import holds as disk
+from forge_load.operators.hold_watch import HoldWatch
 from forge_load.service import gpu_threads, runtime
+from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
+
+HOLDS_POLL_S = 0.1  # the child's own look at the holds, as often as the supervisor's
+# The supervisor ends the child at its next step (0.1 s) after a hold appears; only a hold it has let stand this long
+# means the supervisor cannot (stopped, hung), and the child ends itself.
+SUPERVISOR_GRACE_S = 0.5
+LOCK_TRIES_S = 1.0  # a `hold --wait` asking the lock holds it for microseconds: tried again this long
+LOCK_FD_FLOOR = 1024  # the lock's descriptor at least this less one (or the limit): above the driver's files
+
+
+def _above_the_drivers(fd: int) -> int:
+    """The lock's descriptor moved high: a dying process's files are closed in order of number, so the lock goes after
+    the driver's (opened later, numbered lower than this), whose closing frees the context."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    floor = min(soft if soft != resource.RLIM_INFINITY else LOCK_FD_FLOOR, LOCK_FD_FLOOR) - 1
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except OSError:
+        return fd
+    os.close(fd)
+    return high
+
+
+def take_context_lock(hold_dir: str, gpu_uuid: str, stop: threading.Event) -> tuple[int | None, str | None]:
+    """The GPU's context lock in the hold directory (holds.context_lock_name), taken before any context exists and
+    never let go: the kernel lets go of it at this process's exit, whatever stops or hangs meanwhile; `hold --wait`
+    reads it (holds.context_held). (its descriptor, None), or (None, why not). Without it the child still fills, as
+    a filler whose acknowledgement cannot be written still does."""
+    lock = Path(hold_dir) / disk.context_lock_name(gpu_uuid)
+    deadline_s = time.monotonic() + LOCK_TRIES_S
+    while True:
+        fd, holder = claim_lock(lock, mode=disk.FILE_MODE)  # readable by all: the hold command asks it
+        if fd is not None:
+            return _above_the_drivers(fd), None
+        if holder is None:
+            return None, f"cannot take {lock} (not a regular file of this user's, or not writable)"
+        if time.monotonic() >= deadline_s or stop.wait(0.01):
+            return None, f"{lock} is locked by another process (pid {holder})"
+
+
+def watch_holds(hold_dir: str, gpu_uuid: str, aged_out: dict[str, int], stop: runtime.StopEvent,
+                wake: threading.Event) -> None:
+    """Until `stop`: a hold on this GPU that the supervisor has not ended us for within SUPERVISOR_GRACE_S stops the
+    child. The holds the supervisor let age out (holder -> its file's mtime then) are no reason: it judged them."""
+    watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s=0.0)  # the age-out is the supervisor's to judge
+    seen_s: float | None = None
+    while not stop.wait(HOLDS_POLL_S):
+        now_s = time.monotonic()
+        watch.check(now_s, time.time())
+        new = [holder for holder in watch.holders if aged_out.get(holder) != watch.stamp(holder)]
+        if not new and watch.fail_safe is None:
+            seen_s = None
+            continue
+        seen_s = now_s if seen_s is None else seen_s
+        if now_s - seen_s >= SUPERVISOR_GRACE_S:
+            runtime.request_stop(stop, wake, f"held by {','.join(new) or 'the fail-safe'}, and the supervisor has not "
+                                             "ended the child: ends, so that its context goes too")
+            return
 
 
 def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
                title: Callable[[str], None] | None = None) -> int:
     """The child: the ordinary filler of one GPU, which ends when asked (SIGTERM), when its filler stops filling,
-    or when the supervisor is gone (EOF on stdin). `backend`: the machine's GPUs (tests: the simulated one);
-    `title` names the process (ProcessTitle.set)."""
-    config, parent_start_s = pickle.load(stdin)
-    if not isinstance(config, Config) or not isinstance(parent_start_s, float):
-        raise TypeError("the supervisor sent something other than (Config, its start time)")
+    when the supervisor is gone (EOF on stdin), or on a hold the supervisor has not ended it for. `backend`: the
+    machine's GPUs (tests: the simulated one); `title` names the process (ProcessTitle.set)."""
+    brief = pickle.load(stdin)
+    config, parent_start_s = brief[0], brief[1]
+    hold_dir, aged_out = (brief[2], brief[3]) if len(brief) == 4 else ("", {})
+    if (not isinstance(config, Config) or not isinstance(parent_start_s, float) or not isinstance(hold_dir, str)
+            or not isinstance(aged_out, dict)):
+        raise TypeError("the supervisor sent something other than (Config, its start time, the hold directory, "
+                        "the holds aged out)")
     # Named in ps and in the GPU's process list like its parent (docs/design.md §10); it lives only while filling.
     if title is not None:
         title(f"forge-load: exclusive-mode child of {os.getppid()}, filling {config.gpu}")
@@ -47,6 +120,13 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
         runtime.request_stop(stop, wake, "the supervisor is gone")
 
     threading.Thread(target=orphaned, name="supervisor", daemon=True).start()
+    if hold_dir and disk.configured(hold_dir):
+        _lock_fd, why_not = take_context_lock(hold_dir, config.gpu or "", stop)  # kept open: it goes with the process
+        if why_not is not None:
+            runtime.say(f"forge-load: exclusive-mode child: {why_not}: `forge-load hold --wait` sees this child only "
+                        "through the supervisor's acknowledgement")
+        threading.Thread(target=watch_holds, args=(hold_dir, config.gpu or "", aged_out, stop, wake), name="holds",
+                         daemon=True).start()
     started: list[runtime.Runtime] = []
 
     def not_filling() -> None:

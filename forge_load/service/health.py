@@ -202,15 +202,16 @@ class Heartbeat:
                 self._claim_fd = None
 
 
-def claim_lock(lock: Path) -> tuple[int | None, str | None]:
-    """An exclusive hold on `lock` (flock, released when the process ends or the descriptor is closed).
+def claim_lock(lock: Path, mode: int = 0o600) -> tuple[int | None, str | None]:
+    """An exclusive hold on `lock` (flock, released when the process ends or the descriptor is closed), made with
+    `mode` where missing.
 
     (fd, None): held by this process now; (None, pid): held by another process, by the PID it wrote ("?" when
     unreadable); (None, None): it cannot be held here (not a regular file of ours, or not writable): nothing is
     claimed, and nothing refused for it. The file is left in place: removing it would race the next claim."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(lock, flags, 0o600)
+        fd = os.open(lock, flags, mode)
     except OSError:
         return None, None
     try:

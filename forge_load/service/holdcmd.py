@@ -24,7 +24,9 @@ from forge_load.operators.holds import Hold, HoldError
 EXIT_OK, EXIT_NOT_ACKNOWLEDGED, EXIT_BAD_INPUT = 0, 1, 2
 COMMANDS = ("hold", "release", "holds")
 PROC_GPUS = "/proc/driver/nvidia/gpus"
-MAX_REASON_CHARS = 1024
+MAX_REASON_CHARS = holds.MAX_REASON_CHARS
+# The last second a calendar shows (9999-12-31T23:59:59Z): `holds` can show every --until it accepts.
+MAX_UNTIL_UNIX_S = 253402300799.0
 MAX_WAIT_S = 3600.0
 WAIT_POLL_S = 0.02
 _UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -86,8 +88,11 @@ def host_uuids() -> list[str]:
     return proc_uuids()
 
 
-def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) -> list[str]:
-    """`--gpu`: comma-separated indices or UUIDs, or `all`; UUIDs in the order given, each once."""
+def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) -> tuple[list[str], str | None]:
+    """`--gpu`: comma-separated indices or UUIDs, or `all`; UUIDs in the order given, each once, and a line
+    (`--gpu='...': index 7 is not ...`) naming the indices that are no GPU of this host, or None. Fail open: those
+    cost only themselves, the job's other GPUs are held; BadInput when nothing resolves, or a name is neither an
+    index nor a UUID."""
     accepted = "all, or comma-separated GPU indices or UUIDs (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
     names = [n.strip() for n in raw.split(",")]
     if not raw.strip() or any(not n for n in names):
@@ -100,22 +105,29 @@ def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) 
                            "index (or all) cannot be resolved: name the GPUs by UUID")
     if names == ["all"]:
         assert host is not None
-        return host
+        return host, None
     out: list[str] = []
+    unknown: list[int] = []
     for name in names:
         if name.isascii() and name.isdigit():
             assert host is not None
             index = int(name)
             if index >= len(host):
-                raise BadInput(f"--gpu={_shown(raw)}: index {index} is not a GPU of this host (0 to {len(host) - 1})")
+                unknown.append(index)
+                continue
             uuid = host[index]
         elif holds.valid_gpu_uuid(name):
-            uuid = name
+            uuid = holds.canonical_gpu_uuid(name)  # GPU-5FD4... is the GPU NVML calls GPU-5fd4...
         else:
             raise _bad("--gpu", raw, accepted)
         if uuid not in out:
             out.append(uuid)
-    return out
+    assert host is not None or not unknown
+    which = (f"index {', '.join(map(str, unknown))} is not a GPU of this host (0 to {len(host) - 1})"
+             if host is not None and unknown else "")
+    if not out:
+        raise BadInput(f"--gpu={_shown(raw)}: {which}")
+    return out, (f"--gpu={_shown(raw)}: {which}" if which else None)
 
 
 # --- values ------------------------------------------------------------------------------------------------
@@ -141,6 +153,9 @@ def parse_until(raw: str, now_unix_s: float) -> float:
         until_s = parsed
     if not math.isfinite(until_s) or until_s <= now_unix_s:
         raise BadInput(f"--until={_shown(raw)}: that time has passed; expected {accepted}")
+    if until_s > MAX_UNTIL_UNIX_S:
+        raise BadInput(f"--until={_shown(raw)}: after 9999-12-31T23:59:59Z; expected {accepted}, up to that "
+                       "time (leave --until out for a hold until it is released)")
     return until_s
 
 
@@ -162,8 +177,13 @@ def check_holder(raw: str) -> str:
 
 
 def check_reason(raw: str) -> str:
-    if len(raw) > MAX_REASON_CHARS or escape_controls(raw) != raw:
-        raise _bad("--reason", raw, f"at most {MAX_REASON_CHARS} characters without control characters")
+    try:
+        raw.encode("utf-8")  # bytes of the command line that are not UTF-8 come as lone surrogates
+        text = True
+    except UnicodeEncodeError:
+        text = False
+    if len(raw) > MAX_REASON_CHARS or escape_controls(raw) != raw or not text:
+        raise _bad("--reason", raw, f"at most {MAX_REASON_CHARS} characters of UTF-8 text without control characters")
     return raw
 
 
@@ -205,14 +225,16 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     now_s = time.time()
     until_s = parse_until(args.until, now_s) if args.until is not None else None
     wait_s = parse_wait(args.wait) if args.wait is not None else None
-    gpus = resolve_gpus(args.gpu, uuids_of_host)
+    gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
     try:
         made_dir = holds.ensure_dir(hold_dir)
-        placed_s = time.time()
+        placed_s, placed_boot = time.time(), holds.boot_stamp()  # the boot clock judges; no wall-clock step moves it
         for uuid in gpus:
             holds.place(hold_dir, Hold(uuid, holder, reason, placed_s, until_s))
     except HoldError as error:
         raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+    if unresolved is not None:
+        say(f"forge-load hold: {unresolved}: not held; the others are")
     if wait_s is None:
         for uuid in gpus:
             out(f"{uuid} held by {holder}")
@@ -225,7 +247,11 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
         ack = holds.read_ack(hold_dir, uuid)
         if ack is None and time.monotonic() < unsure_until_s:
             return False
-        return holds.acknowledged(ack, holder, placed_s, time.time())
+        if not holds.acknowledged(ack, holder, placed_s, time.time(), placed_boot, holds.boot_stamp()):
+            return False
+        # Exclusive mode: a live context of ours (its child's lock) is never "no filler", whatever the
+        # acknowledgement says or how stale it is (a supervisor stopped or hung).
+        return not holds.context_held(hold_dir, uuid)
 
     waiting = list(gpus)
     while True:
@@ -254,7 +280,9 @@ def cmd_release(args: argparse.Namespace, hold_dir: str, out: Callable[[str], No
             raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
         gpus = sorted(uuid for uuid, holders in listing.holds.items() if holder in holders)
     else:
-        gpus = resolve_gpus(args.gpu, uuids_of_host)
+        gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
+        if unresolved is not None:
+            say(f"forge-load release: {unresolved}: not released; the others are")
     try:
         for uuid in gpus:
             if holds.release(hold_dir, uuid, holder):
@@ -265,9 +293,13 @@ def cmd_release(args: argparse.Namespace, hold_dir: str, out: Callable[[str], No
 
 
 def _when(t_s: float | None) -> str:
+    """Local ISO 8601; a time no calendar of this machine shows (a file's 1e300) as the number it is."""
     if t_s is None:
         return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_s))
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_s))
+    except (OverflowError, OSError, ValueError):
+        return f"{t_s:g}"
 
 
 def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]) -> int:
@@ -275,14 +307,16 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
         found, problems = holds.all_holds(hold_dir)
     except HoldError as error:
         raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
-    now_s = time.time()
+    now_s, now_boot = time.time(), holds.boot_stamp()
     acks = {uuid: holds.read_ack(hold_dir, uuid) for uuid in {h.gpu_uuid for h in found}}
 
     def filler(hold: Hold) -> str:
         ack = acks[hold.gpu_uuid]
         if hold.until_unix_s is not None and hold.until_unix_s <= now_s:
             return "expired"
-        if ack is None or now_s - ack.written_unix_s > holds.ACK_STALE_S:
+        if ack is None or not holds.ack_live(ack, now_s, now_boot):
+            if holds.context_held(hold_dir, hold.gpu_uuid):  # a supervisor stopped or hung beside its child
+                return "draining (our exclusive-mode child still holds the GPU)"
             return "no filler"
         if hold.holder not in ack.held_by:
             return "not honoured (yet, or aged out)"

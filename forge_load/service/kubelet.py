@@ -21,7 +21,7 @@ from typing import Any
 
 from forge_load.log import internal_error
 from forge_load.operators.hold_watch import HoldBoard
-from forge_load.operators.holds import GPU_UUID_RE, Hold, valid_holder
+from forge_load.operators.holds import GPU_UUID_RE, Hold, canonical_gpu_uuid, valid_holder
 
 POLL_S = 0.25  # List every quarter second: a quarter of the 0.5-s goal, a few calls a second the kubelet allows
 BACKOFF_MAX_S = 8.0  # after failures, List at least this often: a restarted kubelet is found again soon
@@ -79,8 +79,9 @@ def nvml_resolver(nvml: Any = None) -> Resolve:
     cache: dict[str, tuple[str, ...]] = {}
 
     def resolve(device_id: str) -> tuple[str, ...]:
+        device_id = canonical_gpu_uuid(device_id)  # a UUID in capitals is NVML's own in lower case
         if device_id.startswith("GPU-"):
-            return (device_id,)
+            return (canonical_gpu_uuid(device_id),)
         if device_id not in cache:
             uuids = nvml_module.device_id_uuids(device_id, nvml)
             cache[device_id] = uuids or tuple(nvml_module.device_uuids(nvml))
@@ -91,7 +92,7 @@ def nvml_resolver(nvml: Any = None) -> Resolve:
 
 def simulated_resolver(device_id: str) -> tuple[str, ...]:
     """The simulated GPU has no NVML: its UUIDs name themselves, and nothing else names any GPU."""
-    return (device_id,) if GPU_UUID_RE.fullmatch(device_id) else ()
+    return (canonical_gpu_uuid(device_id),) if GPU_UUID_RE.fullmatch(device_id) else ()
 
 
 class KubeletHolds:
@@ -150,7 +151,7 @@ class KubeletHolds:
                 if device_id not in self._said_ids:
                     self._said_ids.add(device_id)
                     self.say(f"device id {device_id} ({item.resource}) cannot be looked up: {error}")
-            if device_id not in self._said_ids and not device_id.startswith("GPU-"):
+            if device_id not in self._said_ids and device_id[:4].upper() != "GPU-":
                 self._said_ids.add(device_id)
                 shown = ", ".join(uuids) if uuids else "no GPU"
                 self.say(f"device id {device_id} ({item.resource}) is {shown}")
