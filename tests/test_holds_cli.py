@@ -232,3 +232,14 @@ def test_an_index_is_resolved_through_nvml_on_the_virtual_gpu(vgpu, tmp_path: Pa
     assert proc.stdout.splitlines() == [f"{uuids[1]} held by slurm-7", "HEAVY "]
     assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[1]}.slurm-7.json"]
     assert gpu.contexts() == []  # no CUDA context was made
+
+
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_holds_in_a_missing_or_non_directory_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    what: str) -> None:
+    # A typo in --hold-dir once printed an empty table and exited 0: it read as "no holds".
+    (tmp_path / "file").write_text("")
+    for argv in (["holds"], ["holds", "--json"]):
+        code, out, err = run(argv, tmp_path / what, capsys)
+        assert code == 2 and not out and len(err) == 1 and "--hold-dir" in err[0], err
+        assert ("not a directory" if what == "file" else "no such directory") in err[0]

@@ -271,6 +271,9 @@ def _when(t_s: float | None) -> str:
 
 
 def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]) -> int:
+    if not os.path.isdir(hold_dir):  # a typo must not read as "no holds"
+        what = "not a directory" if os.path.lexists(hold_dir) else "no such directory"
+        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {what}; expected the hold directory (made by the first hold)")
     try:
         found, problems = holds.all_holds(hold_dir)
     except HoldError as error:
