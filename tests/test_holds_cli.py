@@ -243,3 +243,19 @@ def test_holds_in_a_missing_or_non_directory_is_one_line_and_exit_2(tmp_path: Pa
         code, out, err = run(argv, tmp_path / what, capsys)
         assert code == 2 and not out and len(err) == 1 and "--hold-dir" in err[0], err
         assert ("not a directory" if what == "file" else "no such directory") in err[0]
+
+
+def test_a_simulated_gpu_is_not_held_in_the_host_wide_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every simulated filler of seed 0 has GPU0's UUID: a hold in the host-wide directory held other users' too.
+    host_wide = tmp_path / "host-wide"
+    monkeypatch.setattr(holds, "DEFAULT_HOLD_DIR", str(host_wide))
+    code = holdcmd.main(["hold", "--gpu", GPU0, "--holder", "h"], env={}, uuids_of_host=lambda: list(HOST))
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1 and "--gpu" in err[0] and "--hold-dir" in err[0], err
+    assert not host_wide.exists()
+    # Its own directory, by flag or variable: held.
+    assert holdcmd.main(["hold", "--gpu", GPU0, "--holder", "h"], env={"FORGE_HOLD_DIR": str(tmp_path)},
+                        uuids_of_host=lambda: list(HOST)) == 0
+    code, _, _ = run(["hold", "--gpu", GPU0, "--holder", "h"], tmp_path, capsys)
+    assert code == 0 and [h.holder for h in holds.all_holds(str(tmp_path))[0]] == ["h"]

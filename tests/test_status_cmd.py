@@ -155,3 +155,19 @@ def test_watch_shows_again_and_an_empty_directory_says_so(tmp_path: Path, capsys
     out = capsys.readouterr().out
     assert out.count("(no filler writes its status in") == 2 and "\x1b" not in out  # no terminal: no clearing
     assert statuscmd.main([], env={"FORGE_HOLD_DIR": str(tmp_path)}) == 0
+
+
+def test_an_exclusive_mode_supervisor_writes_its_row(tmp_path: Path) -> None:
+    from tests.test_exclusive import UUID, Rig
+
+    rig = Rig(tmp_path)
+    rig.sup.report = StatusWriter(rig.hold_dir, UUID, 1, os.getpid())
+    rig.step()
+    [seen] = filler_status.read_all(rig.hold_dir)[0]
+    assert (seen.state, seen.status.gpu_index, seen.status.pid, seen.alive) == ("filling", 1, os.getpid(), True)
+    rig.hold()
+    rig.run(0.3)
+    [seen] = filler_status.read_all(rig.hold_dir)[0]
+    assert (seen.state, seen.status.held_by, seen.status.reason) == ("held", ("slurm-42",), "held by slurm-42")
+    rig.sup.report.close()
+    assert filler_status.read_all(rig.hold_dir)[0] == []

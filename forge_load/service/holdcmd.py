@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from forge_load.config.sim import SIM_UUID_PREFIX
 from forge_load.log import escape_controls
 from forge_load.operators import holds
 from forge_load.operators.holds import Hold, HoldError
@@ -206,6 +207,12 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     until_s = parse_until(args.until, now_s) if args.until is not None else None
     wait_s = parse_wait(args.wait) if args.wait is not None else None
     gpus = resolve_gpus(args.gpu, uuids_of_host)
+    simulated = [uuid for uuid in gpus if uuid.upper().startswith(SIM_UUID_PREFIX.upper())]
+    if simulated and getattr(args, "host_wide", False):
+        # Every simulated filler of a seed has these UUIDs: held host-wide, other users' simulations would stop too.
+        raise BadInput(f"--gpu={_shown(args.gpu)}: {simulated[0]} is a simulated GPU's (forge-load --simulate; the "
+                       f"same UUID for every simulated filler of that seed on this host): not held in the host-wide "
+                       f"{hold_dir}; give --hold-dir, the simulated filler's own")
     try:
         made_dir = holds.ensure_dir(hold_dir)
         placed_s = time.time()
@@ -325,7 +332,9 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
 
     try:
         args = _parser(command).parse_args(rest)
-        hold_dir = hold_dir_of(args.hold_dir, os.environ if env is None else env)
+        environ = os.environ if env is None else env
+        hold_dir = hold_dir_of(args.hold_dir, environ)
+        args.host_wide = args.hold_dir is None and "FORGE_HOLD_DIR" not in environ  # the default directory
         if command == "hold":
             return cmd_hold(args, hold_dir, out, uuids_of_host)
         if command == "release":
