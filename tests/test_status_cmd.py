@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +90,31 @@ def test_a_clean_stop_takes_its_rows_with_it(tmp_path: Path, fillers: list[subpr
     assert proc.wait(timeout=DEADLINE_S) == 0
     assert status_rows(tmp_path) == []
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(filler_status.STATUS_SUFFIX)]
+
+
+def test_a_filler_in_another_pid_namespace_is_gone_at_once_when_killed(tmp_path: Path,
+                                                                       fillers: list[subprocess.Popen[str]]) -> None:
+    # As a container without --pid=host: its PID means nothing here, and its file stays fresh for a while after a
+    # kill. The lock it holds beside the file is let go by the kernel the moment it dies.
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                                                         capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs unshare with the right to make a PID namespace (root, or user namespaces)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    fillers.append(proc := subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "forge_load",
+         "--simulate", "--hold-dir", str(tmp_path), "--duration", "600"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True))
+    [row] = poll(tmp_path, lambda rows: [r["state"] for r in rows] == ["filling"])
+    assert row["pid"] == 1 and row["alive"] is True  # PID 1 of its namespace; seen alive through its lock
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline_s = time.monotonic() + DEADLINE_S  # the namespace's last process is reaped by the kernel, not by us
+    while not [r for r in status_rows(tmp_path) if r["state"] == "gone"]:
+        assert time.monotonic() < deadline_s
+        time.sleep(0.05)
+    rows = status_rows(tmp_path)
+    assert [(r["state"], r["alive"]) for r in rows] == [("gone", False)]
+    assert rows[0]["age_s"] < filler_status.STALE_S  # gone by its lock, before its file could age
 
 
 def written(tmp_path: Path, **fields: object) -> None:

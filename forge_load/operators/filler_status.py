@@ -7,18 +7,24 @@ write_atomic) at once on every change of state and at least once a second (of re
 GPU), and removed when the filler stops. It is a file of its own, not the acknowledgement (`filler.<UUID>.json`),
 which `hold --wait` judges: the two change for different reasons. `filler.*.json` is never read as a hold.
 
-Whether the filler behind a file still runs is judged twice: its process, where the reader can see it (the same
-PID namespace: the PID must name a process started at the tick the file says, so a reused PID is not taken for
-it), and the file's age (on CLOCK_BOOTTIME where both sides have it: a wall-clock step moves neither). A killed
-filler's file stays behind: the reader shows it as `gone` (process dead) or `stale` (older than STALE_S).
+Whether the filler behind a file still runs is judged three ways. Its lock: the filler holds an flock on
+`.filler.<GPU-UUID>.alive` beside it for as long as it runs (a dot file: never a hold), which the kernel lets go the
+moment the process dies, however it dies, and which any reader of the directory can test, in any container of the
+host (a shared mount is the same file). Its process, where the reader can see it (the same PID namespace: the PID
+must name a process started at the tick the file says, so a reused PID is not taken for it). And the file's age (on
+CLOCK_BOOTTIME where both sides have it: a wall-clock step moves neither). A killed filler's file stays behind: the
+reader shows it as `gone` (lock free or process dead) or `stale` (older than STALE_S).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -36,6 +42,10 @@ MAX_FILES: int = 1024  # status files read per call: a host has at most a few do
 
 def status_name(gpu_uuid: str) -> str:
     return f"{disk.ACK_PREFIX}{gpu_uuid}{STATUS_SUFFIX}"
+
+
+def alive_name(gpu_uuid: str) -> str:
+    return f".{disk.ACK_PREFIX}{gpu_uuid}.alive"
 
 
 def parse_status_name(name: str) -> str | None:
@@ -99,6 +109,7 @@ class FillerStatus:
     pid_start_ticks: int | None = None
     written_unix_s: float = 0.0
     written_boot_s: float | None = None
+    locked: bool = False  # the writer held its alive lock: a free lock means it has ended
 
 
 def to_json(status: FillerStatus) -> bytes:
@@ -135,7 +146,7 @@ def from_json(data: bytes, gpu_uuid: str) -> FillerStatus:
         _ratio(loaded.get("own_ratio")), _ratio(loaded.get("power_w")), reason if isinstance(reason, str) else None,
         tuple(held_by), loaded.get("simulated") is True, ns if isinstance(ns, str) else None,
         ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None, written,
-        _ratio(loaded.get("written_boot_s")))
+        _ratio(loaded.get("written_boot_s")), loaded.get("locked") is True)
 
 
 # --- the filler's side -----------------------------------------------------------------------------------
@@ -160,6 +171,7 @@ class StatusWriter:
         self._wrote = False
         self._ns = pid_namespace()
         self._ticks = process_start_ticks(pid)
+        self._alive_fd: int | None = None
 
     def due(self, state: str, held_by: tuple[str, ...]) -> bool:
         return (state, held_by) != self._said or self.monotonic() - self._written_s >= REFRESH_S
@@ -168,9 +180,11 @@ class StatusWriter:
               util_ratio: float | None = None, own_ratio: float | None = None, power_w: float | None = None,
               reason: str | None = None) -> None:
         self._said, self._written_s = (state, held_by), self.monotonic()
+        if self._alive_fd is None:
+            self._alive_fd = claim_alive(self.hold_dir, self.gpu_uuid)
         record = FillerStatus(self.gpu_uuid, self.gpu_index, self.pid, state, target_ratio, util_ratio, own_ratio,
                               power_w, reason, held_by, self.simulated, self._ns, self._ticks, self.wall_clock(),
-                              boot_time_s())
+                              boot_time_s(), self._alive_fd is not None)
         try:
             disk.write_atomic(self.hold_dir, status_name(self.gpu_uuid), to_json(record))
             self._wrote = True
@@ -178,10 +192,55 @@ class StatusWriter:
             pass  # no hold directory (not mounted, not made), or not writable: tried again at the next refresh
 
     def close(self) -> None:
-        """The filler stops: its file goes with it."""
+        """The filler stops: its files go with it (the lock's while still held: a reader never finds it free
+        beside a status file of a filler that stopped cleanly, which is gone first)."""
         if self._wrote:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+        if self._alive_fd is not None:
+            alive = os.path.join(self.hold_dir, alive_name(self.gpu_uuid))
+            with contextlib.suppress(OSError):
+                if os.stat(alive, follow_symlinks=False).st_ino == os.fstat(self._alive_fd).st_ino:
+                    os.unlink(alive)
+            os.close(self._alive_fd)
+            self._alive_fd = None
+
+
+def claim_alive(hold_dir: str, gpu_uuid: str) -> int | None:
+    """An exclusive flock on the GPU's alive file, held until the process ends; None when it cannot be had now
+    (no directory, not writable, a reader's test this very moment, another live filler of the same UUID)."""
+    path = os.path.join(hold_dir, alive_name(gpu_uuid))
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, disk.FILE_MODE)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.fchmod(fd, disk.FILE_MODE)  # every reader must be able to open it to test the lock
+        if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)  # held by another, or removed under us by a filler that stopped: again at the next write
+    return None
+
+
+def lock_alive(hold_dir: str, gpu_uuid: str) -> bool | None:
+    """Whether a process holds the GPU's alive lock now; None when that cannot be told (no such file, unreadable)."""
+    try:
+        fd = os.open(os.path.join(hold_dir, alive_name(gpu_uuid)),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go at once, by the close below
+        return False
+    except OSError as error:
+        return True if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    finally:
+        os.close(fd)
 
 
 # --- the reader's side ----------------------------------------------------------------------------------
@@ -197,7 +256,9 @@ class Seen:
     alive: bool | None
 
 
-def judge(status: FillerStatus, now_unix_s: float, now_boot_s: float | None, own_ns: str | None) -> Seen:
+def judge(status: FillerStatus, now_unix_s: float, now_boot_s: float | None, own_ns: str | None,
+          locked: bool | None = None) -> Seen:
+    """`locked`: whether the GPU's alive lock is held now (lock_alive), trusted where the writer held it."""
     if status.written_boot_s is not None and now_boot_s is not None:
         age_s = now_boot_s - status.written_boot_s
     else:
@@ -206,6 +267,10 @@ def judge(status: FillerStatus, now_unix_s: float, now_boot_s: float | None, own
     if own_ns is not None and status.pid_namespace == own_ns:
         ticks = process_start_ticks(status.pid)
         alive = ticks is not None and (status.pid_start_ticks is None or ticks == status.pid_start_ticks)
+    if status.locked and locked is False:
+        alive = False  # its process ended, whichever namespace it ran in
+    elif status.locked and locked and alive is None:
+        alive = True  # held by a process we cannot see (another PID namespace): its filler, or one of its GPU
     if alive is False:
         state = "gone"
     elif age_s > STALE_S or age_s < -STALE_S:  # a stamp from the future: another boot's, or a forged one
@@ -239,6 +304,7 @@ def read_all(hold_dir: str) -> tuple[list[Seen], list[str]]:
         except HoldError as error:
             problems.append(f"{os.path.join(hold_dir, name)} {error}: skipped")
             continue
-        seen.append(judge(status, now_unix_s, now_boot_s, own_ns))
+        locked = lock_alive(hold_dir, uuid) if status.locked else None
+        seen.append(judge(status, now_unix_s, now_boot_s, own_ns, locked))
     seen.sort(key=lambda s: (s.status.gpu_index, s.status.gpu_uuid))
     return seen, problems

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from forge_load.log import escape_controls
 from forge_load.operators import filler_status
 from forge_load.operators.filler_status import Seen
-from forge_load.operators.holds import HoldError
+from forge_load.operators.holds import DEFAULT_HOLD_DIR, HoldError
 from forge_load.service.holdcmd import EXIT_BAD_INPUT, EXIT_OK, BadInput, _bad, _Parser, _shown, hold_dir_of, say
 
 MIN_WATCH_S, MAX_WATCH_S = 0.1, 3600.0
@@ -38,6 +38,8 @@ def parse_watch(raw: str) -> float:
 
 def read(hold_dir: str, flag: str) -> tuple[list[Seen], list[str]]:
     """The fillers' statuses; BadInput (exit 2) when the directory cannot be read at all."""
+    if flag == "--hold-dir" and hold_dir == DEFAULT_HOLD_DIR:
+        flag = "--hold-dir (default)"
     try:
         return filler_status.read_all(hold_dir)
     except FileNotFoundError:
@@ -111,7 +113,7 @@ def show(hold_dir: str, flag: str, as_lines: bool, out: Callable[[str], None], c
 def _parser() -> _Parser:
     parser = _Parser(prog="forge-load status", description="Every forge-load filler of this host that shares the hold "
                      "directory, one row per GPU (docs/operating.md: forge-load status).")
-    parser.add_argument("--hold-dir", default=None, help="default FORGE_HOLD_DIR or /run/forge-load/holds")
+    parser.add_argument("--hold-dir", default=None, help=f"default FORGE_HOLD_DIR or {DEFAULT_HOLD_DIR}")
     parser.add_argument("--json", action="store_true", help="one JSON object per GPU and line")
     parser.add_argument("--watch", default=None, metavar="SECONDS",
                         help=f"show again every SECONDS ({MIN_WATCH_S:g} to {MAX_WATCH_S:g}) until Ctrl-C")
@@ -129,8 +131,7 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
         args = _parser().parse_args(list(argv))
         environ = os.environ if env is None else env
         hold_dir = hold_dir_of(args.hold_dir, environ)
-        flag = "--hold-dir" if args.hold_dir is not None else "FORGE_HOLD_DIR" if "FORGE_HOLD_DIR" in environ \
-            else "the default hold directory"
+        flag = "FORGE_HOLD_DIR" if args.hold_dir is None and "FORGE_HOLD_DIR" in environ else "--hold-dir"
         watch_s = parse_watch(args.watch) if args.watch is not None else None
         clear = watch_s is not None and not args.json and sys.stdout.isatty()
         show(hold_dir, flag, args.json, out, clear)
