@@ -197,3 +197,21 @@ def test_an_exclusive_mode_supervisor_writes_its_row(tmp_path: Path) -> None:
     assert (seen.state, seen.status.held_by, seen.status.reason) == ("held", ("slurm-42",), "held by slurm-42")
     rig.sup.report.close()
     assert filler_status.read_all(rig.hold_dir)[0] == []
+
+
+def test_the_hosts_index_of_a_gpu_whose_filler_numbers_it_otherwise(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # A filler in a container given the host's GPU 1 only calls it GPU 0: the driver's /proc files say which it is.
+    proc_root = tmp_path / "proc"
+    other = "GPU-0a0b0c0d-1111-4222-8333-444455556666"
+    for bus, uuid in (("0000:3b:00.0", other), ("0000:b1:00.0", GPU0)):
+        (proc_root / bus).mkdir(parents=True)
+        (proc_root / bus / "information").write_text(f"GPU UUID: \t {uuid}\n")
+    hold_dir = tmp_path / "holds"
+    hold_dir.mkdir()
+    written(hold_dir, written_boot_s=filler_status.boot_time_s())
+    assert statuscmd.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(proc_root)) == 0
+    [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["gpu"], row["filler_gpu"], row["uuid"]) == (1, 0, GPU0)
+    assert statuscmd.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(tmp_path / "none")) == 0
+    assert json.loads(capsys.readouterr().out)["gpu"] == 0  # no driver here: the filler's own
