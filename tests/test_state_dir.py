@@ -118,6 +118,8 @@ def test_an_operators_health_check_finds_the_units_heartbeat(tmp_path: Path, mon
         os.chown(beat, 61234, 61234)
     assert health.main(["--gpus", "all"]) == 0
     assert "the systemd unit's" in capsys.readouterr().out
+    assert health.main([]) == 1  # GPU 0 named: not the unit's, which says what it has
+    assert "heartbeat-gpus-all" in capsys.readouterr().out
     old = time.time() - 600
     os.utime(beat, (old, old))
     assert health.main(["--gpus", "all"]) == 1

@@ -318,6 +318,16 @@ def unit_heartbeat(path: Path, unit_dir: Path) -> Path | None:
     return candidate if os.path.lexists(candidate) else None
 
 
+def unit_heartbeats(unit_dir: Path) -> list[str]:
+    """The heartbeats in the deploy unit's runtime directory (a hint for a caller that named other GPUs)."""
+    try:
+        names = sorted(name for name in os.listdir(unit_dir)
+                       if name.startswith(FILE_NAME + "-") and not name.endswith(".lock"))
+    except OSError:
+        return []
+    return [escape_controls(name) for name in names[:8]]
+
+
 def check_unit(path: Path, max_age_s: float) -> tuple[bool, str]:
     """check() on a heartbeat that a service's own user wrote in its runtime directory: trusted as that user's when
     the file and the directory are that user's (or ours) and nobody else may write the directory."""
@@ -402,6 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ok, message = check_unit(unit, config.health_max_age_s)
         else:
             ok, message = check(path, config.health_max_age_s, private_dir=private)
+            if not ok and private and (others := unit_heartbeats(UNIT_RUNTIME_DIR)):
+                message += (f"; the systemd unit's filler keeps {', '.join(others)} in {_shown(UNIT_RUNTIME_DIR)}: "
+                            "give its GPU settings (such as --gpus all)")
     # The body from /health is a verdict line, then one line per GPU: Docker keeps it all.
     print("\n".join(escape_controls(line) for line in message.splitlines()) or "unhealthy")
     return EXIT_HEALTHY if ok else EXIT_UNHEALTHY
