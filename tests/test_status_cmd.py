@@ -215,3 +215,19 @@ def test_the_hosts_index_of_a_gpu_whose_filler_numbers_it_otherwise(tmp_path: Pa
     assert (row["gpu"], row["filler_gpu"], row["uuid"]) == (1, 0, GPU0)
     assert statuscmd.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(tmp_path / "none")) == 0
     assert json.loads(capsys.readouterr().out)["gpu"] == 0  # no driver here: the filler's own
+
+
+def test_the_alive_lock_is_held_while_the_writer_runs_and_goes_with_it(tmp_path: Path) -> None:
+    writer = StatusWriter(str(tmp_path), GPU0, 0, os.getpid())
+    writer.write("filling", ())
+    assert filler_status.lock_alive(str(tmp_path), GPU0) is True
+    [seen] = filler_status.read_all(str(tmp_path))[0]
+    assert seen.status.locked and seen.alive is True
+    writer.close()
+    assert list(tmp_path.iterdir()) == [] and filler_status.lock_alive(str(tmp_path), GPU0) is None
+    os.mkfifo(tmp_path / filler_status.alive_name(GPU0))  # planted: no lock, and the row says so
+    writer = StatusWriter(str(tmp_path), GPU0, 0, os.getpid())
+    writer.write("filling", ())
+    [seen] = filler_status.read_all(str(tmp_path))[0]
+    assert not seen.status.locked and seen.alive is True  # its process, seen here, still tells
+    writer.close()

@@ -215,6 +215,8 @@ def claim_alive(hold_dir: str, gpu_uuid: str) -> int | None:
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")  # planted: no lock, the reader falls back
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.fchmod(fd, disk.FILE_MODE)  # every reader must be able to open it to test the lock
         if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
@@ -248,7 +250,7 @@ def lock_alive(hold_dir: str, gpu_uuid: str) -> bool | None:
 @dataclass(frozen=True)
 class Seen:
     """A status file as the reader judges it: `state` is the file's, or `gone` (its process is dead) or `stale`
-    (older than STALE_S); `alive` is None where the process cannot be seen from here (another PID namespace)."""
+    (older than STALE_S); `alive` is None where neither its lock nor its process can tell."""
 
     status: FillerStatus
     state: str
