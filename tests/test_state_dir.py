@@ -17,7 +17,6 @@ from forge_load.config.settings import Config
 from forge_load.service import health
 
 ROOT = Path(__file__).resolve().parent.parent
-UNIT = ROOT / "deploy" / "systemd" / "forge-load.service"
 
 
 def forge(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -127,9 +126,3 @@ def test_an_operators_health_check_finds_the_units_heartbeat(tmp_path: Path, mon
     os.utime(beat)
     assert health.main(["--gpus", "all"]) == 1
     assert "only the unit's user may write" in capsys.readouterr().out
-
-
-def test_the_unit_says_where_health_finds_it() -> None:
-    text = UNIT.read_text()
-    first = text.split("\nRuntimeDirectory=", 1)[1].split()[0]
-    assert Path("/run") / first == health.UNIT_RUNTIME_DIR
