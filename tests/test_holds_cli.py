@@ -110,7 +110,8 @@ def test_indices_without_any_gpu_are_bad_input_and_uuids_need_none(tmp_path: Pat
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code = holdcmd.main(["hold", "--gpu", "0", "--holder", "h", "--hold-dir", str(tmp_path)], env={},
                         uuids_of_host=lambda: [])
-    assert code == 2 and "name the GPUs by UUID" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "name the GPUs by UUID" in err and "start line" in err  # where a simulated GPU's is
     code = holdcmd.main(["hold", "--gpu", GPU1, "--holder", "h", "--hold-dir", str(tmp_path)], env={},
                         uuids_of_host=lambda: [])
     assert code == 0

@@ -98,7 +98,8 @@ def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) 
         host = uuids_of_host()
         if not host:
             raise BadInput(f"--gpu={_shown(raw)}: neither NVML nor {PROC_GPUS} shows a GPU on this host, so an "
-                           "index (or all) cannot be resolved: name the GPUs by UUID")
+                           "index (or all) cannot be resolved: name the GPUs by UUID (a simulated GPU's: uuid= on its "
+                           "filler's start line, or forge-load status)")
     if names == ["all"]:
         assert host is not None
         return host
