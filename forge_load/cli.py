@@ -32,6 +32,11 @@ def main() -> int:
         from forge_load.fleet.command import main as fleet
 
         return fleet(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "status":
+        # Every filler of the host that shares the hold directory (docs/operating.md): any user, no GPU library.
+        from forge_load.service.statuscmd import main as status
+
+        return status(sys.argv[2:])
     if len(sys.argv) > 1 and sys.argv[1] == "health":
         # The health check (exit 0 healthy, 1 not; never 2, which Docker reserves), as `python -m forge_load.health`.
         from forge_load.service.health import main as check

@@ -110,7 +110,8 @@ def test_indices_without_any_gpu_are_bad_input_and_uuids_need_none(tmp_path: Pat
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code = holdcmd.main(["hold", "--gpu", "0", "--holder", "h", "--hold-dir", str(tmp_path)], env={},
                         uuids_of_host=lambda: [])
-    assert code == 2 and "name the GPUs by UUID" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "name the GPUs by UUID" in err and "start line" in err  # where a simulated GPU's is
     code = holdcmd.main(["hold", "--gpu", GPU1, "--holder", "h", "--hold-dir", str(tmp_path)], env={},
                         uuids_of_host=lambda: [])
     assert code == 0
@@ -232,3 +233,30 @@ def test_an_index_is_resolved_through_nvml_on_the_virtual_gpu(vgpu, tmp_path: Pa
     assert proc.stdout.splitlines() == [f"{uuids[1]} held by slurm-7", "HEAVY "]
     assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[1]}.slurm-7.json"]
     assert gpu.contexts() == []  # no CUDA context was made
+
+
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_holds_in_a_missing_or_non_directory_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    what: str) -> None:
+    # A typo in --hold-dir once printed an empty table and exited 0: it read as "no holds".
+    (tmp_path / "file").write_text("")
+    for argv in (["holds"], ["holds", "--json"]):
+        code, out, err = run(argv, tmp_path / what, capsys)
+        assert code == 2 and not out and len(err) == 1 and "--hold-dir" in err[0], err
+        assert ("not a directory" if what == "file" else "no such directory") in err[0]
+
+
+def test_a_simulated_gpu_is_not_held_in_the_host_wide_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every simulated filler of seed 0 has GPU0's UUID: a hold in the host-wide directory held other users' too.
+    host_wide = tmp_path / "host-wide"
+    monkeypatch.setattr(holds, "DEFAULT_HOLD_DIR", str(host_wide))
+    code = holdcmd.main(["hold", "--gpu", GPU0, "--holder", "h"], env={}, uuids_of_host=lambda: list(HOST))
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1 and "--gpu" in err[0] and "--hold-dir" in err[0], err
+    assert not host_wide.exists()
+    # Its own directory, by flag or variable: held.
+    assert holdcmd.main(["hold", "--gpu", GPU0, "--holder", "h"], env={"FORGE_HOLD_DIR": str(tmp_path)},
+                        uuids_of_host=lambda: list(HOST)) == 0
+    code, _, _ = run(["hold", "--gpu", GPU0, "--holder", "h"], tmp_path, capsys)
+    assert code == 0 and [h.holder for h in holds.all_holds(str(tmp_path))[0]] == ["h"]

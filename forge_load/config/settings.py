@@ -146,7 +146,8 @@ SETTINGS: tuple[Setting, ...] = (
             "2 x (1 s + poll interval), divided by the simulation's speed when below 1; default 30"),
     Setting("heartbeat_file", "FORGE_HEARTBEAT_FILE", "--heartbeat-file", path_value,
             "file the loop touches and `python -m forge_load.health` checks; default "
-            "/tmp/forge_load-<uid>/heartbeat-<GPUs> (heartbeat-gpu0)"),
+            "$TMPDIR/forge_load-<uid>/heartbeat-<GPUs> (heartbeat-gpu0; /tmp without TMPDIR; a systemd unit's "
+            "$RUNTIME_DIRECTORY/heartbeat-<GPUs>)"),
     Setting("max_power_w", "FORGE_MAX_POWER_W", "--max-power-w", power_value,
             "power cap: board power (1-s mean) stays at or under this many watts while filling; default none",
             logged="max_power_w"),

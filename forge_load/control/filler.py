@@ -17,6 +17,7 @@ from forge_load.control.powercap import CapChange, PowerCap, PowerWatch
 from forge_load.control.quantity import UTILIZATION, Quantity
 from forge_load.control.status import GpuStatus
 from forge_load.control.worker import IDLE_PLAN, Worker
+from forge_load.operators.filler_status import StatusWriter
 from forge_load.operators.hold_watch import FillerHolds, coalesce
 from forge_load.operators.pause import Pauses, shown_time
 
@@ -53,6 +54,7 @@ class Steering:
 
     pauses: Pauses | None = None
     holds: FillerHolds | None = None
+    report: StatusWriter | None = None
     power_cap: PowerCap | None = None
     heartbeat: Callable[[], None] | None = None
     on_transition: Callable[[], None] | None = None
@@ -76,6 +78,8 @@ class Filler:
         self.timing = timing
         self.pauses = steering.pauses
         self.holds = steering.holds
+        self.report = steering.report  # the status file `forge-load status` reads
+        self.reason: str | None = None  # the last change's reason
         self.power_cap = steering.power_cap
         self.heartbeat = steering.heartbeat
         self.on_transition = steering.on_transition
@@ -130,6 +134,10 @@ class Filler:
             problem = self.holds.acknowledge(now_s, self.policy.state.value, self.drained)
             if problem is not None:
                 self.lines.emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+        if self.report is not None:
+            held_by = self.holds.watch.holders if self.holds is not None else ()
+            if self.report.due(self.policy.state.value, held_by):
+                self._report(now_s, held_by)
         if now_s >= self._next_status_s:
             self._status(now_s)
         if now_s >= self.lines.due_s:
@@ -143,6 +151,12 @@ class Filler:
                                            or (self.pauses is not None and self.pauses.pause_file is not None))
         ack_due_s = self.holds.ack_due_s if self.holds is not None else float("inf")
         return min(due_s, self._next_status_s, self.lines.due_s, ack_due_s)
+
+    def _report(self, now_s: float, held_by: tuple[str, ...]) -> None:
+        assert self.report is not None
+        status = self.status(now_s)
+        self.report.write(status.state, held_by, status.target, status.util_ratio, status.own_ratio, status.power_w,
+                          self.reason)
 
     def _react(self, now_s: float, reading: Reading) -> None:
         self.last = reading
@@ -249,6 +263,7 @@ class Filler:
         extra = dict(extra or {})
         if reading is not None and reading.signals:
             extra["signals"] = ",".join(reading.signals)
+        self.reason = transition.reason
         fields = self.fields(now_s)
         fields.update(reason=transition.reason, **extra)
         self.lines.emit(now_s, transition.event, fields)

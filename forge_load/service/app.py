@@ -100,6 +100,11 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
     holder = beat.claim()
+    if holder is not None and not config.simulate and (missing := no_gpu()) is not None:
+        # No GPU here at all: that, not the other filler, is why this one cannot run (exit 3, as without it). Asked
+        # only now: NVML's start is dear, and without a conflict the GPU's own opening says the same.
+        say(f"forge-load: no usable GPU: {missing}")
+        return EXIT_NO_GPU
     if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/service/health.py)
         same = (f"the heartbeat {escape_controls(str(path))} of the same GPUs ({health.heartbeat_name(config)})"
                 if private else f"FORGE_HEARTBEAT_FILE={escape_controls(str(path))}")
@@ -152,6 +157,16 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
         if server is not None:
             server.close()
     return _log_checked(code, log_stream, out)
+
+
+def no_gpu() -> str | None:
+    """Why this host has no GPU for a filler (no NVML, or NVML shows none); None when it has one."""
+    from forge_load.gpu import nvml
+
+    try:
+        return None if nvml.device_uuids() else "NVML shows no GPU on this host"
+    except NoGpuError as error:
+        return str(error)
 
 
 def start_kubelet(config: Config, log: EventLog, stop: threading.Event) -> HoldBoard | None:

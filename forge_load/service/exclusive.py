@@ -31,6 +31,7 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.status import GpuStatus
 from forge_load.log import EventLog
+from forge_load.operators.filler_status import StatusWriter
 from forge_load.operators.hold_watch import FillerHolds, HoldBoard, coalesce, jobs_announced
 from forge_load.operators.pause import Pauses, shown_time
 from forge_load.service.runtime import stop_reason
@@ -146,6 +147,7 @@ class Supervisor:
         self.why_not: str | None = None  # why no child may run now (None: it may)
         self.blocked_state = FILLING  # the state that reason stands for: held, paused or yielding
         self.yields = 0
+        self.report: StatusWriter | None = None  # the status file `forge-load status` reads (supervise() sets it)
 
     @property
     def running(self) -> bool:
@@ -242,6 +244,10 @@ class Supervisor:
         problem = self.holds.acknowledge(now_s, self.state, drained=not self.running)
         if problem is not None:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
+        held_by = self.watch.holders
+        if self.report is not None and self.report.due(self.state, held_by):
+            # the shares and the power are the child's, in its log lines: the state and why are the supervisor's
+            self.report.write(self.state, held_by, reason=self.why_not)
 
     def close(self, now_s: float, wait: Callable[[float], None], clock: Callable[[], float]) -> None:
         """End the child (if any) and wait for it; killed after END_WAIT_S."""
@@ -302,6 +308,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out)
     sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
                      on_change)
+    sup.report = StatusWriter(hold_dir, info.uuid, info.index, os.getpid())
     attach(sup.status)
     try:
         while not stop.is_set() and time.monotonic() < end_s:
@@ -311,6 +318,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
             wake.clear()
     finally:
         sup.close(time.monotonic(), time.sleep, time.monotonic)
+        sup.report.close()
         sup.holds.close()  # as any filler that stops: `hold --wait` need not wait for the acknowledgement to age
         log.emit("stop", state=sup.state, reason=_stop_reason(stop, end_s), yields=sup.yields)
 

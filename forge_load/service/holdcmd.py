@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from forge_load.config.sim import SIM_UUID_PREFIX
 from forge_load.log import escape_controls
 from forge_load.operators import holds
 from forge_load.operators.holds import Hold, HoldError
@@ -102,7 +103,8 @@ def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) 
         host = uuids_of_host()
         if not host:
             raise BadInput(f"--gpu={_shown(raw)}: neither NVML nor {PROC_GPUS} shows a GPU on this host, so an "
-                           "index (or all) cannot be resolved: name the GPUs by UUID")
+                           "index (or all) cannot be resolved: name the GPUs by UUID (a simulated GPU's: uuid= on its "
+                           "filler's start line, or forge-load status)")
     if names == ["all"]:
         assert host is not None
         return host, None
@@ -226,6 +228,12 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     until_s = parse_until(args.until, now_s) if args.until is not None else None
     wait_s = parse_wait(args.wait) if args.wait is not None else None
     gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
+    simulated = [uuid for uuid in gpus if uuid.upper().startswith(SIM_UUID_PREFIX.upper())]
+    if simulated and getattr(args, "host_wide", False):
+        # Every simulated filler of a seed has these UUIDs: held host-wide, other users' simulations would stop too.
+        raise BadInput(f"--gpu={_shown(args.gpu)}: {simulated[0]} is a simulated GPU's (forge-load --simulate; the "
+                       f"same UUID for every simulated filler of that seed on this host): not held in the host-wide "
+                       f"{hold_dir}; give --hold-dir, the simulated filler's own")
     try:
         made_dir = holds.ensure_dir(hold_dir)
         placed_s, placed_boot = time.time(), holds.boot_stamp()  # the boot clock judges; no wall-clock step moves it
@@ -303,6 +311,9 @@ def _when(t_s: float | None) -> str:
 
 
 def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]) -> int:
+    if not os.path.isdir(hold_dir):  # a typo must not read as "no holds"
+        what = "not a directory" if os.path.lexists(hold_dir) else "no such directory"
+        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {what}; expected the hold directory (made by the first hold)")
     try:
         found, problems = holds.all_holds(hold_dir)
     except HoldError as error:
@@ -356,7 +367,9 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
 
     try:
         args = _parser(command).parse_args(rest)
-        hold_dir = hold_dir_of(args.hold_dir, os.environ if env is None else env)
+        environ = os.environ if env is None else env
+        hold_dir = hold_dir_of(args.hold_dir, environ)
+        args.host_wide = args.hold_dir is None and "FORGE_HOLD_DIR" not in environ  # the default directory
         if command == "hold":
             return cmd_hold(args, hold_dir, out, uuids_of_host)
         if command == "release":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,10 +105,12 @@ def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event
         with contextlib.suppress(Exception):
             if rt is not None:
                 rt.launcher.close()
+        if rt is not None and rt.filler.report is not None:
+            rt.filler.report.close()  # a failed GPU's too: `forge-load status` shows no filler that has ended
         with contextlib.suppress(Exception):
             probe.close()
         if claim_fd is not None:
-            os.close(claim_fd)
+            health.release_lock(claim_fd, health.gpu_lock_path(probe.info.uuid))
 
 
 # --- the simulated GPU's shorthands ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
 from forge_load.log import EventLog, escape_controls
+from forge_load.operators.filler_status import StatusWriter
 from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
 from forge_load.operators.pause import Pauses, PauseSwitch
 from forge_load.operators.schedule import local_zone
@@ -94,8 +95,11 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     if config.hold_dir:
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
                             controls.board)
+    # The status file beside the holds (`forge-load status`); the exclusive mode's child has none: its parent writes it.
+    report = (StatusWriter(config.hold_dir, probe.info.uuid, probe.info.index, os.getpid(), config.simulate)
+              if config.hold_dir else None)
     timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
-    steering = Steering(pauses=pauses, holds=holds, power_cap=power_cap, heartbeat=controls.heartbeat,
+    steering = Steering(pauses=pauses, holds=holds, report=report, power_cap=power_cap, heartbeat=controls.heartbeat,
                         on_transition=controls.on_transition)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, LineGate(log, start_s), timing,
                     steering)
@@ -156,6 +160,8 @@ def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
                 energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy.source)
     if rt.filler.holds is not None:
         rt.filler.holds.close()
+    if rt.filler.report is not None:
+        rt.filler.report.close()
 
 
 def open_runtime(config: Config, backend: Backend, probe: Probe, clock: LoopClock, stream: TextIO,
