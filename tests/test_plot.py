@@ -194,3 +194,14 @@ def test_the_commands_other_than_plot_never_import_matplotlib() -> None:
             "import forge_load.cli; assert 'matplotlib' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_held_span_and_a_boosted_target() -> None:
+    lines = ['t=0.00 event=start state=filling target=0.500 gpu=0',
+             't=2.00 event=hold state=held target=0.500 gpu=0 reason="held by slurm-7"',
+             't=5.00 event=release state=filling target=0.500 gpu=0',
+             't=9.00 event=boost state=boosted target=0.600 gpu=0',
+             't=12.00 event=stop state=boosted target=0.600 gpu=0']
+    gpu = read_log(lines).gpus["0"]
+    assert gpu.spans == [("held", 2.0, 5.0)]
+    assert gpu.target[-2:] == [(9.0, 0.6), (12.0, 0.6)]
