@@ -9,7 +9,7 @@ SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: service/u
 itself after its GPUs and their states (title.py).
 
 `forge-load hold|release|holds ...` (service/holdcmd.py), `forge-load health` (service/health.py) and
-`forge-load fleet ...` (fleet/) are commands, dispatched before anything else.
+`forge-load fleet ...` (fleet/) and `forge-load plot` (plot/) are commands, dispatched before anything else.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ def main() -> int:
         from forge_load.service.statuscmd import main as status
 
         return status(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "plot":
+        # A run drawn from its log (docs/operating.md): matplotlib, the optional extra, imported only to draw.
+        from forge_load.plot.command import main as plot
+
+        return plot(sys.argv[2:])
     if len(sys.argv) > 1 and sys.argv[1] == "health":
         # The health check (exit 0 healthy, 1 not; never 2, which Docker reserves), as `python -m forge_load.health`.
         from forge_load.service.health import main as check

@@ -104,11 +104,16 @@ def test_text_and_json_lines_carry_the_same_fields() -> None:
     flags = ("--simulate", "--sim-speed", "0", "--duration", "3", "--log-interval", "1")
     text = forge(*flags).stdout.splitlines()
     as_json = [json.loads(line) for line in forge(*flags, "--log-format", "json").stdout.splitlines()]
-    assert len(text) == len(as_json) == 4  # start, status at 1 and 2 s, stop at 3 s
+    # start, status at 1 and 2 s, stop at 3 s; key=value splits the start line's settings onto a line of their own
+    assert len(text) == len(as_json) + 1 == 5 and text[1].startswith("t=0.00 event=settings ")
+    settings = text.pop(1)
     for text_line, record in zip(text, as_json):
         keys = [part.split("=", 1)[0] for part in text_line.split(" ") if "=" in part]
+        assert record.pop("ts")  # JSON lines only (docs/operating.md)
         assert keys[:len(record)] == list(record)[:len(keys)]
         assert text_line.startswith(f"t={record['t']:.2f} event={record['event']} ")
+    start_keys = [part.split("=", 1)[0] for part in text[0].split(" ") + settings.split(" ") if "=" in part]
+    assert set(start_keys) == set(as_json[0])
 
 
 class Given:

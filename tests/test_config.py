@@ -351,7 +351,9 @@ def test_describe_without_simulation() -> None:
 
 def test_describe_with_simulation() -> None:
     d = describe(load({"FORGE_SIMULATE": "1", "FORGE_SIM_FOREIGN": "30-40,0-10"}))
-    assert set(d) == BASE_KEYS | SIM_KEYS
+    assert set(d) == BASE_KEYS - {"hold_dir"} | SIM_KEYS  # the host's default hold directory: only where set
+    explicit = describe(load({"FORGE_SIMULATE": "1", "FORGE_HOLD_DIR": "/tmp/sim-holds"}))
+    assert explicit["hold_dir"] == "/tmp/sim-holds"
     assert d["sim_foreign_s"] == "0-10,30-40"
     assert d["sim_sms"] == 132
 

@@ -27,6 +27,20 @@ from forge_load.config.values import ConfigError, Setting, parse_value, percent_
 from forge_load.log import escape_controls
 from forge_load.operators.schedule import ScheduleError, local_zone
 
+# The commands dispatched before the filler's flags are read (cli.py), each with `forge-load COMMAND --help`.
+COMMANDS = {
+    "status": "every filler on this host, a row per GPU",
+    "hold": "hold GPUs for a job: their fillers step aside (docs/holds.md)",
+    "release": "release a hold",
+    "holds": "the holds in place",
+    "health": "the health check of a filler started with the same settings",
+    "fleet": "one filler container per GPU of a Docker host: up, down, status, logs, watch",
+    "plot": "draw a run from its log (PNG or SVG)",
+}
+COMMANDS_EPILOG = "\n".join(["commands (forge-load COMMAND --help):",
+                             *(f"  {name:<9} {what}" for name, what in COMMANDS.items()),
+                             "", "Without a command, forge-load runs the filler with the options above."])
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -42,10 +56,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="forge-load",
         description="Keep a GPU at a target utilization; step aside while other jobs use it.",
-        epilog="Holds: `forge-load hold|release|holds --help` (docs/holds.md). Health: `forge-load health --help`.",
+        epilog=COMMANDS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's table as written
         allow_abbrev=False,  # --foreign-* and --sim-* share prefixes; abbreviations would be guesses
     )
-    parser.add_argument("--version", action="version", version=f"forge-load {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"forge-load {__version__}")
     for s in SETTINGS:
         help_text = f"{s.help} [env {s.env}]".replace("%", "%%")
         if s.boolean:

@@ -187,6 +187,8 @@ def describe(config: Config) -> dict[str, object]:
         value = getattr(config.sim, setting.key[4:]) if simulator else getattr(config, setting.key)
         if value is None and not simulator:
             continue
+        if setting.key == "hold_dir" and config.simulate and value == DEFAULT_HOLD_DIR:
+            continue  # still watched, but rarely what a simulated run is about: named on its line only when set
         out[setting.logged] = value if setting.shown is None else setting.shown(value)
     if config.time_zone is not None:
         out["tz"] = config.time_zone

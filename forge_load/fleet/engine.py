@@ -26,12 +26,15 @@ def connect() -> Any:
         from docker.errors import DockerException
     except ImportError as error:
         raise FleetError(f"the Python docker SDK is missing ({error}): pip install docker") from error
-    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
+    host = os.environ.get("DOCKER_HOST")
+    where = f"{host} (DOCKER_HOST)" if host else "unix:///var/run/docker.sock (the default: DOCKER_HOST is not set)"
     try:
         client = docker.from_env(timeout=30)
     except (DockerException, ValueError) as error:  # ValueError: a DOCKER_HOST urllib cannot parse
-        raise FleetError(f"cannot reach the Docker engine at {where}: DOCKER_HOST is not usable "
-                         f"({short(error)})") from error
+        # The SDK asks the engine its API version here: with no DOCKER_HOST, the default socket is what failed.
+        why = ("it is not usable" if host
+               else "is the engine running, and may this user use its socket?")
+        raise FleetError(f"cannot reach the Docker engine at {where}: {why} ({short(error)})") from error
     try:
         client.ping()
     except (DockerException, OSError) as error:

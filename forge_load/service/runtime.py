@@ -88,7 +88,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
                     config.boost_after_s, now_s=start_s)
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
-                   static={"gpu": probe.info.index, "uuid": probe.info.uuid})
+                   static={"gpu": probe.info.index, "uuid": probe.info.uuid}, wall_clock=wall_clock)
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
     pauses = pauses_for(config, controls, wall_clock)
     holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
@@ -112,6 +112,12 @@ def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], floa
         return None
     return Pauses(controls.switch, config.pause_file, config.active_hours, wall_clock, tz=local_zone(config.time_zone),
                   on_host_error=lambda why: say(f"forge-load: warning: {why}"))
+
+
+# The start line's fields a person reads first (gpu and uuid come with every line), in this order; in key=value the
+# rest goes on a `settings` line after it (docs/operating.md, Reading the log). `signals` stays here: checks read it.
+START_ESSENTIALS = ("state", "target", "gpu_mem_mib", "gpu_name", "controller", "resume_after_s", "signals",
+                    "wall_time", "version", "simulated")
 
 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
@@ -145,7 +151,14 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
     fields["signals"] = ",".join(seeing)  # the foreign-job signals that work on this GPU
-    rt.log.emit("start", t=0.0, **fields)
+    first = {name: fields[name] for name in START_ESSENTIALS if name in fields}
+    others = {name: value for name, value in fields.items() if name not in first}
+    if rt.log.fmt == "json":
+        rt.log.emit("start", t=0.0, **first, **others)  # machines read it: one line, every field
+    else:
+        # People read it: what runs where, and how, on one short line; every other setting on the next.
+        rt.log.emit("start", t=0.0, **first)
+        rt.log.emit("settings", t=0.0, **others)
     if blind:
         rest = (f"foreign jobs are seen only by {','.join(seeing)}" if seeing
                 else "no foreign job can be seen on this GPU: the filler steps aside only for jobs announced by holds")
