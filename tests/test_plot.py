@@ -154,8 +154,8 @@ def test_a_simulated_run_drawn_through_the_command_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["{log}", "-o", "{tmp}/x.jpg"], "-o='{tmp}/x.jpg': expected a file name ending in .png or .svg"),
-    (["{tmp}/missing.log"], "LOG='{tmp}/missing.log': cannot be read (No such file or directory): expected a log "
+    (["{log}", "-o", "x.jpg"], "-o='x.jpg': expected a file name ending in .png or .svg"),
+    (["missing.log"], "LOG='missing.log': cannot be read (No such file or directory): expected a log "
                             "file, or - for stdin"),
     (["{log}", "--gpu", "7"], "--gpu='7': expected one of the log's GPUs: 0"),
     (["{empty}"], "LOG='{empty}': 1 lines, none of them a filler's line with numbers: expected key=value or JSON "
@@ -163,11 +163,12 @@ def test_a_simulated_run_drawn_through_the_command_line(tmp_path: Path) -> None:
     ([], "the following arguments are required: LOG (see --help)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
-                                         message: str) -> None:
+                                         message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # names short enough to be shown whole, wherever the temporary directory is
     log = write_log(tmp_path, TEXT)
     empty = tmp_path / "empty.log"
     empty.write_text("hello\n")
-    fill = {"log": str(log), "tmp": str(tmp_path), "empty": str(empty)}
+    fill = {"log": str(log), "tmp": str(tmp_path), "empty": empty.name}
     assert command.main([arg.format(**fill) for arg in argv]) == 2
     err = capsys.readouterr().err
     assert err == f"forge-load plot: {message.format(**fill)}\n"
