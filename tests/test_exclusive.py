@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from forge_load.config.settings import Config
+from forge_load.control.filler import Controls
 from forge_load.control.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
 from forge_load.control.status import GpuSlot
 from forge_load.control.worker import Launcher
@@ -370,5 +371,5 @@ def test_run_gpu_hands_the_kubelet_board_to_the_supervisor(monkeypatch: pytest.M
     monkeypatch.setattr(gpu_threads, "run_exclusive", supervise)
     board = HoldBoard()
     gpu_threads.run_gpu(Config(log_format="json"), NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS), GpuSlot("0"),
-                        io.StringIO(), threading.Event(), threading.Event(), runtime.Controls(board=board))
+                        io.StringIO(), threading.Event(), threading.Event(), Controls(board=board))
     assert seen == [board]

@@ -22,6 +22,7 @@ from test_exclusive import UNIX0_S, FakeChild, FakeProbe
 from test_exclusive import UUID as EXCLUSIVE_UUID
 
 from forge_load.config.load import load_config
+from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.probe import GpuProcess
 from forge_load.log import EventLog
 from forge_load.operators import holds
@@ -30,7 +31,6 @@ from forge_load.operators.holds import Hold
 from forge_load.operators.pause import Pauses, PauseSwitch
 from forge_load.service.exclusive import Supervisor
 from forge_load.service.loop import run_simulated
-from forge_load.service.runtime import NO_CONTROLS, Controls
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0

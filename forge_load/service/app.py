@@ -22,6 +22,7 @@ from typing import TextIO, cast
 from forge_load.config.load import load_config, unknown_variables
 from forge_load.config.settings import Config
 from forge_load.config.values import ConfigError, url_host
+from forge_load.control.filler import Controls
 from forge_load.control.probe import NoGpuError
 from forge_load.control.status import GpuSlots
 from forge_load.log import EventLog, LogStream, escape_controls, internal_error
@@ -35,7 +36,6 @@ from forge_load.service.runtime import (
     EXIT_LOG_LOST,
     EXIT_NO_GPU,
     EXIT_OK,
-    Controls,
     StopEvent,
     request_stop,
     say,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from forge_load.config.settings import Config
+from forge_load.control.filler import Controls
 from forge_load.control.policy import FILLING_STATES
 from forge_load.control.status import GpuSlot
 from forge_load.gpu.backend import Backend, NvidiaBackend
@@ -140,7 +141,7 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
 
     slot = GpuSlot(config.gpu)
     gpu_threads.run_gpu(config, backend or NvidiaBackend(), slot, out, stop, wake,
-                        runtime.Controls(on_transition=not_filling), on_start=on_start, supervise=False)
+                        Controls(on_transition=not_filling), on_start=on_start, supervise=False)
     return slot.exit_code if slot.status == "failed" else 0
 
 
