@@ -21,9 +21,9 @@ from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, Pro
 from forge_load.control.worker import Launcher
 from forge_load.gpu.clocks import WallLoopClock
 from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
-from forge_load.operators.pause import PauseSwitch
 from forge_load.service.loop import run_loop
 from forge_load.service.runtime import Runtime
+from forge_load.steering.pause import PauseSwitch
 
 ROOT = Path(__file__).resolve().parent.parent
 

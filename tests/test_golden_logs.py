@@ -25,12 +25,12 @@ from forge_load.config.load import load_config
 from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.probe import GpuProcess
 from forge_load.log import EventLog
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard
-from forge_load.operators.holds import Hold
-from forge_load.operators.pause import Pauses, PauseSwitch
 from forge_load.service.exclusive import Supervisor
 from forge_load.service.loop import run_simulated
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard
+from forge_load.steering.holds import Hold
+from forge_load.steering.pause import Pauses, PauseSwitch
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from forge_load.control.powercap import PowerCap
 from forge_load.control.reasons import HoldLine, Reasons, State, Verdict, hold_lines
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FAIL_SAFE_HOLDER, FillerHolds, HoldBoard, HoldChange
-from forge_load.operators.holds import Hold
-from forge_load.operators.pause import Pauses, PauseSwitch
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FAIL_SAFE_HOLDER, FillerHolds, HoldBoard, HoldChange
+from forge_load.steering.holds import Hold
+from forge_load.steering.pause import Pauses, PauseSwitch
 
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"
 

@@ -18,8 +18,8 @@ from forge_load.control.powercap import CapChange, PowerCap, PowerWatch
 from forge_load.control.quantity import UTILIZATION, Quantity
 from forge_load.control.status import GpuStatus
 from forge_load.control.worker import IDLE_PLAN, Worker
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard
-from forge_load.operators.pause import Pauses, PauseSwitch
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard
+from forge_load.steering.pause import Pauses, PauseSwitch
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from forge_load.control.powercap import PowerCap
-from forge_load.operators.hold_watch import FillerHolds, HoldChange, coalesce
-from forge_load.operators.pause import Pauses, shown_time
+from forge_load.steering.hold_watch import FillerHolds, HoldChange, coalesce
+from forge_load.steering.pause import Pauses, shown_time
 
 
 class State(str, Enum):

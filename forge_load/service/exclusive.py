@@ -32,9 +32,9 @@ from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.reasons import Reasons, State, Verdict
 from forge_load.control.status import STOPPED, GpuStatus
 from forge_load.log import EventLog
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
-from forge_load.operators.pause import Pauses
 from forge_load.service.runtime import stop_reason
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard, jobs_announced
+from forge_load.steering.pause import Pauses
 
 CHILD_MODULE = "forge_load.service.exclusive_child"  # its main
 END_WAIT_S = 5.0  # a child not gone this long after SIGTERM is killed (its context goes either way)

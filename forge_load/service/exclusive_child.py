@@ -28,11 +28,11 @@ from forge_load.control.policy import FILLING_STATES
 from forge_load.control.status import GpuSlot
 from forge_load.gpu.backend import Backend, NvidiaBackend
 from forge_load.log import internal_error
-from forge_load.operators import holds as disk
-from forge_load.operators.hold_watch import HoldWatch
 from forge_load.service import gpu_threads, runtime
 from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
+from forge_load.steering import holds as disk
+from forge_load.steering.hold_watch import HoldWatch
 
 HOLDS_POLL_S = 0.1  # the child's own look at the holds, as often as the supervisor's
 # The supervisor ends the child at its next step (0.1 s) after a hold appears; only a hold it has let stand this long

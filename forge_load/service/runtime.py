@@ -28,9 +28,9 @@ from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
 from forge_load.log import EventLog, escape_controls
-from forge_load.operators.hold_watch import FillerHolds, jobs_announced
-from forge_load.operators.pause import Pauses
-from forge_load.operators.schedule import local_zone
+from forge_load.steering.hold_watch import FillerHolds, jobs_announced
+from forge_load.steering.pause import Pauses
+from forge_load.steering.schedule import local_zone
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
