@@ -16,13 +16,14 @@ import pytest
 from simrun import WallClock
 
 from forge_load.config.load import load_config
+from forge_load.control.filler import Controls
 from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
 from forge_load.control.worker import Launcher
 from forge_load.gpu.clocks import WallLoopClock
 from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
-from forge_load.operators.pause import PauseSwitch
 from forge_load.service.loop import run_loop
-from forge_load.service.runtime import Controls, Runtime
+from forge_load.service.runtime import Runtime
+from forge_load.steering.pause import PauseSwitch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -203,7 +204,7 @@ def test_threaded_loop_pauses_at_once_on_the_switch_and_resumes() -> None:
         started.append(rt.start_s)
 
     run_loop(config, Given(SimProbe(gpu), SimLauncher(gpu)), out, threading.Event(), threading.Event(),
-             Controls(switch, on_start=on_start))
+             Controls(switch), on_start=on_start)
     thread.join()
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     pause, unpause = (next(e for e in events if e["event"] == name) for name in ("pause", "unpause"))

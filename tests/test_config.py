@@ -11,7 +11,7 @@ from forge_load.config.load import build_arg_parser, load_config
 from forge_load.config.settings import Config, describe
 from forge_load.config.sim import SimConfig
 from forge_load.config.values import ConfigError
-from forge_load.operators.schedule import parse_active_hours
+from forge_load.steering.schedule import parse_active_hours
 
 
 def load(env: dict[str, str] | None = None, argv: list[str] | None = None) -> Config:

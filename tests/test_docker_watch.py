@@ -45,8 +45,8 @@ from forge_load.fleet import events as fleet_events
 from forge_load.fleet import plan
 from forge_load.fleet import watch as fleet_watch
 from forge_load.fleet.command import build_parser
-from forge_load.operators import dockerwatch, holds
-from forge_load.operators.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
+from forge_load.steering import dockerwatch, holds
+from forge_load.steering.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 

@@ -21,10 +21,10 @@ import pytest
 from forge_load.config.settings import Config
 from forge_load.config.sim import SimConfig
 from forge_load.gpu.backend import SimBackend
-from forge_load.operators import holds
-from forge_load.operators.holds import Hold
 from forge_load.service import holdcmd
 from forge_load.service.exclusive_child import child_main, take_context_lock
+from forge_load.steering import holds
+from forge_load.steering.holds import Hold
 from tests.test_exclusive_vgpu import command, foreign, ours, wait_until
 from tests.test_real_path import finish, forge
 from vgpu.pytest_plugin import VgpuFactory

@@ -89,7 +89,7 @@ def test_a_pause_dir_is_mounted_read_only_and_names_the_pause_file() -> None:
 
 
 def test_the_hold_dir_is_mounted_read_write_beside_the_pause_dir() -> None:
-    from forge_load.operators import holds
+    from forge_load.steering import holds
 
     assert plan.DEFAULT_HOLD_DIR == holds.DEFAULT_HOLD_DIR
     spec = plan.desired(GPUS[0], _opts(pause_dir="/run/forge-load", hold_dir=holds.DEFAULT_HOLD_DIR), "sha256:1")

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FillerHolds
 from forge_load.service import holdcmd
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import holds
-from forge_load.operators.holds import HOLD_MAX_BYTES, Hold
 from forge_load.service import holdcmd
+from forge_load.steering import holds
+from forge_load.steering.holds import HOLD_MAX_BYTES, Hold
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, HoldWatch
 from forge_load.service import holdcmd
 from forge_load.service.kubelet import Assignment, KubeletHolds, nvml_resolver
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard, HoldWatch
 from tests.fake_pynvml import FakeDevice, FakeNvml
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory

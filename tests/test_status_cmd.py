@@ -1,5 +1,5 @@
 """`forge-load status`: every filler of the host that shares the hold directory, from the status files they write
-(operators/filler_status.py), judged alive by their process and their age; against real fillers on the simulated
+(steering/filler_status.py), judged alive by their process and their age; against real fillers on the simulated
 GPU, run as processes of their own, as an operator would see them."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import filler_status
-from forge_load.operators.filler_status import FillerStatus, StatusWriter
 from forge_load.service import statuscmd
+from forge_load.steering import filler_status
+from forge_load.steering.filler_status import FillerStatus, StatusWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 60.0  # a loaded 2-core machine starts a filler in seconds; the conditions are polled, not timed

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import holds
 from forge_load.service import health
+from forge_load.steering import holds
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "systemd" / "forge-load.service"

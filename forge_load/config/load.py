@@ -25,7 +25,7 @@ from forge_load.config.sim import SimConfig
 from forge_load.config.tools import TOOL_VARIABLES
 from forge_load.config.values import ConfigError, Setting, parse_value, percent_value, show_number, show_value, unusable
 from forge_load.log import escape_controls
-from forge_load.operators.schedule import ScheduleError, local_zone
+from forge_load.steering.schedule import ScheduleError, local_zone
 
 # The commands dispatched before the filler's flags are read (cli.py), each with `forge-load COMMAND --help`.
 COMMANDS = {

@@ -29,8 +29,8 @@ from forge_load.config.values import (
     seconds_value,
     url_host,
 )
-from forge_load.operators.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
-from forge_load.operators.schedule import ActiveHours
+from forge_load.steering.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
+from forge_load.steering.schedule import ActiveHours
 
 
 @dataclass(frozen=True)

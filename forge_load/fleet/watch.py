@@ -1,7 +1,7 @@
 """`forge-load fleet watch` (docs/docker-watch.md): follows the engine's container events and holds
-(forge_load.operators.holds) the GPUs of every container that asks for them, from its `create` until it dies or
+(forge_load.steering.holds) the GPUs of every container that asks for them, from its `create` until it dies or
 is removed, so that the fillers step aside before the container's process starts. What is held when is decided
-by forge_load.operators.dockerwatch (pure); this is its loop over the engine.
+by forge_load.steering.dockerwatch (pure); this is its loop over the engine.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 from forge_load.fleet import engine
 from forge_load.fleet.engine import FleetError, SettingsError, short
 from forge_load.fleet.events import EventSplitter
-from forge_load.operators.dockerwatch import EVENTS, DockerHolds, Seen, not_held_because
-from forge_load.operators.holds import HoldError, read_small
 from forge_load.service import holdcmd
+from forge_load.steering.dockerwatch import EVENTS, DockerHolds, Seen, not_held_because
+from forge_load.steering.holds import HoldError, read_small
 
 ENGINE_RETRY_S = (1.0, 2.0, 5.0, 10.0)
 EXPIRE_EVERY_S = 1.0
@@ -53,7 +53,7 @@ def short_json(value: object) -> str:
 
 
 class Watch:
-    """The event loop of `watch`: the engine's container events into forge_load.operators.dockerwatch.DockerHolds.
+    """The event loop of `watch`: the engine's container events into forge_load.steering.dockerwatch.DockerHolds.
 
     On `create` the labels in the event say whether the container is ours or a monitor; the engine's files say
     what GPUs it asks for at once. Where they cannot be read, an inspect runs on a thread of its own (it can

@@ -22,11 +22,10 @@ from typing import TextIO, cast
 from forge_load.config.load import load_config, unknown_variables
 from forge_load.config.settings import Config
 from forge_load.config.values import ConfigError, url_host
+from forge_load.control.filler import Controls
 from forge_load.control.probe import NoGpuError
 from forge_load.control.status import GpuSlots
 from forge_load.log import EventLog, LogStream, escape_controls, internal_error
-from forge_load.operators.hold_watch import HoldBoard
-from forge_load.operators.pause import PauseSwitch
 from forge_load.service import health, http_server
 from forge_load.service.gpu_threads import run_gpus
 from forge_load.service.runtime import (
@@ -35,7 +34,6 @@ from forge_load.service.runtime import (
     EXIT_LOG_LOST,
     EXIT_NO_GPU,
     EXIT_OK,
-    Controls,
     StopEvent,
     request_stop,
     say,
@@ -45,6 +43,8 @@ from forge_load.service.runtime import (
 from forge_load.service.title import ProcessTitle
 from forge_load.service.title import describe as describe_title
 from forge_load.service.unix_signals import StopSignals
+from forge_load.steering.hold_watch import HoldBoard
+from forge_load.steering.pause import PauseSwitch
 
 # The open files the filler needs at least: a GPU's CUDA start took 16 on the virtual GPU (numba's sources, the
 # libraries); the rest is room for the driver's device files, the pause file, the heartbeat and the metrics server.

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TextIO, cast
 
 from forge_load.config.settings import Config
+from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
 from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
 from forge_load.gpu.backend import Backend, backend_for
@@ -23,8 +24,6 @@ from forge_load.service.runtime import (
     EXIT_INTERNAL,
     EXIT_NO_GPU,
     EXIT_OK,
-    NO_CONTROLS,
-    Controls,
     GpuTakenError,
     Runtime,
     StopEvent,
@@ -108,8 +107,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
                       on_change=controls.on_transition, board=controls.board)
 
     try:
-        run_loop(config, backend, stream, stop, wake, dataclasses.replace(controls, heartbeat=beat, on_start=attach),
-                 exclusive=exclusive if supervise else None)
+        run_loop(config, backend, stream, stop, wake, dataclasses.replace(controls, heartbeat=beat),
+                 exclusive=exclusive if supervise else None, on_start=attach)
         slot.stopped()
         return
     except NoGpuError as error:

@@ -19,8 +19,8 @@ from typing import NoReturn
 
 from forge_load.config.sim import SIM_UUID_PREFIX
 from forge_load.log import escape_controls
-from forge_load.operators import holds
-from forge_load.operators.holds import Hold, HoldError
+from forge_load.steering import holds
+from forge_load.steering.holds import Hold, HoldError
 
 EXIT_OK, EXIT_NOT_ACKNOWLEDGED, EXIT_BAD_INPUT = 0, 1, 2
 COMMANDS = ("hold", "release", "holds")
@@ -144,7 +144,7 @@ def parse_until(raw: str, now_unix_s: float) -> float:
     if unit in _UNITS_S and text[:-1].replace(".", "", 1).isascii() and text[:-1].replace(".", "", 1).isdigit():
         until_s = now_unix_s + float(text[:-1]) * _UNITS_S[unit]
     else:
-        from forge_load.operators.pause import parse_until as parse_time
+        from forge_load.steering.pause import parse_until as parse_time
 
         try:
             parsed = parse_time(text)

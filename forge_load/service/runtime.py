@@ -17,20 +17,21 @@ from forge_load.config.settings import Config, describe
 from forge_load.control.controller import make_controller
 from forge_load.control.detectors import Thresholds
 from forge_load.control.energy import EnergyMeter
-from forge_load.control.filler import Filler, Steering, Timing, line_fields
+from forge_load.control.filler import NO_CONTROLS, Controls, Filler, Timing, line_fields
 from forge_load.control.lines import LineGate
 from forge_load.control.monitor import Monitor
 from forge_load.control.policy import Policy
 from forge_load.control.powercap import PowerCap
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
+from forge_load.control.reasons import Reasons
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
 from forge_load.log import EventLog, escape_controls
-from forge_load.operators.filler_status import StatusWriter
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
-from forge_load.operators.pause import Pauses, PauseSwitch
-from forge_load.operators.schedule import local_zone
+from forge_load.steering.filler_status import StatusWriter
+from forge_load.steering.hold_watch import FillerHolds, jobs_announced
+from forge_load.steering.pause import Pauses
+from forge_load.steering.schedule import local_zone
 
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
@@ -38,22 +39,6 @@ DRAIN_LIMIT_S = 0.5
 
 class GpuTakenError(Exception):
     """Another filler of this user on this host fills the GPU already: this one leaves it (exit 2)."""
-
-
-@dataclass(frozen=True)
-class Controls:
-    """What ties a GPU's filler to the rest of the process, passed down as one: what steers it from outside (the
-    signals' pause switch, SIGUSR1 and SIGUSR2; the holds kept in this process, the kubelet's) and who is told what
-    it does (a change of state: the process title; each second: the heartbeat; its start: tools and tests)."""
-
-    switch: PauseSwitch | None = None
-    on_transition: Callable[[], None] | None = None
-    board: HoldBoard | None = None
-    heartbeat: Callable[[], None] | None = None
-    on_start: Callable[[Runtime], None] | None = None
-
-
-NO_CONTROLS = Controls()
 
 
 @dataclass
@@ -85,8 +70,6 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
                       own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
                       poll_interval_s=config.poll_interval_s, start_s=start_s)
     worker = Worker(launcher, busy_log)
-    policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
-                    config.boost_after_s, now_s=start_s)
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid}, wall_clock=wall_clock)
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
@@ -95,14 +78,15 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     if config.hold_dir:
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
                             controls.board)
+    reasons = Reasons(config.resume_after_s, pauses, holds, power_cap)
+    policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
+                    config.boost_after_s, now_s=start_s, reasons=reasons)
+    timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
     # The status file beside the holds (`forge-load status`); the exclusive mode's child has none: its parent writes it.
     report = (StatusWriter(config.hold_dir, probe.info.uuid, probe.info.index, os.getpid(), config.simulate)
               if config.hold_dir else None)
-    timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
-    steering = Steering(pauses=pauses, holds=holds, report=report, power_cap=power_cap, heartbeat=controls.heartbeat,
-                        on_transition=controls.on_transition)
     filler = Filler(monitor, worker, make_controller(config.controller), policy, LineGate(log, start_s), timing,
-                    steering)
+                    controls, report=report)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, clock)
 
 

@@ -1,5 +1,5 @@
 """`forge-load status [--json] [--watch SECONDS] [--hold-dir DIR]`: every filler of this host that shares the hold
-directory, one row per GPU, from the status files they write there (operators/filler_status.py). Any user may run
+directory, one row per GPU, from the status files they write there (steering/filler_status.py). Any user may run
 it: no Docker, no root, no GPU library, nothing but the directory's files and /proc.
 
 Exit codes: 0 shown (no filler at all too); 2 bad input (one line naming the flag, the value and what is accepted),
@@ -17,9 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from forge_load.log import escape_controls
-from forge_load.operators import filler_status
-from forge_load.operators.filler_status import Seen
-from forge_load.operators.holds import DEFAULT_HOLD_DIR, HoldError
 from forge_load.service.holdcmd import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -32,6 +29,9 @@ from forge_load.service.holdcmd import (
     proc_uuids,
     say,
 )
+from forge_load.steering import filler_status
+from forge_load.steering.filler_status import Seen
+from forge_load.steering.holds import DEFAULT_HOLD_DIR, HoldError
 
 MIN_WATCH_S, MAX_WATCH_S = 0.1, 3600.0
 CLEAR = "\x1b[H\x1b[2J"  # what watch(1) does between two rounds, on a terminal only

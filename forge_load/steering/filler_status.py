@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from forge_load.operators import holds as disk
-from forge_load.operators.holds import HoldError
+from forge_load.steering import holds as disk
+from forge_load.steering.holds import HoldError
 
 FORMAT: int = 1
 STATUS_SUFFIX: str = ".status.json"
