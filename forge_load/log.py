@@ -7,8 +7,10 @@ quoted and escaped JSON-style (\\u001b); JSON lines escape everything beyond ASC
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import sys
 import threading
@@ -91,6 +93,23 @@ def escape_controls(text: str) -> str:
         return text
     return "".join(c if c.isprintable() or c == " " else
                    f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
+
+
+def say(text: str) -> None:
+    """One line on stderr, escaped (no value can forge a line there either): every command's and the filler's
+    messages outside the event log. A closed or broken stderr is no reason to fail: it is pointed at /dev/null."""
+    try:
+        print(escape_controls(text), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        to_devnull(sys.stderr)
+
+
+def to_devnull(stream: TextIO) -> None:
+    """Point a broken standard stream at /dev/null, so that the interpreter's last flush cannot fail."""
+    with contextlib.suppress(Exception):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 class LogStream:

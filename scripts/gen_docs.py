@@ -14,6 +14,7 @@ check. The output depends on the code only (no dates, no host names)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -102,39 +103,25 @@ def metrics_page() -> str:
 
 def command_parser() -> argparse.ArgumentParser:
     """The whole command line as one parser, for completion and the man page only: the filler's flags, and each
-    command (cli.py dispatches them before the filler's flags are read) with its own parser."""
+    command (cli.py's table, forge_load/commands/) with its own parser, its module's build_parser()."""
     import shtab
 
-    from forge_load.fleet import command as fleet
-    from forge_load.plot import command as plot
-    from forge_load.service import holdcmd, statuscmd
+    from forge_load import cli
 
     parser = load.build_arg_parser()
     parser.epilog = "Every command has its own --help: forge-load COMMAND --help."
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     for name, what in load.COMMANDS.items():
-        placeholder = commands.add_parser(name, help=what, description=what)
-        own: argparse.ArgumentParser | None = None
-        if name in ("hold", "release", "holds"):
-            own = holdcmd._parser(name)
-        elif name == "status":
-            own = statuscmd._parser()
-        elif name == "fleet":
-            own = fleet.build_parser("forge-load fleet")
-        elif name == "plot":
-            own = plot.build_parser("forge-load plot")
+        commands.add_parser(name, help=what, description=what)
+        module = importlib.import_module(f"forge_load.commands.{cli.COMMANDS[name].partition(':')[0]}")
+        own: argparse.ArgumentParser = module.build_parser(f"forge-load {name}")
+        if name == "plot":
             for action in own._actions:
                 if action.dest in ("log", "output"):
                     action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it: complete file names
-        elif name == "health":
-            own = load.build_arg_parser()  # it takes the filler's settings, to find that filler
-            own.prog, own.description = "forge-load health", what
-        if own is not None:
-            own.description = own.description or what
-            own.epilog = None
-            commands.choices[name] = own
-        else:
-            placeholder.prog = f"forge-load {name}"
+        own.description = own.description or what
+        own.epilog = None
+        commands.choices[name] = own
     return parser
 
 

@@ -18,9 +18,10 @@ from forge_load.control.filler import Controls
 from forge_load.control.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
 from forge_load.control.status import GpuSlot
 from forge_load.control.worker import Launcher
+from forge_load.exits import EXIT_NO_GPU
 from forge_load.gpu.clocks import WallLoopClock
 from forge_load.log import EventLog
-from forge_load.service import gpu_threads, runtime
+from forge_load.service import gpu_threads
 from forge_load.service.exclusive import END_WAIT_S, Supervisor, child_config
 from forge_load.steering import holds
 from forge_load.steering.hold_watch import FillerHolds
@@ -267,7 +268,7 @@ def test_exclusive_mode_without_a_hold_dir_creates_no_context_and_says_so(
 
 def test_prohibited_mode_is_one_line_and_exit_3(tmp_path: Path) -> None:
     slot, lines = run_gpu_once(NoContextBackend(ComputeMode.PROHIBITED), Config(log_format="json"))
-    assert (slot.status, slot.exit_code) == ("failed", runtime.EXIT_NO_GPU)
+    assert (slot.status, slot.exit_code) == ("failed", EXIT_NO_GPU)
     assert [line["event"] for line in lines] == ["error"]
     assert "PROHIBITED compute mode" in str(lines[0]["reason"])
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from forge_load.commands import plot as command
 from forge_load.config.load import load_config
-from forge_load.plot import command
 from forge_load.plot.logs import parse_line, read_log
 from forge_load.service.loop import run_simulated
 
@@ -191,8 +191,8 @@ def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path: Path, monk
 
 
 def test_the_commands_other_than_plot_never_import_matplotlib() -> None:
-    code = ("import sys; from forge_load.plot import command, logs; import forge_load.plot.draw; "
-            "import forge_load.cli; assert 'matplotlib' not in sys.modules, 'imported'")
+    code = ("import sys; from forge_load.commands import plot; from forge_load.plot import logs; "
+            "import forge_load.plot.draw; import forge_load.cli; assert 'matplotlib' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from forge_load.commands import health as health_command
 from forge_load.config.load import load_config
 from forge_load.config.settings import Config
 from forge_load.service import health
@@ -115,14 +116,14 @@ def test_an_operators_health_check_finds_the_units_heartbeat(tmp_path: Path, mon
     if os.geteuid() == 0:  # the unit's dynamic user owns both; the operator (root here) reads them
         os.chown(unit_dir, 61234, 61234)
         os.chown(beat, 61234, 61234)
-    assert health.main(["--gpus", "all"]) == 0
+    assert health_command.main(["--gpus", "all"]) == 0
     assert "the systemd unit's" in capsys.readouterr().out
-    assert health.main([]) == 1  # GPU 0 named: not the unit's, which says what it has
+    assert health_command.main([]) == 1  # GPU 0 named: not the unit's, which says what it has
     assert "heartbeat-gpus-all" in capsys.readouterr().out
     old = time.time() - 600
     os.utime(beat, (old, old))
-    assert health.main(["--gpus", "all"]) == 1
+    assert health_command.main(["--gpus", "all"]) == 1
     unit_dir.chmod(0o777)  # anyone could plant it: not trusted
     os.utime(beat)
-    assert health.main(["--gpus", "all"]) == 1
+    assert health_command.main(["--gpus", "all"]) == 1
     assert "only the unit's user may write" in capsys.readouterr().out

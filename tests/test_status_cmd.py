@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.service import statuscmd
+from forge_load.commands import status as status_command
 from forge_load.steering import filler_status
 from forge_load.steering.filler_status import FillerStatus, StatusWriter
 
@@ -171,16 +171,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     argv = [a.format(missing=tmp_path / "missing", file=tmp_path / "file") for a in argv]
     if "--hold-dir" not in argv:
         argv += ["--hold-dir", str(tmp_path)]
-    assert statuscmd.main(argv, env={}) == 2
+    assert status_command.main(argv, env={}) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.splitlines()) == 1 and names in captured.err, captured.err
 
 
 def test_watch_shows_again_and_an_empty_directory_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert statuscmd.main(["--hold-dir", str(tmp_path), "--watch", "0.1"], env={}, rounds=2) == 0
+    assert status_command.main(["--hold-dir", str(tmp_path), "--watch", "0.1"], env={}, rounds=2) == 0
     out = capsys.readouterr().out
     assert out.count("(no filler writes its status in") == 2 and "\x1b" not in out  # no terminal: no clearing
-    assert statuscmd.main([], env={"FORGE_HOLD_DIR": str(tmp_path)}) == 0
+    assert status_command.main([], env={"FORGE_HOLD_DIR": str(tmp_path)}) == 0
 
 
 def test_an_exclusive_mode_supervisor_writes_its_row(tmp_path: Path) -> None:
@@ -210,10 +210,10 @@ def test_the_hosts_index_of_a_gpu_whose_filler_numbers_it_otherwise(tmp_path: Pa
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()
     written(hold_dir, written_boot_s=filler_status.boot_time_s())
-    assert statuscmd.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(proc_root)) == 0
+    assert status_command.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(proc_root)) == 0
     [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (row["gpu"], row["filler_gpu"], row["uuid"]) == (1, 0, GPU0)
-    assert statuscmd.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(tmp_path / "none")) == 0
+    assert status_command.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(tmp_path / "none")) == 0
     assert json.loads(capsys.readouterr().out)["gpu"] == 0  # no driver here: the filler's own
 
 

@@ -16,9 +16,10 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from forge_load import __version__
+from forge_load.config.cmdline import ArgParser, UsageError
 from forge_load.config.heartbeat import DEFAULT_HEALTH_MAX_AGE_S, MIN_HEALTH_MAX_AGE_S, heartbeat_period_s
 from forge_load.config.settings import BY_KEY, DEFAULT_BOOST_TARGET, LEGACY_TARGET_ENV, SETTINGS, Config
 from forge_load.config.sim import SimConfig
@@ -42,18 +43,9 @@ COMMANDS_EPILOG = "\n".join(["commands (forge-load COMMAND --help):",
                              "", "Without a command, forge-load runs the filler with the options above."])
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # argparse would print usage and exit 2 itself; the app reports every bad setting the same way. The
-        # message quotes what was typed: escaped, and cut short.
-        text = escape_controls(" ".join(message.split()))
-        text = text if len(text) <= 300 else text[:300] + "..."
-        raise ConfigError(f"command line: {text} (see --help)")
-
-
 def build_arg_parser() -> argparse.ArgumentParser:
     """Every setting as a flag. Defaults are None so load_config can tell "given" from "not given"."""
-    parser = _Parser(
+    parser = ArgParser(
         prog="forge-load",
         description="Keep a GPU at a target utilization; step aside while other jobs use it.",
         epilog=COMMANDS_EPILOG,
@@ -103,7 +95,14 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     A value overridden by a flag is not read, so a stale variable cannot stop a corrected command line.
     """
     env = os.environ if env is None else env
-    args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as error:
+        # Every bad setting is reported the same way (app.py, exit 2); the message quotes what was typed: escaped,
+        # and cut short.
+        text = escape_controls(" ".join(str(error).split()))
+        text = text if len(text) <= 300 else text[:300] + "..."
+        raise ConfigError(f"command line: {text} (see --help)") from None
     given: dict[str, _Given] = {}
     for s in SETTINGS:
         got = _read(s, args, env)

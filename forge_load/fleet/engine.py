@@ -1,13 +1,12 @@
 """The Docker engine, through the Python docker SDK: connected to here, the SDK imported (here and in the other
 modules) only inside the functions that use the engine, so `forge-load fleet --help` and a bad flag work on a host
-without the SDK, and a command that needs it says so in one line. The errors every command reports in one line,
-and how they are said.
+without the SDK, and a command that needs it says so in one line. The errors every command reports in one line
+(said by forge_load.log.say).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 
@@ -80,10 +79,3 @@ def refusal(error: Exception) -> str | None:
 def short(error: Exception) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
-
-
-def say(text: str) -> None:
-    """One line on stderr, every control character escaped (values from the command line and the engine
-    must not be able to forge output)."""
-    shown = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
-    print(shown, file=sys.stderr, flush=True)

@@ -6,7 +6,6 @@ by forge_load.steering.dockerwatch (pure); this is its loop over the engine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -16,9 +15,9 @@ import time
 from typing import Any
 
 from forge_load.fleet import engine
-from forge_load.fleet.engine import FleetError, SettingsError, short
+from forge_load.fleet.engine import FleetError, short
 from forge_load.fleet.events import EventSplitter
-from forge_load.service import holdcmd
+from forge_load.log import escape_controls
 from forge_load.steering.dockerwatch import EVENTS, DockerHolds, Seen, not_held_because
 from forge_load.steering.holds import HoldError, read_small
 
@@ -160,26 +159,18 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def cmd_watch(args: argparse.Namespace, out: Any) -> int:
-    try:
-        hold_dir = holdcmd.hold_dir_of(args.hold_dir, os.environ)
-    except holdcmd.BadInput as error:
-        raise SettingsError(str(error)) from None
-    if not 0 < args.created_hold <= 86400:
-        raise SettingsError(f"--created-hold={args.created_hold!r}: expected seconds above 0, at most 86400")
-    uuids = holdcmd.host_uuids()
-    if not uuids:
-        raise FleetError("neither NVML nor /proc/driver/nvidia/gpus shows a GPU on this host: nothing to hold")
+def run(hold_dir: str, uuids: list[str], created_hold_s: float, out: Any) -> int:
+    """Hold the GPUs of this host (`uuids`) that containers ask for, in `hold_dir`, until SIGINT or SIGTERM (exit
+    0); the command (forge_load/commands/fleet.py) has checked what it was given."""
 
     def log(line: str) -> None:
-        shown = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in line)
         try:
-            print(f"t={time.time():.3f} {shown}", file=out, flush=True)
+            print(f"t={time.time():.3f} {escape_controls(line)}", file=out, flush=True)
         except (OSError, ValueError):
             pass
 
-    holds_ = DockerHolds(hold_dir, uuids, log, args.created_hold)
-    log(f"event=watch hold_dir={hold_dir} gpus={','.join(uuids)} created_hold_s={args.created_hold:g}")
+    holds_ = DockerHolds(hold_dir, uuids, log, created_hold_s)
+    log(f"event=watch hold_dir={hold_dir} gpus={','.join(uuids)} created_hold_s={created_hold_s:g}")
     stop = threading.Event()
     watch: Watch | None = None
     failures = 0

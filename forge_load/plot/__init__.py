@@ -1,1 +1,1 @@
-"""`forge-load plot`: a run drawn from its log (logs.py reads it, draw.py draws it, command.py is the command)."""
+"""A run drawn from its log, for `forge-load plot` (forge_load/commands/plot.py): logs.py reads it, draw.py draws it."""

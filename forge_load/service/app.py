@@ -25,21 +25,11 @@ from forge_load.config.values import ConfigError, url_host
 from forge_load.control.filler import Controls
 from forge_load.control.probe import NoGpuError
 from forge_load.control.status import GpuSlots
-from forge_load.log import EventLog, LogStream, escape_controls, internal_error
+from forge_load.exits import EXIT_CONFIG, EXIT_INTERNAL, EXIT_LOG_LOST, EXIT_NO_GPU, EXIT_OK
+from forge_load.log import EventLog, LogStream, escape_controls, internal_error, say, to_devnull
 from forge_load.service import health, http_server
 from forge_load.service.gpu_threads import run_gpus
-from forge_load.service.runtime import (
-    EXIT_CONFIG,
-    EXIT_INTERNAL,
-    EXIT_LOG_LOST,
-    EXIT_NO_GPU,
-    EXIT_OK,
-    StopEvent,
-    request_stop,
-    say,
-    stop_reason,
-    to_devnull,
-)
+from forge_load.service.runtime import StopEvent, request_stop, stop_reason
 from forge_load.service.title import ProcessTitle
 from forge_load.service.title import describe as describe_title
 from forge_load.service.unix_signals import StopSignals

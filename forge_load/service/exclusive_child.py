@@ -27,7 +27,7 @@ from forge_load.control.filler import Controls
 from forge_load.control.policy import FILLING_STATES
 from forge_load.control.status import GpuSlot
 from forge_load.gpu.backend import Backend, NvidiaBackend
-from forge_load.log import internal_error
+from forge_load.log import internal_error, say
 from forge_load.service import gpu_threads, runtime
 from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
@@ -124,7 +124,7 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     if hold_dir and disk.configured(hold_dir):
         _lock_fd, why_not = take_context_lock(hold_dir, config.gpu or "", stop)  # kept open: it goes with the process
         if why_not is not None:
-            runtime.say(f"forge-load: exclusive-mode child: {why_not}: `forge-load hold --wait` sees this child only "
+            say(f"forge-load: exclusive-mode child: {why_not}: `forge-load hold --wait` sees this child only "
                         "through the supervisor's acknowledgement")
         threading.Thread(target=watch_holds, args=(hold_dir, config.gpu or "", aged_out, stop, wake), name="holds",
                          daemon=True).start()

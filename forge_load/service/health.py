@@ -1,8 +1,6 @@
-"""Liveness from outside the process: the run loop touches a heartbeat file, and `python -m forge_load.health`
-exits 0 while it is fresh (with the metrics server on: while the filler's own /health says so), 1 otherwise.
-
-The health command reads its settings through forge_load.config, as the filler does: the same variables, the
-same checks, the same refusals (a bad value makes it exit 1 with that one line; Docker reserves exit 2).
+"""Liveness from outside the process: the run loop touches a heartbeat file, and check() judges it for the health
+command (`forge-load health`, `python -m forge_load.health`: forge_load/commands/health.py), which exits 0 while it
+is fresh (with the metrics server on: while the filler's own /health says so), 1 otherwise.
 
 The heartbeat is written without trusting what is at its path: opened without following a symbolic link,
 without blocking on a FIFO, and written only when what was opened is a regular file of our own with no other
@@ -26,26 +24,20 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import http.client
-import ipaddress
 import os
 import re
 import stat
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from forge_load.config.load import load_config
 from forge_load.config.settings import Config
-from forge_load.config.values import ConfigError, url_host
 from forge_load.log import escape_controls
 
 DEFAULT_BASE = Path("/tmp")
 UNIT_RUNTIME_DIR = Path("/run/forge-load")  # deploy/systemd/forge-load.service's RuntimeDirectory=forge-load
 FILE_NAME = "heartbeat"
-EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1  # Docker's HEALTHCHECK: 0 healthy, 1 unhealthy, 2 reserved
 
 
 def heartbeat_name(config: Config) -> str:
@@ -344,82 +336,3 @@ def check_unit(path: Path, max_age_s: float) -> tuple[bool, str]:
     if age_s > max_age_s:
         return False, f"heartbeat {_shown(path)} {age_s:.0f} s old (limit {max_age_s:g} s)"
     return True, f"heartbeat {_shown(path)} {age_s:.1f} s old (the systemd unit's)"
-
-
-def health_address(config: Config) -> tuple[str, int] | None:
-    """Where the filler's /health answers, when its metrics server is on at a known port: its listen address,
-    or loopback when it listens on every address (0.0.0.0 or ::)."""
-    if not config.metrics_port:  # off, or 0 (any free port): the port is not known here
-        return None
-    ip = ipaddress.ip_address(config.metrics_addr)
-    if ip.is_unspecified:
-        return ("127.0.0.1" if ip.version == 4 else "::1"), config.metrics_port
-    return config.metrics_addr, config.metrics_port
-
-
-def check_server(host: str, port: int, timeout_s: float = 4.0) -> tuple[bool, str]:
-    where = f"http://{url_host(host)}:{port}/health"
-    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        connection.request("GET", "/health")
-        response = connection.getresponse()
-        body = response.read(64 * 1024).decode(errors="replace").strip()
-    except (OSError, http.client.HTTPException) as error:
-        return False, f"{where}: {error}"
-    finally:
-        connection.close()
-    return response.status == 200, body or f"{where}: HTTP {response.status}"
-
-
-HELP = """\
-usage: python -m forge_load.health [FORGE-LOAD SETTINGS...]   (or: forge-load health ...)
-
-Says whether the forge-load filler these settings name is alive: for Docker's HEALTHCHECK, Kubernetes probes
-and operators. It takes the filler's own settings (the same FORGE_* variables and flags, checked the same way;
-see forge-load --help), so give it those of the filler to judge.
-
-What it checks:
-  - with FORGE_METRICS_PORT set (not 0): that filler's /health, at FORGE_METRICS_ADDR (0.0.0.0 means
-    127.0.0.1, :: means ::1), which judges every GPU's loop; it prints the answer (a verdict, a line per GPU);
-  - otherwise: the heartbeat file that filler's loop touches about once a second (FORGE_HEARTBEAT_FILE, by
-    default $TMPDIR/forge_load-<uid>/heartbeat-<the GPUs it fills>, /tmp without TMPDIR, or in a systemd
-    unit's $RUNTIME_DIRECTORY), which must be a regular file of this user's and younger than
-    FORGE_HEALTH_MAX_AGE seconds (default 30); it prints its age, or what is wrong. Where this user has no such
-    file and /run/forge-load/ (the deploy unit's runtime directory) has one of that name, that one is judged.
-
-Exit codes: 0 healthy; 1 unhealthy, or a setting the filler would refuse (said in one line). Never 2, which
-Docker reserves.
-"""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in args or "--help" in args:
-        print(HELP, end="")
-        return EXIT_HEALTHY
-    try:
-        config = load_config(args)
-    except ConfigError as error:
-        print(f"forge_load.health: {escape_controls(str(error))}", file=sys.stderr)
-        return EXIT_UNHEALTHY
-    address = health_address(config)
-    if address is not None:
-        # With the metrics server on, /health knows every GPU's loop; the file only says one is alive.
-        ok, message = check_server(*address)
-    else:
-        path, private = heartbeat_location(config)
-        unit = unit_heartbeat(path, UNIT_RUNTIME_DIR) if private else None
-        if unit is not None:  # the filler is the systemd unit, the caller an operator: its runtime directory
-            ok, message = check_unit(unit, config.health_max_age_s)
-        else:
-            ok, message = check(path, config.health_max_age_s, private_dir=private)
-            if not ok and private and (others := unit_heartbeats(UNIT_RUNTIME_DIR)):
-                message += (f"; the systemd unit's filler keeps {', '.join(others)} in {_shown(UNIT_RUNTIME_DIR)}: "
-                            "give its GPU settings (such as --gpus all)")
-    # The body from /health is a verdict line, then one line per GPU: Docker keeps it all.
-    print("\n".join(escape_controls(line) for line in message.splitlines()) or "unhealthy")
-    return EXIT_HEALTHY if ok else EXIT_UNHEALTHY
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,11 +1,9 @@
 """One GPU's filler wired from the config (build, open_runtime), its start and stop lines, and what every layer of
-the service shares: the exit codes, the stop request and its reason, a line on stderr."""
+the service shares: the stop request and its reason (the exit codes: forge_load/exits.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,13 +25,12 @@ from forge_load.control.reasons import Reasons
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
-from forge_load.log import EventLog, escape_controls
+from forge_load.log import EventLog, say
 from forge_load.steering.filler_status import StatusWriter
 from forge_load.steering.hold_watch import FillerHolds, jobs_announced
 from forge_load.steering.pause import Pauses
 from forge_load.steering.schedule import local_zone
 
-EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 
 
@@ -195,19 +192,3 @@ def request_stop(stop: StopEvent, wake: threading.Event, reason: str) -> None:
     """Stop every filler, and wake the thread that waits for them."""
     stop.request(reason)
     wake.set()
-
-
-def say(text: str) -> None:
-    """One line on stderr, escaped; a closed stderr is no reason to fail."""
-    try:
-        print(escape_controls(text), file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        to_devnull(sys.stderr)
-
-
-def to_devnull(stream: TextIO) -> None:
-    """Point a broken standard stream at /dev/null, so that the interpreter's last flush cannot fail."""
-    with contextlib.suppress(Exception):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
-        os.close(devnull)

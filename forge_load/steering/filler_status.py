@@ -1,4 +1,4 @@
-"""A filler's status file beside the holds, for `forge-load status` (service/statuscmd.py): what one GPU's filler
+"""A filler's status file beside the holds, for `forge-load status` (commands/status.py): what one GPU's filler
 is doing, written by it and read by anyone. Pure stdlib; the clocks are read here only through the functions
 passed in, or at the reader's call.
 

@@ -2,9 +2,9 @@
 directory, one row per GPU, from the status files they write there (steering/filler_status.py). Any user may run
 it: no Docker, no root, no GPU library, nothing but the directory's files and /proc.
 
-Exit codes: 0 shown (no filler at all too); 2 bad input (one line naming the flag, the value and what is accepted),
-or a hold directory that is missing, not a directory or unreadable (fillers write their status only into one that
-exists, so none could be seen).
+Exit codes (forge_load/exits.py): 0 shown (no filler at all too); 2 bad input (one line naming the flag, the value
+and what is accepted), or a hold directory that is missing, not a directory or unreadable (fillers write their
+status only into one that exists, so none could be seen).
 """
 
 from __future__ import annotations
@@ -16,19 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from forge_load.log import escape_controls
-from forge_load.service.holdcmd import (
-    EXIT_BAD_INPUT,
-    EXIT_OK,
-    PROC_GPUS,
-    BadInput,
-    _bad,
-    _Parser,
-    _shown,
-    hold_dir_of,
-    proc_uuids,
-    say,
-)
+from forge_load.commands.host_gpus import PROC_GPUS, proc_uuids
+from forge_load.commands.shared import BadInput, hold_dir_of, seconds, shown
+from forge_load.config.cmdline import ArgParser, UsageError
+from forge_load.exits import EXIT_BAD_INPUT, EXIT_OK
+from forge_load.log import escape_controls, say
 from forge_load.steering import filler_status
 from forge_load.steering.filler_status import Seen
 from forge_load.steering.holds import DEFAULT_HOLD_DIR, HoldError
@@ -38,14 +30,7 @@ CLEAR = "\x1b[H\x1b[2J"  # what watch(1) does between two rounds, on a terminal 
 
 
 def parse_watch(raw: str) -> float:
-    accepted = f"seconds from {MIN_WATCH_S:g} to {MAX_WATCH_S:g}"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise _bad("--watch", raw, accepted) from None
-    if not raw.strip().replace(".", "", 1).isascii() or not MIN_WATCH_S <= value <= MAX_WATCH_S:
-        raise _bad("--watch", raw, accepted)
-    return value
+    return seconds("--watch", raw, MIN_WATCH_S, MAX_WATCH_S)
 
 
 @dataclass(frozen=True)
@@ -64,12 +49,12 @@ def read(hold_dir: str, flag: str, proc_root: str = PROC_GPUS) -> tuple[list[Row
     try:
         seen, problems = filler_status.read_all(hold_dir)
     except FileNotFoundError:
-        raise BadInput(f"{flag}={_shown(hold_dir)}: no such directory; fillers write their status into the hold "
+        raise BadInput(f"{flag}={shown(hold_dir)}: no such directory; fillers write their status into the hold "
                        "directory only where it exists (docs/holds.md: the directory), so none can be seen") from None
     except NotADirectoryError:
-        raise BadInput(f"{flag}={_shown(hold_dir)}: not a directory; expected the fillers' hold directory") from None
+        raise BadInput(f"{flag}={shown(hold_dir)}: not a directory; expected the fillers' hold directory") from None
     except HoldError as error:
-        raise BadInput(f"{flag}={_shown(hold_dir)}: {error}") from None
+        raise BadInput(f"{flag}={shown(hold_dir)}: {error}") from None
     host = {uuid.upper(): index for index, uuid in enumerate(proc_uuids(proc_root))} if seen else {}
     rows = [Row(s, host.get(s.status.gpu_uuid.upper(), s.status.gpu_index)) for s in seen]
     rows.sort(key=lambda row: (row.index, row.seen.status.gpu_uuid))
@@ -138,8 +123,8 @@ def show(hold_dir: str, flag: str, as_lines: bool, out: Callable[[str], None], c
         say(f"forge-load status: {problem}")
 
 
-def _parser() -> _Parser:
-    parser = _Parser(prog="forge-load status", description="Every forge-load filler of this host that shares the hold "
+def build_parser(prog: str = "forge-load status") -> ArgParser:
+    parser = ArgParser(prog=prog, description="Every forge-load filler of this host that shares the hold "
                      "directory, one row per GPU (docs/operating.md: forge-load status).")
     parser.add_argument("--hold-dir", default=None, help=f"default FORGE_HOLD_DIR or {DEFAULT_HOLD_DIR}")
     parser.add_argument("--json", action="store_true", help="one JSON object per GPU and line")
@@ -157,7 +142,7 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
         print(text, flush=True)
 
     try:
-        args = _parser().parse_args(list(argv))
+        args = build_parser().parse_args(list(argv))
         environ = os.environ if env is None else env
         hold_dir = hold_dir_of(args.hold_dir, environ)
         flag = "FORGE_HOLD_DIR" if args.hold_dir is None and "FORGE_HOLD_DIR" in environ else "--hold-dir"
@@ -170,7 +155,7 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
             show(hold_dir, flag, args.json, out, clear, proc_root)
             done += 1
         return EXIT_OK
-    except BadInput as error:
+    except (BadInput, UsageError) as error:
         say(f"forge-load status: {error}")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # the end of --watch

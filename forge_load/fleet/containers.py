@@ -1,5 +1,6 @@
-"""`forge-load fleet up|down|status|logs`: one forge_load container per GPU, started, brought up to date, listed
-and removed through the Docker engine (what each container should be: plan.py).
+"""The containers of `forge-load fleet up|down|status|logs` (the command: forge_load/commands/fleet.py): one
+forge_load container per GPU, started, brought up to date, listed and removed through the Docker engine (what each
+container should be: plan.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from typing import Any
 
 from forge_load.fleet import engine
-from forge_load.fleet.engine import FleetError, find_container, require_image, say, short
+from forge_load.fleet.engine import FleetError, find_container, require_image, short
 from forge_load.fleet.plan import (
     DEFAULT_HOLD_DIR,
     FILLER_GID,
@@ -31,6 +32,7 @@ from forge_load.fleet.plan import (
     run_kwargs,
     select_gpus,
 )
+from forge_load.log import say
 
 
 def ours(client: Any, prefix: str) -> list[Any]:
