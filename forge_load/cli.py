@@ -4,7 +4,8 @@ only when it is called, so that each loads nothing of the others' (no GPU librar
 signal handlers for a command; the filler installs its own before its heavy imports: commands/filler.py).
 
 A new command: its module in forge_load/commands/ with a `main(argv) -> int` (argv: the arguments after the
-command's name), and its line in COMMANDS.
+command's name) and a `build_parser(prog)` (the completion and the man page), its line in COMMANDS, and what it does
+in config/load.py's COMMANDS (the filler's --help lists them; tests/test_cli_help.py checks the three agree).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-# Each command and where it starts: "module:function" under forge_load/commands/.
+# Each command and where it starts: "module:function" under forge_load/commands/ (in the order of the filler's --help,
+# config/load.py's COMMANDS, which says what each does).
 COMMANDS = {
+    "status": "status:main",  # every filler sharing the hold directory (docs/operating.md): any user, no GPU library
     "hold": "hold:main_hold",  # docs/holds.md: no GPU library, fast for a Slurm prolog
     "release": "hold:main_release",
     "holds": "hold:main_holds",
-    "status": "status:main",  # every filler sharing the hold directory (docs/operating.md): any user, no GPU library
     "health": "health:main",  # exit 0 healthy, 1 not; never 2, which Docker reserves (as `python -m forge_load.health`)
     "fleet": "fleet:main",  # the containers of a Docker host (docs/deploying.md): no CUDA, the docker SDK at need
     "plot": "plot:main",  # a run drawn from its log (docs/operating.md): matplotlib only to draw
