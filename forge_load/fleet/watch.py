@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from forge_load.exits import EXIT_OK
 from forge_load.fleet import engine
 from forge_load.fleet.engine import FleetError, short
 from forge_load.fleet.events import EventSplitter
@@ -212,6 +213,6 @@ def run(hold_dir: str, uuids: list[str], created_hold_s: float, out: Any) -> int
                 time.sleep(wait_s)
     except KeyboardInterrupt:  # SIGINT, or SIGTERM (docker stop)
         log("event=stop holds stay as they are: the next `watch` reconciles them with what runs")
-        return 0
+        return EXIT_OK
     finally:
         stop.set()
