@@ -14,17 +14,7 @@ import pytest
 from forge_load.commands import hold as hold_command
 from forge_load.steering import holds
 from forge_load.steering.holds import HOLD_MAX_BYTES, Hold
-
-GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
-GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"
-HOST = [GPU0, GPU1]
-
-
-def run(argv: list[str], hold_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str], list[str]]:
-    code = hold_command.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: list(HOST))
-    captured = capsys.readouterr()
-    return code, captured.out.splitlines(), captured.err.splitlines()
-
+from tests.test_holds_cli import GPU0, GPU1, run
 
 # --- holds lists every hold, whatever its times -----------------------------------------------------------------
 
