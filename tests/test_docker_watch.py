@@ -661,8 +661,7 @@ def test_a_gpu_container_finds_its_gpus_filler_drained_before_its_context(
                            t0 + f"exec python3 /opt/driver_job.py run {uuids[1]} --after {after_s} --seconds 1"]
             else:  # a container of our image that is not a filler says so with its role label
                 command = ["--label", "io.forge_load.role=test-job", "--entrypoint", "sh", IMAGE, "-c",
-                           t0 + f"n=$(python /opt/driver_job.py index {uuids[1]}) && exec python "
-                           "/opt/foreign_job.py --backend numba --gpu $n --seconds 2"]
+                           t0 + f"exec python /opt/driver_job.py run {uuids[1]} --seconds 2"]
             proc = docker_cli("run", "--name", name, "--gpus", "device=1", *vgpu_args(gpu), *command, timeout=300)
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
             holder = "docker-" + container_id(name)[:12]
