@@ -1,4 +1,4 @@
-"""The filler in real mode on the virtual GPU: the unmodified numba-cuda and pynvml path, end to end.
+"""The filler in real mode on the virtual GPU: the unmodified cuda-bindings and pynvml path, end to end.
 
 Judged by the virtual GPU's own record of every kernel that ran (`gpu.kernels()`), never by what the filler logs
 about itself. Each run is a subprocess; runs that do not depend on each other start together to save time.
