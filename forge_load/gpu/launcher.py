@@ -261,11 +261,16 @@ class CudaLauncher:
         driver = int(self._call(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
         arch = f"sm_{self.cc[0]}{self.cc[1]}"
         cubins = ", ".join(f"sm_{a}" for a in manifest.cubin_arches)
+        needs = burn_image.cuda_version_text(manifest.ptx_min_cuda_version)
+        if self.cc[0] * 10 + self.cc[1] < int(manifest.ptx_target.removeprefix("sm_")):
+            what = (f"this GPU is older than every image ({manifest.ptx_target} and newer): install forge-load[jit] "
+                    "to compile the kernel for it at start")
+        else:
+            what = (f"its PTX {manifest.ptx_version} needs a driver of CUDA {needs} or newer: update the driver, or "
+                    "install forge-load[jit] to compile the kernel for this GPU at start")
         raise NoGpuError(
             f"no kernel image loads on GPU {uuid} ({arch}, driver CUDA {burn_image.cuda_version_text(driver)}): "
-            f"{'; '.join(tried)}; this forge-load has cubins for {cubins} and PTX {manifest.ptx_version}, which needs "
-            f"a driver of CUDA {burn_image.cuda_version_text(manifest.ptx_min_cuda_version)} or newer: update the "
-            "driver, or install forge-load[jit] to compile the kernel for this GPU at start")
+            f"{'; '.join(tried)}; this forge-load has cubins for {cubins} and {what}")
 
     def _jit(self) -> tuple[Any, str] | None:
         """With the `jit` extra: numba compiles the kernel for this GPU now (nvJitLink links it, so an older driver
