@@ -18,7 +18,6 @@ from numba import cuda
 from forge_load.gpu.burn_image import (
     BURN_ITERS,
     BURN_SIGNATURE,
-    CUBIN_ARCHES,
     PTX_CC,
     THREADS_PER_BLOCK,
     UNREACHABLE_SENTINEL,
@@ -26,9 +25,6 @@ from forge_load.gpu.burn_image import (
 
 __all__ = ["BURN_ITERS", "BURN_SIGNATURE", "THREADS_PER_BLOCK", "UNREACHABLE_SENTINEL", "burn", "burn_py",
            "compile_ptx", "jit_cubin", "link_cubin", "launch_burn", "numba_launch_arguments", "reference_value"]
-
-# Architectures whose PTX ptxas checks for zero local memory in the tests (every shipped cubin is checked too).
-SUPPORTED_CC: tuple[tuple[int, int], ...] = tuple((arch // 10, arch % 10) for arch in CUBIN_ARCHES)
 
 # float32 constants: a Python float literal would promote the arithmetic to
 # float64. The multiplier is a power of two so the product is exact: then an
