@@ -815,7 +815,11 @@ results = {}
 for name in sys.argv[1:]:
     data = open(name, "rb").read()
     results[name.rsplit("/", 1)[-1]] = d.cuModuleLoadData(data + b"\\0" if name.endswith(".ptx") else data)[0].name
-print(json.dumps({"cc": cc, "driver": ok(d.cuDriverGetVersion()), "results": results}))
+import pynvml as n
+n.nvmlInit()
+nvml = {"cc": list(n.nvmlDeviceGetCudaComputeCapability(n.nvmlDeviceGetHandleByIndex(0))),
+        "cuda": n.nvmlSystemGetCudaDriverVersion()}
+print(json.dumps({"cc": cc, "driver": ok(d.cuDriverGetVersion()), "results": results, "nvml": nvml}))
 '''
 
 
@@ -851,6 +855,7 @@ def test_images_are_checked_as_a_driver_checks_them_and_recorded(vgpu: VgpuFacto
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["cc"] == [int(v) for v in cc.split(".")] and r["driver"] == cuda_version
+    assert r["nvml"] == {"cc": r["cc"], "cuda": cuda_version}  # NVML says what libcuda says
     assert r["results"] == expected
     records = gpu.modules()
     assert [m["result"] for m in records] == list(expected.values())
