@@ -6,10 +6,11 @@
 # BASE_IMAGE is any Debian-like image with python3 and its venv module: python:3.12-slim by default; CI
 # builds on a local debootstrap'd bookworm (scripts/docker_engine.sh; Python 3.11 at /usr/bin/python3).
 # The driver's libcuda and libnvidia-ml are NOT in the image: the NVIDIA Container Toolkit mounts them from
-# the host at `docker run --gpus ...`. The CUDA 12 user-space parts (NVVM, NVRTC, nvJitLink, the runtime)
-# come as wheels with numba-cuda[cu12], less what the filler never loads; any CUDA 12 driver (>= 525.60.13)
-# runs them, and NVIDIA_REQUIRE_CUDA makes the toolkit refuse older drivers at `docker run` with a clear
-# message. No NVIDIA_VISIBLE_DEVICES here: which GPU a container gets is said at `docker run` (--gpus
+# the host at `docker run --gpus ...`. The image holds the runtime only: the kernel comes compiled, one cubin
+# per GPU architecture and its PTX (forge_load/gpu/prebuilt, written by scripts/build_kernels.py and checked
+# by the tests), loaded through the driver API (cuda-bindings); no numba, llvmlite or CUDA compiler. Any CUDA
+# 12 driver (>= 525.60.13) loads the cubins, and NVIDIA_REQUIRE_CUDA makes the toolkit refuse older drivers at
+# `docker run` with a clear message. No NVIDIA_VISIBLE_DEVICES here: which GPU a container gets is said at `docker run` (--gpus
 # device=N, or NV_GPU=N with nvidia-docker); an image that defaulted to "all" would quietly take every GPU on
 # hosts whose default runtime is nvidia.
 ARG BASE_IMAGE=python:3.12-slim
@@ -40,8 +41,7 @@ ENV PATH=/opt/forge/bin:${PATH} \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA="cuda>=12.0" \
-    NUMBA_CACHE_DIR=/tmp/numba-cache
+    NVIDIA_REQUIRE_CUDA="cuda>=12.0"
 
 # Fails when the filler's loop has not written its heartbeat for FORGE_HEALTH_MAX_AGE seconds (default 30), or
 # (with FORGE_METRICS_PORT) when its /health says so; it reads the same settings as the filler. The heartbeat
@@ -59,10 +59,9 @@ ENTRYPOINT ["forge-load"]
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin forge
 
 # The dependencies next, in a layer of their own: they change far less often than the code. Left out in the
-# same layer, so they never reach the image: the packages' own test suites (numpy, numba: ~35 MB), never
-# imported at run time, and the files of the CUDA wheels that the filler never loads (~190 MB: a second NVRTC,
-# ptxas, headers, static libraries; measured on the virtual GPU, see scripts/image_prune.py and docs/deploying.md).
-# image_prune.py fails the build if a wheel no longer matches what was measured.
+# same layer, so they never reach the image: the packages' own test suites, never imported at run time, and
+# the files of the wheels that the filler never reads (cuda-bindings' Cython sources; see scripts/image_prune.py
+# and docs/deploying.md). image_prune.py fails the build if a wheel no longer matches what was measured.
 COPY requirements.txt scripts/image_prune.py /tmp/forge-build/
 RUN python3 -m venv /opt/forge \
     && pip install --no-cache-dir -r /tmp/forge-build/requirements.txt \

@@ -79,6 +79,9 @@ CPU_GOALS = (
          "% of one core"),
     Goal("proc_lists", "process-list C calls per s per GPU, nothing changing (one refresh is three), one GPU at 0.5",
          "<=", 3.3, "calls/s"),
+    # Issue 26's: the filler loads its kernel compiled, with no compiler in the process.
+    Goal("startup_1gpu", "start to the first kernel, one GPU at 0.5 (issue 26)", "<=", 0.25, "s"),
+    Goal("rss_1gpu", "filler resident memory, one GPU at 0.5 (issue 26)", "<=", 64.0, "MiB"),
 )
 
 @dataclass
@@ -588,6 +591,8 @@ def judge_cpu_goals(results: Json) -> list[Json]:
         "cpu20_8gpus_0.5": cpu(8, 0.5, "cpu_pct_one_core"),
         "cpu20_1gpu_0.5_slow": cpu(1, 0.5, "cpu_pct_per_gpu", slow),
         "proc_lists": cpu(1, 0.5, "process_list_calls_per_s_per_gpu"),
+        "startup_1gpu": cpu(1, 0.5, "startup_s"),
+        "rss_1gpu": cpu(1, 0.5, "rss_mib"),
     }
     return [judge(goal, *measured[goal.key]) for goal in CPU_GOALS]
 

@@ -320,8 +320,8 @@ def write_outputs(results: dict[str, Any], out_dir: Path, final: bool) -> str:
 
 # --- the cpu scenario -------------------------------------------------------------------------------------
 
-VIRTUAL_CPU_NOTE = ("> **Virtual GPU: not a GPU measurement.** The filler ran in real mode (numba-cuda, cuda-core, "
-                    "cuda-bindings, pynvml) on driver-free stand-ins for libcuda and libnvidia-ml (`scripts/vgpu`), "
+VIRTUAL_CPU_NOTE = ("> **Virtual GPU: not a GPU measurement.** The filler ran in real mode (its CUDA and NVML "
+                    "libraries, unmodified) on driver-free stand-ins for libcuda and libnvidia-ml (`scripts/vgpu`), "
                     "whose launch calls cost almost nothing. The CPU time is this machine's, spent in our code and "
                     "the real libraries; launch counts and tracking come from the virtual GPU's record of every "
                     "kernel, a model of an H100-like GPU.")
@@ -387,7 +387,7 @@ def render_cpu_markdown(results: dict[str, Any]) -> str:
             f"({box['usable_cpus']['value']} usable{load}) · "
             f"GPU {gpu['name']} · driver {gpu['driver']} · forge_load {results['software']['forge_load']} · "
             f"Python {results['software']['python']}" + (" · incomplete run" if not results.get("complete") else ""),
-            "", f"`{results['command']}`", "", "### Goals (issues 12 and 20)", ""]
+            "", f"`{results['command']}`", "", "### Goals (issues 12, 20 and 26)", ""]
     out += goal_rows(results["goals"])
     rows = cpu_rows(results)
     if rows:

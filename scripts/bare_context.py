@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The floor for the benchmark's footprint: a minimal process that opens a bare CUDA context on one GPU,
-the same way the filler does (numba-cuda, CUDA_MODULE_LOADING=LAZY, devices in PCI bus order), and no
-kernels, no allocations, no libraries. It prints one JSON line and exits:
+the same way the filler does (the driver API through cuda-bindings, CUDA_MODULE_LOADING=LAZY, the device found
+by UUID, its primary context), and no kernels, no allocations, no libraries. It prints one JSON line and exits:
 
   {"event": "bare_context", "pid": ..., "process_mib": ..., "device_delta_mib": ..., "wall_time": ...}
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=0.5, help="wait before reading NVML; default 0.5")
     args = parser.parse_args(argv)
     from forge_load.control.probe import NoGpuError
-    from forge_load.gpu.launcher import find_device, prepare_process
+    from forge_load.gpu.launcher import cuda_devices, find_device, prepare_process
     from forge_load.gpu.nvml import NvmlProbe
 
     try:
@@ -43,10 +43,18 @@ def main(argv: list[str] | None = None) -> int:
         before_mib = probe.memory_used_mib()
         try:
             prepare_process()  # as the filler's launcher does, before CUDA is touched
-            from numba import cuda
+            from cuda.bindings import driver as cu
 
-            cuda.select_device(find_device(cuda, probe.info.uuid).id)  # the primary context, nothing else
-            cuda.synchronize()
+            def call(result: tuple[object, ...], name: str) -> object:
+                if result[0] != cu.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(f"{name} failed: {getattr(result[0], 'name', result[0])}")
+                return result[1] if len(result) > 1 else None
+
+            call(cu.cuInit(0), "cuInit")
+            device = call(cu.cuDeviceGet(find_device(cuda_devices(cu), probe.info.uuid)), "cuDeviceGet")
+            context = call(cu.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")  # nothing else
+            call(cu.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+            call(cu.cuCtxSynchronize(), "cuCtxSynchronize")
         except Exception as error:  # noqa: BLE001 - one line for the benchmark's log
             print(f"bare_context: cannot create a CUDA context on GPU {args.gpu}: {type(error).__name__}: "
                   f"{error}", file=sys.stderr)
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                           "process_mib": own, "device_delta_mib": delta, "device_before_mib": before_mib,
                           "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING"),
                           "wall_time": round(time.time(), 4)}, separators=(",", ":")), flush=True)
-        cuda.close()
+        cu.cuDevicePrimaryCtxRelease(device)
         return 0
     finally:
         probe.close()

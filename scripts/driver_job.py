@@ -5,6 +5,9 @@ UUID a set time after its container's first instruction, launches kernels for a 
 
   {"event": "context", "process_start": T0, "wall_time_begin": ..., "wall_time": ..., "device": N}
 
+and, once its kernels have ended and its context is released, {"event": "done", "wall_time": ...}. Its PTX is for
+sm_70 and PTX ISA 8.0, which any Volta or newer GPU on a CUDA 12 driver compiles.
+
     JOB_T0=$(date +%s.%N) python3 driver_job.py run GPU-... --after 0.5 --seconds 1
     python3 driver_job.py index GPU-...    # prints the CUDA index of that GPU here (no context is made)
 
@@ -21,7 +24,7 @@ import os
 import sys
 import time
 
-PTX = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry driver_job_kernel()\n{\n ret;\n}\n\0"
+PTX = b".version 8.0\n.target sm_70\n.address_size 64\n.visible .entry driver_job_kernel()\n{\n ret;\n}\n\0"
 
 
 class DriverError(Exception):
@@ -69,6 +72,7 @@ def run(cuda: ctypes.CDLL, uuid: str, after_s: float, seconds: float) -> None:
         call(cuda, "cuCtxSynchronize")
     call(cuda, "cuModuleUnload", module)
     call(cuda, "cuDevicePrimaryCtxRelease_v2", device)
+    print(json.dumps({"event": "done", "wall_time": time.time()}), flush=True)
 
 
 def main(argv: list[str]) -> int:

@@ -38,38 +38,14 @@ class Rule:
     why: str
 
 
-_CPP_ONLY = "headers, read only when CUDA C++ is compiled (NVRTC); the burn kernel is Python compiled by NVVM"
+# What forge-load in real mode loads from the wheels besides their Python modules and cuda-bindings' own
+# extension modules: nothing. The kernel comes compiled (forge_load/gpu/prebuilt) and cuda-bindings' driver module
+# needs only the driver's libcuda, which the NVIDIA container toolkit mounts (scripts/runtime_files.py measures it).
+RUNTIME_FILES: dict[str, tuple[str, ...]] = {}
 
-# What forge-load in real mode loads from the CUDA wheels (besides the Python modules of cuda-bindings, cuda-core
-# and numba-cuda), measured with scripts/runtime_files.py in the image on the virtual GPU.
-RUNTIME_FILES: dict[str, tuple[str, ...]] = {
-    "nvidia-cuda-nvcc-cu12": ("nvidia/cuda_nvcc/nvvm/lib64/libnvvm.so",  # NVVM: the kernel's LLVM IR to PTX
-                              "nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc"),  # read by numba-cuda for NVVM
-    "nvidia-cuda-nvrtc-cu12": ("nvidia/cuda_nvrtc/lib/libnvrtc.so.12",),  # its version, the supported archs
-    "nvidia-nvjitlink-cu12": ("nvidia/nvjitlink/lib/libnvJitLink.so.12",),  # PTX to the GPU's machine code
-    "nvidia-cuda-runtime-cu12": ("nvidia/cuda_runtime/lib/libcudart.so.12",),  # loaded by cuda-bindings
-    "llvmlite": ("llvmlite/binding/libllvmlite.so",),  # numba's compiler front end
-}
-
-LEAVE_OUT: tuple[Rule, ...] = (
-    Rule("nvidia-cuda-nvrtc-cu12", "nvidia/cuda_nvrtc/lib/libnvrtc.alt.so.*",
-         "a second build of NVRTC; cuda-pathfinder loads libnvrtc.so.12"),
-    Rule("nvidia-cuda-nvrtc-cu12", "nvidia/cuda_nvrtc/lib/libnvrtc-builtins*",
-         "loaded by NVRTC only to compile CUDA C++; numba-cuda asks NVRTC only for its version and architectures"),
-    Rule("nvidia-cuda-nvrtc-cu12", "nvidia/cuda_nvrtc/include/*", _CPP_ONLY),
-    Rule("nvidia-cuda-nvcc-cu12", "nvidia/cuda_nvcc/bin/*",
-         "ptxas, a program numba-cuda never runs: nvJitLink makes the machine code inside the process"),
-    Rule("nvidia-cuda-nvcc-cu12", "nvidia/cuda_nvcc/include/*", _CPP_ONLY),
-    Rule("nvidia-cuda-cccl-cu12", "nvidia/cuda_cccl/include/*", _CPP_ONLY + " (CUB, Thrust, libcu++)"),
-    Rule("nvidia-cuda-cccl-cu12", "nvidia/cuda_cccl/.metadata/*", "the wheel's build records"),
-    Rule("nvidia-cuda-cccl-cu12", "nvidia/cuda_cccl/lib/cmake/*", "CMake files, for C++ builds"),
-    Rule("nvidia-cuda-runtime-cu12", "nvidia/cuda_runtime/include/*", _CPP_ONLY),
-    Rule("nvidia-cuda-runtime-cu12", "nvidia/cuda_runtime/lib/*.a",
-         "static libraries: numba-cuda links cudadevrt only into kernels that synchronize a whole grid"),
-    Rule("nvidia-nvjitlink-cu12", "nvidia/nvjitlink/include/*", _CPP_ONLY),
-    *(Rule("cuda-bindings", f"cuda/*.{ext}", "Cython sources of the compiled modules, read only to build against them")
-      for ext in ("pyx", "pyx.in", "pxd", "pxd.in", "pxi", "pxi.in")),
-)
+LEAVE_OUT: tuple[Rule, ...] = tuple(
+    Rule("cuda-bindings", f"cuda/*.{ext}", "Cython sources of the compiled modules, read only to build against them")
+    for ext in ("pyx", "pyx.in", "pxd", "pxd.in", "pxi", "pxi.in"))
 
 
 class PruneError(Exception):

@@ -533,7 +533,7 @@ CPU_RUN_KEYS = {"label", "gpus", "target", "duration_s", "cpu_pct_one_core", "cp
                 "yields", "tracking_from", "nvml_cost_ms", "repeat", "nvml_calls_per_s_per_gpu",
                 "process_list_calls_per_s_per_gpu", "wakeups_per_s", "wakeups_per_s_by_thread", "threads", "rss_mib"}
 CPU_GOALS = ["cpu_1gpu_0.5", "cpu_1gpu_0.8", "cpu_8gpus_0.5", "settle", "mae", "p95", "cpu20_1gpu_0.5",
-             "cpu20_8gpus_0.5", "cpu20_1gpu_0.5_slow", "proc_lists"]
+             "cpu20_8gpus_0.5", "cpu20_1gpu_0.5_slow", "proc_lists", "startup_1gpu", "rss_1gpu"]
 
 
 def check_cpu_results(r: dict[str, Any]) -> None:
@@ -596,6 +596,8 @@ def test_cpu_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Path,
     assert goals["cpu_8gpus_0.5"]["pass"] is False  # the virtual GPU has 8: a run left out is a goal missed
     assert goals["cpu20_1gpu_0.5_slow"]["measured"]["value"] == r["runs"][2]["cpu_pct_per_gpu"]["value"]
     assert goals["proc_lists"]["measured"]["value"] == r["runs"][0]["process_list_calls_per_s_per_gpu"]["value"]
+    assert goals["startup_1gpu"]["measured"]["value"] == r["runs"][0]["startup_s"]["value"]
+    assert goals["rss_1gpu"]["measured"]["value"] == r["runs"][0]["rss_mib"]["value"]
     md = (out / "cpu.md").read_text()
     assert "(virtual GPU)" in md.splitlines()[0] and "Virtual GPU: not a GPU measurement" in md
     assert printed.out.strip() == md.strip()

@@ -107,16 +107,18 @@ def test_real_mode_container_on_the_virtual_gpu_yields_to_a_foreign_container(
 
     foreign = unique_name("vgpu_foreign")
     names.append(foreign)
+    # The image holds no compiler (no numba): the foreign job is a driver-API job, ctypes and libcuda alone.
     job = docker_cli("run", "--name", foreign, *gpu_args(gpu), "-v",
-                     f"{ROOT / 'scripts' / 'foreign_job.py'}:/opt/foreign_job.py:ro", "--entrypoint", "python",
-                     IMAGE, "/opt/foreign_job.py", "--backend", "numba", "--seconds", "5", timeout=300)
+                     f"{ROOT / 'scripts' / 'driver_job.py'}:/opt/driver_job.py:ro", "--entrypoint", "sh",
+                     IMAGE, "-c", "JOB_T0=$(date +%s.%N) exec python /opt/driver_job.py run "
+                     f"{gpu.uuids()[0]} --seconds 5", timeout=300)
     assert job.returncode == 0, job.stderr[-3000:]
     lines = {e["event"]: e for e in map(json.loads, job.stdout.splitlines())}
     begin_s, context_s, done_s = (lines["context"]["wall_time_begin"], lines["context"]["wall_time"],
                                   lines["done"]["wall_time"])
 
     wait_for(lambda: any(e["event"] == "resume" for e in events(filler)), 60, "the filler to resume")
-    # Started, compiled, filled, yielded and resumed: what it has mapped by now is what the image must keep
+    # Started, loaded its kernel, filled, yielded and resumed: what it has mapped by now is what the image must keep
     # (scripts/image_prune.py's RUNTIME_FILES, which leaves the rest of the CUDA wheels out).
     expected = {p for paths in image_prune().RUNTIME_FILES.values() for p in paths if ".so" in p}
     assert cuda_libraries_mapped(filler) == expected, "measure again: scripts/runtime_files.py"

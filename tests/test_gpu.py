@@ -21,19 +21,71 @@ def nvml_gpu0_uuid() -> str:
         return probe.info.uuid
 
 
+class Driver:
+    """The driver API as the filler uses it, on the GPU the filler takes: its primary context current here."""
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver as cu
+
+        from forge_load.gpu.launcher import cuda_devices, find_device, prepare_process
+
+        prepare_process()
+        self.cu = cu
+        self.call(cu.cuInit(0), "cuInit")
+        self.device = self.call(cu.cuDeviceGet(find_device(cuda_devices(cu), nvml_gpu0_uuid())), "cuDeviceGet")
+        self.context = self.call(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self.call(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        attribute = cu.CUdevice_attribute
+        self.cc = tuple(self.call(cu.cuDeviceGetAttribute(a, self.device), "cuDeviceGetAttribute") for a in
+                        (attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                         attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.sm_count = self.call(cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                                          self.device), "cuDeviceGetAttribute")
+
+    def call(self, result: tuple, name: str):  # type: ignore[no-untyped-def]
+        assert result[0] == self.cu.CUresult.CUDA_SUCCESS, f"{name} failed: {result[0].name}"
+        return result[1] if len(result) > 1 else None
+
+    def load_shipped(self) -> tuple[object, str]:
+        """(the burn kernel's function, the image's name) from the first shipped image the GPU loads."""
+        from forge_load.gpu import burn_image
+
+        manifest = burn_image.load_manifest()
+        for image in burn_image.images_for(self.cc, manifest):
+            err, module = self.cu.cuModuleLoadData(image.data)
+            if err == self.cu.CUresult.CUDA_SUCCESS:
+                return self.call(self.cu.cuModuleGetFunction(module, manifest.entry.encode()),
+                                 "cuModuleGetFunction"), image.name
+        raise AssertionError(f"no shipped image loads on sm_{self.cc[0]}{self.cc[1]}")
+
+    def close(self) -> None:
+        self.cu.cuCtxSetCurrent(None)
+        self.cu.cuDevicePrimaryCtxRelease(self.device)
+
+
 def test_burn_computes_the_reference_value_on_hardware() -> None:
-    from forge_load.gpu.launcher import find_device, prepare_process
+    # The shipped cubin, launched by cuLaunchKernel with burn_image's argument layout: thread 0 matches the
+    # sentinel and writes it, so a wrong layout or a wrong kernel fails here.
+    from forge_load.gpu import burn_image, kernels
 
-    prepare_process()
-    from numba import cuda
-
-    from forge_load.gpu import kernels
-
-    cuda.select_device(find_device(cuda, nvml_gpu0_uuid()).id)
-    out = cuda.to_device(np.zeros(1, dtype=np.float32))
-    kernels.launch_burn(out, 1, sentinel=kernels.reference_value(0, kernels.BURN_ITERS))
-    cuda.synchronize()
-    assert out.copy_to_host()[0] == np.float32(kernels.reference_value(0, kernels.BURN_ITERS))
+    gpu = Driver()
+    cu = gpu.call
+    try:
+        function, image = gpu.load_shipped()
+        if burn_image.pick_cubin((int(gpu.cc[0]), int(gpu.cc[1]))) is not None:
+            assert image.endswith(".cubin"), image
+        out = cu(gpu.cu.cuMemAlloc(4), "cuMemAlloc")
+        cu(gpu.cu.cuMemsetD32(out, 0, 1), "cuMemsetD32")
+        expected = np.float32(kernels.reference_value(0, burn_image.BURN_ITERS))
+        args = burn_image.pack_arguments(int(out), burn_image.BURN_ITERS, float(expected))
+        cu(gpu.cu.cuLaunchKernel(function, 1, 1, 1, burn_image.THREADS_PER_BLOCK, 1, 1, 0, 0, args.address, 0),
+           "cuLaunchKernel")
+        cu(gpu.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        host = np.zeros(1, dtype=np.float32)
+        cu(gpu.cu.cuMemcpyDtoH(host.ctypes.data, out, 4), "cuMemcpyDtoH")
+        assert host[0] == expected
+    finally:
+        gpu.close()
 
 
 def test_launcher_times_its_kernels_with_events() -> None:
@@ -75,27 +127,31 @@ def test_filler_holds_half_the_gpu_for_real() -> None:
 
 def test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel() -> None:
     # The launcher's clock anchors rest on this (docs/design.md §8).
-    from forge_load.gpu.launcher import find_device, prepare_process
+    from forge_load.gpu import burn_image
 
-    prepare_process()
-    from numba import cuda
-
-    from forge_load.gpu import kernels
-
-    device = find_device(cuda, nvml_gpu0_uuid())
-    cuda.select_device(device.id)
-    busy, empty = cuda.stream(), cuda.stream()
-    out = cuda.to_device(np.zeros(1, dtype=np.float32), stream=busy)
-    kernels.launch_burn(out, 1, busy)  # compile and load first
-    busy.synchronize()
-    kernel_end = cuda.event(timing=True)
-    kernels.launch_burn(out, 2000 * int(device.MULTIPROCESSOR_COUNT), busy)  # a long kernel: many waves
-    kernel_end.record(busy)
-    anchor = cuda.event(timing=True)
-    anchor.record(empty)
-    deadline_s = time.monotonic() + 1.0
-    while not anchor.query() and time.monotonic() < deadline_s:
-        time.sleep(0.0001)
-    assert anchor.query()
-    assert not kernel_end.query(), "the kernel was too short to tell"
-    busy.synchronize()
+    gpu = Driver()
+    cu, d = gpu.call, gpu.cu
+    try:
+        function, _ = gpu.load_shipped()
+        busy = cu(d.cuStreamCreate(0), "cuStreamCreate")
+        empty = cu(d.cuStreamCreate(0), "cuStreamCreate")
+        out = cu(d.cuMemAlloc(4), "cuMemAlloc")
+        args = burn_image.pack_arguments(int(out))
+        threads = burn_image.THREADS_PER_BLOCK
+        cu(d.cuLaunchKernel(function, 1, 1, 1, threads, 1, 1, 0, busy, args.address, 0), "cuLaunchKernel")
+        cu(d.cuStreamSynchronize(busy), "cuStreamSynchronize")
+        kernel_end = cu(d.cuEventCreate(0), "cuEventCreate")
+        anchor = cu(d.cuEventCreate(0), "cuEventCreate")
+        grid = 2000 * int(gpu.sm_count)  # a long kernel: many waves
+        cu(d.cuLaunchKernel(function, grid, 1, 1, threads, 1, 1, 0, busy, args.address, 0), "cuLaunchKernel")
+        cu(d.cuEventRecord(kernel_end, busy), "cuEventRecord")
+        cu(d.cuEventRecord(anchor, empty), "cuEventRecord")
+        ready = d.CUresult.CUDA_SUCCESS
+        deadline_s = time.monotonic() + 1.0
+        while d.cuEventQuery(anchor)[0] != ready and time.monotonic() < deadline_s:
+            time.sleep(0.0001)
+        assert d.cuEventQuery(anchor)[0] == ready
+        assert d.cuEventQuery(kernel_end)[0] != ready, "the kernel was too short to tell"
+        cu(d.cuStreamSynchronize(busy), "cuStreamSynchronize")
+    finally:
+        gpu.close()

@@ -22,14 +22,14 @@ from tests.hostile_support import ENTRY, ROOT, forge
 
 # --- no kernel of ours before the filler may fill ---------------------------------------------------------------
 
-# Moments of start-up a SIGUSR1 can come at: before the settings are read, before NVML opens, before CUDA starts,
-# and with our context made but the kernel not yet loaded.
-START_UP_MOMENTS = ("forge_load.service.app", "pynvml", "numba", "forge_load.gpu.kernels")
+# Moments of start-up a SIGUSR1 can come at: before the settings are read, before NVML opens, as the launcher is
+# imported, and just before CUDA starts (cuda-bindings' driver module is imported right before cuInit).
+START_UP_MOMENTS = ("forge_load.service.app", "pynvml", "forge_load.gpu.launcher", "cuda.bindings.driver")
 
 
 def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp_path: Path) -> None:
     """The virtual GPU's own record: not one kernel of ours with the pause file there at start, after a SIGUSR1
-    at any moment of start-up, or with a foreign job on the GPU at start (the unmodified numba-cuda path)."""
+    at any moment of start-up, or with a foreign job on the GPU at start (the unmodified cuda-bindings path)."""
     from tests.test_real_path import Run, finish, foreign_job, forge
 
     pause = tmp_path / "pause"

@@ -4,16 +4,19 @@ ptxas from the cu12 wheels). Neither needs a GPU."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from forge_load.gpu import kernels
+from forge_load.gpu import burn_image, kernels
+from vgpu.pytest_plugin import VgpuFactory
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,35 +135,189 @@ def _find_ptxas() -> Path | None:
     return None
 
 
-@pytest.mark.parametrize("cc", kernels.SUPPORTED_CC, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
-def test_burn_uses_no_local_memory(cc: tuple[int, int], tmp_path: Path) -> None:
-    from numba import config, cuda
-
-    if config.ENABLE_CUDASIM:
-        pytest.skip("NUMBA_ENABLE_CUDASIM is set in this process: no real compiler")
+def _ptxas_report(arch: int) -> str:
+    """ptxas -v on the shipped PTX for sm_`arch`: what the cubin of that architecture was linked from."""
     ptxas = _find_ptxas()
     if ptxas is None:
         pytest.skip("ptxas not found under nvidia/cuda_nvcc/bin: install numba-cuda[cu12]")
-
-    ptx, _ = cuda.compile_ptx(kernels.burn_py, kernels.BURN_SIGNATURE, cc=cc)
-    # float32 only: float64 runs at 1/64 rate on most GPUs, a different burn.
-    assert ".f64" not in ptx, "burn kernel uses float64 arithmetic"
-    ptx_file = tmp_path / "burn.ptx"
-    ptx_file.write_text(ptx)
-    arch = f"sm_{cc[0]}{cc[1]}"
     proc = subprocess.run(
-        [str(ptxas), f"-arch={arch}", "-v", "-o", os.devnull, str(ptx_file)],
+        [str(ptxas), f"-arch=sm_{arch}", "-v", "-o", os.devnull, str(burn_image.PREBUILT_DIR / burn_image.PTX_NAME)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     report = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"ptxas failed for {arch}:\n{report}"
+    assert proc.returncode == 0, f"ptxas failed for sm_{arch}:\n{report}"
+    assert f"for 'sm_{arch}'" in report, report
+    return report
 
-    assert f"for '{arch}'" in report, report
+
+@pytest.mark.parametrize("arch", burn_image.CUBIN_ARCHES, ids=lambda a: f"sm_{a}")
+def test_burn_uses_no_local_memory_by_ptxas(arch: int) -> None:
+    report = _ptxas_report(arch)
     props = _PROPS_RE.findall(report)
     regs = _REGS_RE.findall(report)
     assert len(props) == 1 and len(regs) == 1, f"expected one entry function:\n{report}"
     stack, spill_stores, spill_loads = (int(v) for v in props[0])
     assert (stack, spill_stores, spill_loads) == (0, 0, 0), report
     assert int(regs[0]) <= MAX_REGISTERS, report
+
+
+def test_the_shipped_ptx_is_float32_only() -> None:
+    # float64 runs at 1/64 rate on most GPUs: a different burn.
+    assert ".f64" not in (burn_image.PREBUILT_DIR / burn_image.PTX_NAME).read_text()
+
+
+# --- the shipped images: current, for their architectures, with no local memory ------------------------------
+
+BUILD_KERNELS = REPO_ROOT / "scripts" / "build_kernels.py"
+
+
+def _check_kernels(directory: Path) -> subprocess.CompletedProcess[str]:
+    # A process of its own: the check must be that process's first compilation of the kernel (build_kernels.py).
+    return subprocess.run([sys.executable, str(BUILD_KERNELS), "--check", "--dir", str(directory)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+
+
+def test_the_shipped_kernel_images_are_what_the_kernel_compiles_to() -> None:
+    proc = _check_kernels(burn_image.PREBUILT_DIR)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_stale_image_fails_the_check_naming_it(tmp_path: Path) -> None:
+    for name in os.listdir(burn_image.PREBUILT_DIR):
+        (tmp_path / name).write_bytes((burn_image.PREBUILT_DIR / name).read_bytes())
+    (tmp_path / "burn.sm_86.cubin").write_bytes(b"\x7fELF old")
+    (tmp_path / "burn.sm_120.cubin").unlink()
+    proc = _check_kernels(tmp_path)
+    assert proc.returncode == 1
+    assert "burn.sm_120.cubin, burn.sm_86.cubin; run `python3 scripts/build_kernels.py`" in proc.stderr
+
+
+def _elf_sections(data: bytes) -> dict[str, bytes]:
+    """The sections of an ELF64 (little-endian), by name."""
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx]
+
+    def name(offset: int) -> str:
+        start = names[4] + offset
+        return data[start:data.index(b"\0", start)].decode()
+
+    return {name(h[0]): data[h[4]:h[4] + h[5]] for h in headers}
+
+
+# The per-kernel attributes of a cubin's .nv.info section (names as `cuobjdump -elf` prints them): format 0x04 is
+# a 2-byte size and that many bytes (here a symbol index and a 4-byte value). Read from the cubins themselves, and
+# the register count checked against ptxas -v below, which is what proves the reading.
+EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE, EIATTR_REGCOUNT = 0x11, 0x12, 0x2F
+
+
+def _nv_info(section: bytes) -> dict[int, int]:
+    out: dict[int, int] = {}
+    i = 0
+    while i + 4 <= len(section):
+        fmt, attribute, size = section[i], section[i + 1], struct.unpack_from("<H", section, i + 2)[0]
+        if fmt == 0x04:  # a value: symbol index, then the value
+            if size == 8:
+                out[attribute] = struct.unpack_from("<I", section, i + 8)[0]
+            i += 4 + size
+        else:  # a 2-byte value in place of the size
+            i += 4
+    return out
+
+
+@pytest.mark.parametrize("arch", burn_image.CUBIN_ARCHES, ids=lambda a: f"sm_{a}")
+def test_every_shipped_cubin_is_for_its_architecture_and_uses_no_local_memory(arch: int) -> None:
+    manifest = burn_image.load_manifest()
+    data = (burn_image.PREBUILT_DIR / burn_image.cubin_name(arch)).read_bytes()
+    assert data[:4] == b"\x7fELF"
+    flags = struct.unpack_from("<I", data, 0x30)[0]
+    # e_flags names the SM: its low byte up to ELF ABI version 7, its second byte from version 8 (CUDA 12.8+).
+    assert (flags >> 8 & 0xFF if data[8] >= 8 else flags & 0xFF) == arch
+    sections = _elf_sections(data)
+    assert f".text.{manifest.entry}" in sections
+    assert not [name for name in sections if name.startswith(".nv.local")], "the kernel has local memory"
+    info = _nv_info(sections[".nv.info"])
+    assert info[EIATTR_FRAME_SIZE] == 0 and info[EIATTR_MIN_STACK_SIZE] == 0, info
+    assert info[EIATTR_REGCOUNT] == int(_REGS_RE.findall(_ptxas_report(arch))[0]) <= MAX_REGISTERS
+
+
+def test_the_manifest_names_the_ptx_it_ships() -> None:
+    manifest = burn_image.load_manifest()
+    ptx = (burn_image.PREBUILT_DIR / burn_image.PTX_NAME).read_text()
+    assert f".version {manifest.ptx_version}\n" in ptx and f".target {manifest.ptx_target}\n" in ptx
+    assert f".entry {manifest.entry}(" in ptx
+    assert manifest.ptx_target == f"sm_{burn_image.PTX_CC[0]}{burn_image.PTX_CC[1]}"
+
+
+# --- the argument layout, against numba's own launch ----------------------------------------------------------
+
+_NUMBA_ARGS_SCRIPT = """
+import json
+import numpy as np
+from numba import cuda
+from forge_load.gpu import burn_image, kernels
+from vgpu.pytest_plugin import VgpuFactory
+out = cuda.to_device(np.zeros(1, dtype=np.float32))
+expanded = kernels.numba_launch_arguments(out, 4096, -1.0)
+ours = burn_image.pack_arguments(out.device_ctypes_pointer.value, 4096, -1.0)
+print(json.dumps({
+    "numba": [[type(v).__name__, v if isinstance(v, int) else v.value] for v in expanded],
+    "ours": [[type(v).__name__, v.value] for v in ours.values],
+    "numba_sizes": [8 if isinstance(v, int) else ctypes_size(v) for v in expanded],
+}))
+"""
+
+
+def test_the_argument_layout_is_what_numbas_own_launch_passes(vgpu: VgpuFactory) -> None:
+    # numba packs on a (virtual) device: an array's fields need its device pointer. A plain int is passed by
+    # numba as an intptr_t (8 bytes), as cuda.core packs it.
+    gpu = vgpu()
+    script = "import ctypes\ndef ctypes_size(v): return ctypes.sizeof(v)\n" + _NUMBA_ARGS_SCRIPT
+    proc = gpu.run([sys.executable, "-c", script], cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    ours = [value for _, value in got["ours"]]
+    numba = [None if value == 0 and i < 2 else value for i, (_, value) in enumerate(got["numba"])]
+    assert ours[:7] == numba[:7]  # meminfo, parent, nitems, itemsize, data, shape, strides
+    assert ours[7] == numba[7] == 4096
+    assert ours[8] == pytest.approx(numba[8]) and ours[8] == -1.0
+    sizes = [ctypes.sizeof(ctype) for _, ctype in burn_image.ARGUMENT_LAYOUT]
+    assert sizes == got["numba_sizes"]
+
+
+# --- which image a GPU runs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cc", "arch"), [
+    ((7, 0), 70), ((7, 2), 70), ((7, 5), 75), ((8, 0), 80), ((8, 6), 86), ((8, 7), 86), ((8, 9), 89), ((9, 0), 90),
+    ((10, 0), 100), ((10, 3), 100), ((12, 0), 120), ((12, 1), 120), ((6, 1), None), ((11, 0), None),
+    ((13, 0), None),
+])
+def test_a_gpu_gets_its_own_cubin_else_its_majors_highest_lower_minor(cc: tuple[int, int], arch: int | None) -> None:
+    assert burn_image.pick_cubin(cc) == arch
+
+
+def test_the_images_tried_are_the_fitting_cubin_then_the_ptx() -> None:
+    manifest = burn_image.load_manifest()
+    assert [i.name for i in burn_image.images_for((8, 7), manifest)] == ["burn.sm_86.cubin", "burn.ptx"]
+    assert [i.name for i in burn_image.images_for((11, 0), manifest)] == ["burn.ptx"]
+    assert burn_image.images_for((11, 0), manifest)[0].data.endswith(b"\0")  # PTX is a C string to the driver
+
+
+def test_an_image_that_does_not_match_its_hash_is_a_broken_install(tmp_path: Path) -> None:
+    for name in os.listdir(burn_image.PREBUILT_DIR):
+        (tmp_path / name).write_bytes((burn_image.PREBUILT_DIR / name).read_bytes())
+    (tmp_path / "burn.sm_90.cubin").write_bytes(b"\x7fELF truncated")
+    with pytest.raises(ValueError, match="burn.sm_90.cubin does not match burn.json: reinstall forge-load"):
+        burn_image.images_for((9, 0), burn_image.load_manifest(tmp_path), tmp_path)
+
+
+@pytest.mark.parametrize("ptx_version", ["7.0", "7.8", "8.0", "8.4", "8.5", "8.6", "8.7", "8.8"])
+def test_the_first_driver_for_each_ptx_version_is_nvidias(ptx_version: str) -> None:
+    from cuda.bindings import utils
+
+    assert burn_image.min_cuda_version_for_ptx(ptx_version) == \
+        utils.get_minimal_required_cuda_ver_from_ptx_ver(ptx_version)

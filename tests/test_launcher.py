@@ -5,13 +5,12 @@ The CUDA side itself runs on the virtual GPU (tests/test_vgpu_*.py) and on a rea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from forge_load.control.probe import NoGpuError
-from forge_load.gpu.launcher import EventTimeline, find_device
+from forge_load.gpu.launcher import EventTimeline, find_device, uuid_text
 
 
 @dataclass(frozen=True)
@@ -159,9 +158,9 @@ def test_a_launch_before_any_anchor_is_a_bug() -> None:
 # --- finding the device -----------------------------------------------------------------------------------
 
 
-class FakeCuda:
-    def __init__(self, uuids: list[str]) -> None:
-        self.gpus = [SimpleNamespace(id=i, uuid=u) for i, u in enumerate(uuids)]
+def cuda_sees(uuids: list[str]) -> list[tuple[int, str]]:
+    """What cuda_devices gives: (CUDA ordinal, UUID) of each device CUDA sees."""
+    return list(enumerate(uuids))
 
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
@@ -170,16 +169,21 @@ UUID_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 
 def test_the_cuda_device_is_found_by_uuid_whatever_its_cuda_number() -> None:
     # CUDA_VISIBLE_DEVICES=1: NVML still numbers the GPU 1, CUDA calls it 0.
-    assert find_device(FakeCuda([UUID_B]), UUID_B).id == 0
-    assert find_device(FakeCuda([UUID_B, UUID_A]), UUID_A).id == 1
+    assert find_device(cuda_sees([UUID_B]), UUID_B) == 0
+    assert find_device(cuda_sees([UUID_B, UUID_A]), UUID_A) == 1
 
 
 def test_a_mig_instance_is_found_by_its_uuid() -> None:
     mig = "MIG-cccccccc-1111-2222-3333-444444444444"
-    assert find_device(FakeCuda(["GPU-cccccccc-1111-2222-3333-444444444444"]), mig).id == 0
+    assert find_device(cuda_sees(["GPU-cccccccc-1111-2222-3333-444444444444"]), mig) == 0
 
 
 def test_a_gpu_cuda_does_not_see_is_no_gpu_naming_what_it_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     with pytest.raises(NoGpuError, match=f"{UUID_A}.*CUDA_VISIBLE_DEVICES=1.*0 {UUID_B}"):
-        find_device(FakeCuda([UUID_B]), UUID_A)
+        find_device(cuda_sees([UUID_B]), UUID_A)
+
+
+def test_cudas_uuid_bytes_read_as_nvml_writes_them() -> None:
+    raw = bytes.fromhex("aaaaaaaa111122223333444444444444")
+    assert uuid_text(raw) == UUID_A

@@ -1,4 +1,4 @@
-"""The filler in real mode on the virtual GPU: the unmodified numba-cuda and pynvml path, end to end.
+"""The filler in real mode on the virtual GPU: the unmodified cuda-bindings and pynvml path, end to end.
 
 Judged by the virtual GPU's own record of every kernel that ran (`gpu.kernels()`), never by what the filler logs
 about itself. Each run is a subprocess; runs that do not depend on each other start together to save time.
@@ -301,3 +301,86 @@ def test_no_nvml_sample_is_returned_twice_on_real_clocks(vgpu: VgpuFactory) -> N
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     assert len(stamps) > 15 * 6  # the 15 s of history, then what came while polling
     assert min(gaps) > 0.1, sorted(gaps)[:5]  # 1/6-s windows: a repeat shows as a gap of ~0
+
+
+# --- the kernel image: loaded, never compiled ------------------------------------------------------------------
+
+COMPILERS = ("libnvvm", "libnvrtc", "libnvJitLink", "llvmlite")
+
+# Where the `jit` extra is not installed: a numba that cannot be imported, first on the path.
+NO_NUMBA = 'raise ImportError("numba is not installed (the test hides it: no jit extra)")\n'
+
+
+@pytest.fixture
+def without_numba(tmp_path: Path) -> dict[str, str]:
+    hidden = tmp_path / "no_numba"
+    (hidden / "numba").mkdir(parents=True)
+    (hidden / "numba" / "__init__.py").write_text(NO_NUMBA)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(hidden), str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def compilers_mapped(pid: int) -> list[str]:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return [name for name in COMPILERS if name in maps]
+
+
+@pytest.mark.parametrize(("cc", "cuda_version", "image"), [
+    ("9.0", 12090, "sm_90"), ("8.6", 12090, "sm_86"), ("8.7", 12090, "sm_86"), ("7.5", 12020, "sm_75"),
+    ("12.0", 12090, "sm_120"), ("10.3", 12080, "sm_100"),
+], ids=lambda v: str(v))
+def test_the_filler_loads_a_fitting_cubin_and_no_compiler(vgpu: VgpuFactory, cc: str, cuda_version: int,
+                                                            image: str) -> None:
+    gpu = vgpu(cc=cc, cuda_version=cuda_version)
+    run = forge(gpu, "--duration", "30", "--log-interval", "1")
+    try:
+        start = wait_for(run, "status")
+        assert compilers_mapped(run.proc.pid) == []
+    finally:
+        run.proc.send_signal(signal.SIGTERM)
+        assert finish(run) == 0, run.stderr[-2000:]
+    modules = [m for m in gpu.modules() if m["pid"] == run.proc.pid]
+    assert modules == [{"pid": run.proc.pid, "kind": "cubin", "arch": image, "result": "CUDA_SUCCESS"}]
+    assert run.of("start")[0]["kernel_image"] == f"burn.{image}.cubin"
+    assert start and run.kernels()
+
+
+def test_a_gpu_no_cubin_fits_fills_from_the_ptx_on_a_new_enough_driver(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(cc="11.0", cuda_version=12090)
+    run = forge(gpu, "--duration", "3")
+    assert run.wait() == 0, run.stderr[-2000:]
+    modules = [m for m in gpu.modules() if m["pid"] == run.proc.pid]
+    assert [(m["kind"], m.get("ptx_version"), m["result"]) for m in modules] == [("ptx", "8.8", "CUDA_SUCCESS")]
+    assert run.of("start")[0]["kernel_image"] == "burn.ptx"
+    assert run.kernels()
+
+
+@pytest.mark.parametrize(("cc", "cuda_version", "answers", "to_do"), [
+    ("11.0", 12080, "burn.ptx CUDA_ERROR_UNSUPPORTED_PTX_VERSION",  # PTX 8.8 needs CUDA 12.9
+     "its PTX 8.8 needs a driver of CUDA 12.9 or newer: update the driver, or install forge-load[jit]"),
+    ("6.1", 12090, "burn.ptx CUDA_ERROR_INVALID_PTX",  # PTX for sm_70 does not compile for sm_61
+     "this GPU is older than every image (sm_70 and newer): install forge-load[jit]"),
+], ids=["driver-too-old-for-the-ptx", "below-every-image"])
+def test_where_no_image_loads_one_line_says_why_and_what_to_do(vgpu: VgpuFactory, without_numba: dict[str, str],
+                                                               cc: str, cuda_version: int, answers: str,
+                                                               to_do: str) -> None:
+    gpu = vgpu(cc=cc, cuda_version=cuda_version)
+    run = forge(gpu, "--duration", "3", env=without_numba)
+    assert run.wait() == 3
+    arch = "sm_" + cc.replace(".", "")
+    version = f"{cuda_version // 1000}.{cuda_version % 1000 // 10}"
+    lines = [line for line in run.stderr.splitlines() if "no kernel image loads" in line]
+    assert len(lines) == 1, run.stderr[-2000:]
+    assert f"({arch}, driver CUDA {version}): {answers}" in lines[0]
+    assert to_do in lines[0]
+    assert gpu.kernels() == []
+
+
+def test_with_the_jit_extra_numba_compiles_the_kernel_for_a_gpu_no_image_fits(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(cc="6.1", cuda_version=12090)
+    run = forge(gpu, "--duration", "3")
+    assert run.wait() == 0, run.stderr[-2000:]
+    modules = [m for m in gpu.modules() if m["pid"] == run.proc.pid]
+    assert [(m["kind"], m["arch"], m["result"]) for m in modules] == [
+        ("ptx", "sm_70", "CUDA_ERROR_INVALID_PTX"), ("cubin", "sm_61", "CUDA_SUCCESS")]
+    assert run.of("start")[0]["kernel_image"] == "jit sm_61"
+    assert run.kernels()

@@ -44,7 +44,8 @@ ok(d.cuInit(0))
 dev = ok(d.cuDeviceGet(int(os.environ.get("DEV", "0"))))
 ctx = ok(d.cuDevicePrimaryCtxRetain(dev))
 ok(d.cuCtxSetCurrent(ctx))
-lib = ok(d.cuLibraryLoadData(b"// .entry busy\n\0", None, None, 0, None, None, 0))
+# A PTX image as the driver checks it (its .version and .target); the virtual GPU runs any entry it names.
+lib = ok(d.cuLibraryLoadData(b".version 8.0\n.target sm_70\n// .entry busy\n\0", None, None, 0, None, None, 0))
 fn = ok(d.cuKernelGetFunction(ok(d.cuLibraryGetKernel(lib, b"busy"))))
 stream = ok(d.cuStreamCreate(0))
 
@@ -712,6 +713,8 @@ def test_cli_runs_a_command_on_a_fresh_gpu_and_records_its_kernels(tmp_path: Pat
     (["--nvml-calls", "/nonexistent/dir/calls.json"], "--nvml-calls /nonexistent/dir/calls.json"),
     (["--compute-mode", "exclusive_thread"], "--compute-mode"),
     (["--exclusive", "--compute-mode", "default"], "--compute-mode"),
+    (["--cc", "9"], "cc='9': expected a compute capability MAJOR.MINOR"), (["--cc", "8.10"], "cc='8.10'"),
+    (["--cuda-version", "12.2"], "--cuda-version"), (["--cuda-version", "12025"], "cuda_version=12025"),
 ])
 def test_cli_bad_options_exit_2_with_one_line(args: list[str], words: str, vgpu: VgpuFactory) -> None:
     proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", *args, "--", "true"] if args else
@@ -792,3 +795,75 @@ def test_benchmark_real_mode_on_the_virtual_gpu_says_so(tmp_path: Path, vgpu_lib
     markdown = (out / "results.md").read_text()
     assert "(virtual GPU)" in markdown.splitlines()[0] and "not a GPU measurement" in markdown
     assert "virtual GPU" in proc.stderr
+
+
+IMAGE_LOADS = r'''
+import json, sys
+from cuda.bindings import driver as d
+
+def ok(result):
+    assert result[0] == d.CUresult.CUDA_SUCCESS, result[0]
+    return result[1] if len(result) > 1 else None
+
+ok(d.cuInit(0))
+dev = ok(d.cuDeviceGet(0))
+ok(d.cuCtxSetCurrent(ok(d.cuDevicePrimaryCtxRetain(dev))))
+attribute = d.CUdevice_attribute
+cc = [ok(d.cuDeviceGetAttribute(a, dev)) for a in (attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                                    attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)]
+results = {}
+for name in sys.argv[1:]:
+    data = open(name, "rb").read()
+    results[name.rsplit("/", 1)[-1]] = d.cuModuleLoadData(data + b"\\0" if name.endswith(".ptx") else data)[0].name
+import pynvml as n
+n.nvmlInit()
+nvml = {"cc": list(n.nvmlDeviceGetCudaComputeCapability(n.nvmlDeviceGetHandleByIndex(0))),
+        "cuda": n.nvmlSystemGetCudaDriverVersion()}
+print(json.dumps({"cc": cc, "driver": ok(d.cuDriverGetVersion()), "results": results, "nvml": nvml}))
+'''
+
+
+def _ptx(version: str, target: str) -> bytes:
+    return f".version {version}\n.target {target}\n.address_size 64\n".encode()
+
+
+@pytest.mark.parametrize(("cc", "cuda_version", "expected"), [
+    ("9.0", 12090, {"burn.sm_90.cubin": "CUDA_SUCCESS", "burn.sm_80.cubin": "CUDA_ERROR_NO_BINARY_FOR_GPU",
+                    "burn.sm_100.cubin": "CUDA_ERROR_NO_BINARY_FOR_GPU", "burn.ptx": "CUDA_SUCCESS"}),
+    ("8.6", 12020, {"burn.sm_80.cubin": "CUDA_SUCCESS", "burn.sm_86.cubin": "CUDA_SUCCESS",
+                    "burn.sm_89.cubin": "CUDA_ERROR_NO_BINARY_FOR_GPU",
+                    "burn.ptx": "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+                    "v82.ptx": "CUDA_SUCCESS", "v83.ptx": "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+                    "sm89.ptx": "CUDA_ERROR_INVALID_PTX"}),
+    ("12.0", 12060, {"burn.sm_120.cubin": "CUDA_SUCCESS", "burn.sm_100.cubin": "CUDA_ERROR_NO_BINARY_FOR_GPU",
+                     "v85.ptx": "CUDA_SUCCESS", "v86.ptx": "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"}),
+], ids=["9.0-cuda12.9", "8.6-cuda12.2", "12.0-cuda12.6"])
+def test_images_are_checked_as_a_driver_checks_them_and_recorded(vgpu: VgpuFactory, tmp_path: Path, cc: str,
+                                                                 cuda_version: int, expected: dict[str, str]) -> None:
+    from forge_load.gpu import burn_image
+
+    made = {"v82.ptx": _ptx("8.2", "sm_70"), "v83.ptx": _ptx("8.3", "sm_70"), "sm89.ptx": _ptx("8.0", "sm_89"),
+            "v85.ptx": _ptx("8.5", "sm_70"), "v86.ptx": _ptx("8.6", "sm_70")}
+    paths = []
+    for name in expected:
+        path = burn_image.PREBUILT_DIR / name if name.startswith("burn.") else tmp_path / name
+        if not name.startswith("burn."):
+            path.write_bytes(made[name])
+        paths.append(str(path))
+    gpu = vgpu(cc=cc, cuda_version=cuda_version)
+    proc = gpu.run([sys.executable, "-c", IMAGE_LOADS, *paths], cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["cc"] == [int(v) for v in cc.split(".")] and r["driver"] == cuda_version
+    assert r["nvml"] == {"cc": r["cc"], "cuda": cuda_version}  # NVML says what libcuda says
+    assert r["results"] == expected
+    records = gpu.modules()
+    assert [m["result"] for m in records] == list(expected.values())
+    assert {m["pid"] for m in records} == {records[0]["pid"]}
+    for name, record in zip(expected, records):
+        if name.endswith(".cubin"):
+            assert record == {"pid": record["pid"], "kind": "cubin", "arch": name.split(".")[1],
+                              "result": expected[name]}
+        else:
+            assert record["kind"] == "ptx" and record["ptx_version"] == (
+                "8.8" if name == "burn.ptx" else f"{name[1]}.{name[2]}" if name[0] == "v" else "8.0")

@@ -85,6 +85,14 @@ def _pairs(name: str, pairs: Sequence[tuple[int, float]], gpus: int, integer: bo
     return ",".join(items)
 
 
+def parse_cc(cc: str) -> tuple[int, int]:
+    """A compute capability "MAJOR.MINOR" (e.g. "8.6") as (8, 6); VgpuError naming the value otherwise."""
+    major, sep, minor = str(cc).partition(".")
+    if not (sep and major.isdigit() and minor.isdigit() and 1 <= int(major) <= 99 and len(minor) == 1):
+        raise VgpuError(f"cc={cc!r}: expected a compute capability MAJOR.MINOR, e.g. 8.6")
+    return int(major), int(minor)
+
+
 class VirtualGpu:
     """A fresh virtual GPU whose state lives in `state_dir` (created; must not hold one already)."""
 
@@ -96,7 +104,8 @@ class VirtualGpu:
                  wave_s: float = 1e-4, overhead_s: float = 8e-6, latency_s: float = 5e-6,
                  history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
                  nvml_cost: Mapping[str, float] | None = None,
-                 compute_mode: str = "default", lib_dir: str | os.PathLike[str] | None = None) -> None:
+                 compute_mode: str = "default", cc: str = "9.0", cuda_version: int = 12090,
+                 lib_dir: str | os.PathLike[str] | None = None) -> None:
         if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
             raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
         if not (isinstance(window_s, (int, float)) and WINDOW_MIN_S - 1e-9 <= window_s <= WINDOW_MAX_S):
@@ -107,6 +116,10 @@ class VirtualGpu:
             raise VgpuError(f"sms={sms!r}: expected 1 to 1024")
         if compute_mode not in COMPUTE_MODES:
             raise VgpuError(f"compute_mode={compute_mode!r}: expected one of {', '.join(COMPUTE_MODES)}")
+        cc_major, cc_minor = parse_cc(cc)
+        if not (isinstance(cuda_version, int) and 11000 <= cuda_version <= 99990 and cuda_version % 10 == 0):
+            raise VgpuError(f"cuda_version={cuda_version!r}: expected the driver's CUDA version as "
+                            "cuDriverGetVersion gives it, 1000 x major + 10 x minor, e.g. 12020 for 12.2")
         for name in not_supported:
             if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
                 raise VgpuError(f"not_supported: {name!r} is not an NVML function name (nvml...)")
@@ -120,6 +133,7 @@ class VirtualGpu:
             "hide_processes": int(bool(hide_processes)), "context_mib": context_mib, "reserved_mib": reserved_mib,
             "total_mib": total_mib, "wave_s": repr(float(wave_s)), "overhead_s": repr(float(overhead_s)),
             "latency_s": repr(float(latency_s)), "history_s": history_s, "compute_mode": compute_mode,
+            "cc_major": cc_major, "cc_minor": cc_minor, "cuda_version": cuda_version,
         }
         if fail_gpu:
             config["fail_gpu"] = _pairs("fail_gpu", fail_gpu, gpus, integer=False)
@@ -183,6 +197,12 @@ class VirtualGpu:
             if line.strip():
                 out.append(Kernel(**json.loads(line)))
         return out
+
+    def modules(self) -> list[dict[str, Any]]:
+        """Every module load so far, in order: {"pid", "kind" (cubin, ptx or fatbin), "arch" and, for PTX,
+        "ptx_version", "result" (the CUresult's name)}."""
+        path = self.state_dir / "modules.jsonl"
+        return [dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
     def unimplemented(self) -> list[str]:
         """Entry points called but not implemented (each fails with an error code), sorted, once each."""

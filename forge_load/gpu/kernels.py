@@ -1,40 +1,30 @@
 """The burn kernel: register-only float32 work that keeps the GPU busy.
 
-This is the only module with CUDA kernels. Importing it creates no CUDA
-context (``cuda.jit`` on a bare function compiles lazily, at the first
-launch), so it imports on machines without a GPU and under
-``NUMBA_ENABLE_CUDASIM=1``.
+This is the only module with CUDA kernels, and the only one that imports numba. The filler does not import
+it: scripts/build_kernels.py compiles the kernel here, when the package is built, into the images burn_image.py
+loads; at run time only a GPU that none of them fits, with the `jit` extra installed, compiles it here
+(jit_cubin). Importing it creates no CUDA context (``cuda.jit`` on a bare function compiles lazily, at the first
+launch), so it imports on machines without a GPU and under ``NUMBA_ENABLE_CUDASIM=1``.
 """
 
 from __future__ import annotations
 
-import ctypes
-from dataclasses import dataclass
+import re
 from typing import Any
 
 import numpy as np
 from numba import cuda
 
-THREADS_PER_BLOCK: int = 256
+from forge_load.gpu.burn_image import (
+    BURN_ITERS,
+    BURN_SIGNATURE,
+    PTX_CC,
+    THREADS_PER_BLOCK,
+    UNREACHABLE_SENTINEL,
+)
 
-# 4096 iterations: each one is a dependent FFMA (~4 cycles latency), so a
-# lone block runs ~10 us; a full SM (8 resident blocks of 256) is throughput
-# bound at ~0.1 ms. Small enough that launches of a few ms (docs/design.md §6)
-# are sized in fine steps by the grid, large enough that launch overhead
-# (~5 us) is not most of the kernel.
-BURN_ITERS: int = 4096
-
-# The one signature launched and checked by ptxas in the tests. Launch via
-# launch_burn(): Python int/float scalars would make numba compile an
-# int64/float64 variant that the test does not cover.
-BURN_SIGNATURE: str = "void(float32[::1], int32, float32)"
-
-# Architectures whose PTX is checked for zero local memory by the tests.
-SUPPORTED_CC: tuple[tuple[int, int], ...] = ((7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0))
-
-# Every value a thread computes is >= 0, so a negative sentinel never
-# matches and the kernel never writes to memory.
-UNREACHABLE_SENTINEL: float = -1.0
+__all__ = ["BURN_ITERS", "BURN_SIGNATURE", "THREADS_PER_BLOCK", "UNREACHABLE_SENTINEL", "burn", "burn_py",
+           "compile_ptx", "jit_cubin", "link_cubin", "launch_burn", "numba_launch_arguments", "reference_value"]
 
 # float32 constants: a Python float literal would promote the arithmetic to
 # float64. The multiplier is a power of two so the product is exact: then an
@@ -75,45 +65,38 @@ def launch_burn(
     burn[blocks, THREADS_PER_BLOCK, stream](out, np.int32(iters), np.float32(sentinel))
 
 
-@dataclass(frozen=True)
-class BoundBurn:
-    """The burn kernel bound once: its function in the current context and its arguments packed for
-    cuLaunchKernel, so a launch is one driver call instead of numba's dispatch (docs/design.md §8)."""
-
-    function: Any  # cuda.bindings CUfunction
-    params: Any  # ctypes void*[]: the address of each argument, as kernelParams wants
-    values: tuple[Any, ...]  # the ctypes values `params` points at (kept alive with it)
-
-    @property
-    def params_address(self) -> int:
-        return ctypes.addressof(self.params)
+def compile_ptx(cc: tuple[int, int] = PTX_CC) -> tuple[str, str]:
+    """(the PTX of BURN_SIGNATURE for `cc`, the entry's mangled name), compiled by numba with its own ABI, so the
+    kernel takes its arguments as numba's launch passes them (burn_image.ARGUMENT_LAYOUT)."""
+    ptx, _ = cuda.compile(burn_py, BURN_SIGNATURE, device=False, abi="numba", cc=cc, output="ptx")
+    entries = re.findall(r"\.entry\s+([A-Za-z0-9_$]+)\s*\(", ptx)
+    if len(entries) != 1:
+        raise RuntimeError(f"expected one .entry in the burn kernel's PTX, found {entries}")
+    return ptx, entries[0]
 
 
-def bind_burn(out: Any, iters: int = BURN_ITERS, sentinel: float = UNREACHABLE_SENTINEL) -> BoundBurn:
-    """Bind the BURN_SIGNATURE specialization in the current context, with these arguments.
+def link_cubin(ptx: str, arch: int) -> bytes:
+    """The cubin for sm_`arch`, linked from `ptx` by cuda.core's Linker (nvJitLink where installed)."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
 
-    The arguments are what numba's own launch passes: numba expands them (an array becomes its data
-    model's fields), and each plain int goes as an intptr_t, as cuda.core packs it for numba.
-    """
-    from cuda.bindings import driver
+    linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=f"sm_{arch}"))
+    return bytes(linker.link("cubin").code)
 
-    kernel = burn.compile(BURN_SIGNATURE)  # compiled here (or found, if launched before) and loaded below
+
+def jit_cubin(cc: tuple[int, int]) -> tuple[bytes, str]:
+    """The `jit` extra's fallback, at the filler's start: (a cubin for this GPU, its entry's name)."""
+    ptx, entry = compile_ptx(cc)
+    return link_cubin(ptx, cc[0] * 10 + cc[1]), entry
+
+
+def numba_launch_arguments(out: Any, iters: int = BURN_ITERS, sentinel: float = UNREACHABLE_SENTINEL) -> list[Any]:
+    """What numba's own launch of BURN_SIGNATURE passes for these arguments, field by field (each a ctypes value
+    or a plain int): the reference burn_image.ARGUMENT_LAYOUT is tested against."""
+    kernel = burn.compile(BURN_SIGNATURE)
     expanded: list[Any] = []
     for arg_type, value in zip(kernel.argument_types, (out, np.int32(iters), np.float32(sentinel))):
         kernel._prepare_args(arg_type, value, 0, [], expanded)
-    values = tuple(ctypes.c_ssize_t(v) if isinstance(v, int) else v for v in expanded)
-    for value in values:
-        if not isinstance(value, ctypes._SimpleCData):  # a numba that packs arguments differently
-            raise TypeError(f"cannot bind an argument of type {type(value).__name__}")
-    params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-    handle = kernel._codelibrary.get_cufunc().handle
-    if isinstance(handle, driver.CUkernel):  # a library kernel: its function in the current context
-        err, function = driver.cuKernelGetFunction(handle)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuKernelGetFunction failed: {err.name}")
-    else:
-        function = handle
-    return BoundBurn(function, params, values)
+    return expanded
 
 
 def reference_value(thread_index: int, iters: int) -> float:

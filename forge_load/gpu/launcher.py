@@ -1,8 +1,10 @@
 """The Launcher on a real GPU: our CUDA context, one stream, and the host times of our kernels.
 
-numba-cuda and cuda-bindings are imported only here (and in kernels.py, which holds the kernel). The timeline
-arithmetic is pure (`EventTimeline`), so it is tested without a GPU; the virtual GPU runs the rest
-(docs/design.md §3, §8).
+Only the driver API, through cuda-bindings (`cuda.bindings.driver`), imported only here: the kernel comes compiled
+(burn_image.py reads the images numba made when the package was built), so the filler loads it and carries no
+compiler: no numba, llvmlite, NVVM, NVRTC or nvJitLink. Only where no image loads and the `jit` extra is installed
+does numba compile it at start (kernels.jit_cubin). The timeline arithmetic is pure (`EventTimeline`), so it is
+tested without a GPU; the virtual GPU runs the rest (docs/design.md §3, §8).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from forge_load.control.probe import GpuFailedError, NoGpuError
 from forge_load.control.worker import BlockRate, Completed
+from forge_load.gpu import burn_image
 
 STACK_BYTES = 1024  # per thread; our kernels use no local memory at all (ptxas proves it in the tests)
 ANCHOR_EVERY_S = 1.0  # float32 milliseconds keep ~0.1 µs of precision up to here
@@ -127,8 +130,14 @@ class _Pending:
 
 
 def _uuid_key(uuid: str) -> str:
-    """NVML names GPUs `GPU-…` and MIG instances `MIG-…`; numba-cuda calls every device `GPU-…`."""
+    """NVML names GPUs `GPU-…` and MIG instances `MIG-…`; CUDA gives a device's UUID as 16 bytes (uuid_text)."""
     return uuid.split("-", 1)[1].lower() if uuid[:4] in ("GPU-", "MIG-") else uuid.lower()
+
+
+def uuid_text(raw: bytes) -> str:
+    """CUDA's 16 UUID bytes as NVML writes a GPU's: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx."""
+    h = bytes(raw[:16]).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def prepare_process() -> None:
@@ -136,14 +145,24 @@ def prepare_process() -> None:
     os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
 
 
+class DriverError(RuntimeError):
+    """A driver call failed: `result` is its CUresult's name."""
+
+    def __init__(self, call: str, result: str) -> None:
+        super().__init__(f"{call} failed: {result}")
+        self.result = result
+
+
 class CudaLauncher:
     """Our CUDA context on the GPU with this UUID: a 4-byte buffer, a stream for the kernels and one for
-    clock anchors, the burn kernel bound once, and a ring of reused events (two per burst).
+    clock anchors, the burn kernel loaded once with its arguments packed, and a ring of reused events (two per
+    burst).
 
-    numba compiles and loads the kernel at open, without launching it: the first kernel waits until the filler
-    may fill (a pause or a foreign job at start launches nothing). Every launch is one cuLaunchKernel through
-    cuda-bindings with the arguments packed once, and events are recorded and queried there too: numba's
-    dispatch cost ~10x the driver call (docs/design.md §8).
+    The kernel is loaded at open, without launching it: the first kernel waits until the filler may fill (a pause
+    or a foreign job at start launches nothing). Which image: the cubin for the GPU's architecture, else the PTX
+    (burn_image.images_for), else, with the `jit` extra, one numba compiles now. Every launch is one cuLaunchKernel
+    with the arguments packed once, and events are recorded and queried with the driver API too (docs/design.md
+    §8).
 
     The device is found by UUID, never by index: CUDA numbers devices its own way (CUDA_VISIBLE_DEVICES,
     CUDA_DEVICE_ORDER, MIG), and NVML's index need not be CUDA's.
@@ -154,44 +173,133 @@ class CudaLauncher:
         prepare_process()
         self._clock = clock
         try:
-            import numpy as np
             from cuda.bindings import driver as cu
-            from numba import config as numba_config
-            from numba import cuda
         except Exception as error:
-            raise NoGpuError(f"numba-cuda cannot start: {error}") from error
-        # Our grids are sized on purpose; numba's low-occupancy warning is about beginners' grids.
-        numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
-        # numba's driver and device list start lazily and not thread-safely: with FORGE_GPUS, GPU threads
-        # opening at once got CUDA_ERROR_NOT_INITIALIZED. One at a time, then.
+            raise NoGpuError(f"cuda-bindings cannot start: {error}") from error
+        self._cu = cu
+        self._events: list[Any] = []  # every event we created, destroyed at close
+        self._free: list[Any] = []
+        self._pending: deque[_Pending] = deque()
+        self._context: Any = None
+        self._device: Any = None
+        self._pushed = False
+        self._out: Any = None
+        self._module: Any = None
+        self._streams: list[Any] = []
+        self._timeline = EventTimeline(self._elapsed_ms)
+        # GPU threads (FORGE_GPUS) open one at a time: cuInit and the primary contexts' first retains then never
+        # race, and a failure names its own GPU.
         with _OPEN_LOCK:
-            self._open(cuda, cu, np, uuid, stack_bytes)
+            try:
+                self._open(uuid, stack_bytes)
+            except BaseException:
+                self._release()
+                raise
 
-    def _open(self, cuda: Any, cu: Any, np: Any, uuid: str, stack_bytes: int) -> None:
-        device = find_device(cuda, uuid)
+    def _call(self, result: tuple[Any, ...], name: str) -> Any:
+        if result[0] != self._cu.CUresult.CUDA_SUCCESS:
+            raise DriverError(name, result[0].name)
+        return result[1] if len(result) > 1 else None
+
+    def _open(self, uuid: str, stack_bytes: int) -> None:
+        cu = self._cu
+        init = cu.cuInit(0)[0]
+        if init != cu.CUresult.CUDA_SUCCESS:
+            raise NoGpuError(f"CUDA cannot start: cuInit failed: {init.name}")
+        ordinal = find_device(cuda_devices(cu), uuid)
+        try:
+            self._device = self._call(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+            self._context = self._call(cu.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
+            self._call(cu.cuCtxPushCurrent(self._context), "cuCtxPushCurrent")
+            self._pushed = True
+            self.stack_bytes_default, self.stack_bytes = self._stack_limit(stack_bytes)
+            self._stream = self._call(cu.cuStreamCreate(0), "cuStreamCreate")
+            self._streams.append(self._stream)
+            self._clock_stream = self._call(cu.cuStreamCreate(0), "cuStreamCreate")  # anchors: nothing waits on it
+            self._streams.append(self._clock_stream)
+            self._out = self._call(cu.cuMemAlloc(burn_image.OUT_ITEMS * burn_image.OUT_ITEMSIZE), "cuMemAlloc")
+            self._call(cu.cuMemsetD32(self._out, 0, burn_image.OUT_ITEMS), "cuMemsetD32")
+            attribute = cu.CUdevice_attribute
+            self.sm_count = int(self._call(
+                cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self._device),
+                "cuDeviceGetAttribute"))
+            cc = tuple(int(self._call(cu.cuDeviceGetAttribute(a, self._device), "cuDeviceGetAttribute")) for a in
+                       (attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+            self.cc = (cc[0], cc[1])
+            self._args = burn_image.pack_arguments(int(self._out))
+        except DriverError as error:
+            raise GpuFailedError(f"could not start CUDA on {uuid}: {error}") from error
+        # Load now, without launching: the first kernel waits until the filler may fill.
+        self._function, self.kernel_image = self._load(uuid)
+
+    def _load(self, uuid: str) -> tuple[Any, str]:
+        """(the burn kernel's function, the name of the image it came from); NoGpuError in one line where none
+        loads."""
+        cu = self._cu
+        try:
+            manifest = burn_image.load_manifest()
+            images = burn_image.images_for(self.cc, manifest)
+        except (OSError, ValueError, KeyError) as error:
+            raise NoGpuError(f"the kernel images of this install cannot be read: {error}; reinstall forge-load") \
+                from error
+        tried = []
+        for image in images:
+            result = cu.cuModuleLoadData(image.data)
+            if result[0] == cu.CUresult.CUDA_SUCCESS:
+                self._module = result[1]
+                return self._call(cu.cuModuleGetFunction(self._module, manifest.entry.encode()),
+                                  "cuModuleGetFunction"), image.name
+            tried.append(f"{image.name} {result[0].name}")
+        try:
+            jitted = self._jit()
+        except Exception as error:  # noqa: BLE001 - any compiler failure: said in the one line below
+            tried.append(f"jit {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+            jitted = None
+        if jitted is not None:
+            return jitted
+        driver = int(self._call(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
+        arch = f"sm_{self.cc[0]}{self.cc[1]}"
+        cubins = ", ".join(f"sm_{a}" for a in manifest.cubin_arches)
+        needs = burn_image.cuda_version_text(manifest.ptx_min_cuda_version)
+        if self.cc[0] * 10 + self.cc[1] < int(manifest.ptx_target.removeprefix("sm_")):
+            what = (f"this GPU is older than every image ({manifest.ptx_target} and newer): install forge-load[jit] "
+                    "to compile the kernel for it at start")
+        else:
+            what = (f"its PTX {manifest.ptx_version} needs a driver of CUDA {needs} or newer: update the driver, or "
+                    "install forge-load[jit] to compile the kernel for this GPU at start")
+        raise NoGpuError(
+            f"no kernel image loads on GPU {uuid} ({arch}, driver CUDA {burn_image.cuda_version_text(driver)}): "
+            f"{'; '.join(tried)}; this forge-load has cubins for {cubins} and {what}")
+
+    def _jit(self) -> tuple[Any, str] | None:
+        """With the `jit` extra: numba compiles the kernel for this GPU now (nvJitLink links it, so an older driver
+        runs it too). None without it."""
         try:
             from forge_load.gpu import kernels
+        except ImportError:
+            return None
+        data, entry = kernels.jit_cubin(self.cc)
+        self._module = self._call(self._cu.cuModuleLoadData(data), "cuModuleLoadData")
+        function = self._call(self._cu.cuModuleGetFunction(self._module, entry.encode()), "cuModuleGetFunction")
+        return function, f"jit sm_{self.cc[0]}{self.cc[1]}"
 
-            self._cuda = cuda
-            self._cu = cu
-            self._kernels = kernels
-            self._device = device
-            self._events: list[Any] = []  # every event we created, destroyed at close
-            self._free: list[Any] = []
-            self._pending: deque[_Pending] = deque()
-            cuda.select_device(device.id)
-            self.stack_bytes_default, self.stack_bytes = _stack_limit(stack_bytes)
-            self._stream = cuda.stream()
-            self._clock_stream = cuda.stream()  # anchors only: nothing ever waits on it
-            self._out = cuda.to_device(np.zeros(1, dtype=np.float32), stream=self._stream)
-            self.sm_count = int(device.MULTIPROCESSOR_COUNT)
-            self._hstream = self._stream.handle
-            self._hclock = self._clock_stream.handle
-            self._timeline = EventTimeline(self._elapsed_ms)
-            # Compile and load now, without launching: the first kernel waits until the filler may fill.
-            self._burn = self._kernels.bind_burn(self._out)
-        except Exception as error:
-            raise GpuFailedError(f"could not start CUDA on {uuid}: {error}") from error
+    def _stack_limit(self, stack_bytes: int) -> tuple[int | None, int | None]:
+        """(the driver's default, the limit now) of the per-thread stack; lowered only where the default is larger.
+
+        Best effort: where the driver refuses, both are what could be read (None where nothing could).
+        """
+        cu = self._cu
+        limit = cu.CUlimit.CU_LIMIT_STACK_SIZE
+        err, default = cu.cuCtxGetLimit(limit)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return None, None
+        if default <= stack_bytes:
+            return int(default), int(default)
+        if cu.cuCtxSetLimit(limit, stack_bytes)[0] != cu.CUresult.CUDA_SUCCESS:
+            return int(default), int(default)
+        err, now = cu.cuCtxGetLimit(limit)
+        return int(default), int(now) if err == cu.CUresult.CUDA_SUCCESS else int(default)
 
     def _check(self, result: tuple[Any, ...], name: str) -> Any:
         if result[0] != self._cu.CUresult.CUDA_SUCCESS:
@@ -221,7 +329,7 @@ class CudaLauncher:
         for _ in range(ANCHOR_TRIES):
             event = self._event()
             before_s = self._clock()
-            self._check(self._cu.cuEventRecord(event, self._hclock), "cuEventRecord")
+            self._check(self._cu.cuEventRecord(event, self._clock_stream), "cuEventRecord")
             bracket_s = self._clock() - before_s
             if best is not None:
                 self._free.append(best[1] if bracket_s < best[0] else event)
@@ -241,8 +349,8 @@ class CudaLauncher:
         if self._timeline.wants_anchor(self._clock()):
             self._anchor()
         anchor = self._timeline.launched()
-        launch, function, params = self._cu.cuLaunchKernel, self._burn.function, self._burn.params_address
-        grid, threads, stream = multiplier * self.sm_count, self._kernels.THREADS_PER_BLOCK, self._hstream
+        launch, function, params = self._cu.cuLaunchKernel, self._function, self._args.address
+        grid, threads, stream = multiplier * self.sm_count, burn_image.THREADS_PER_BLOCK, self._stream
         called_s = self._clock()
         self._check(launch(function, grid, 1, 1, threads, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
         returned_s = self._clock()
@@ -279,66 +387,73 @@ class CudaLauncher:
         return done
 
     def describe(self) -> dict[str, object]:
-        return {"stack_bytes": self.stack_bytes, "stack_bytes_default": self.stack_bytes_default}
+        return {"stack_bytes": self.stack_bytes, "stack_bytes_default": self.stack_bytes_default,
+                "kernel_image": self.kernel_image}
 
     def close(self) -> None:
-        """Let our kernels finish (bounded), free what we allocated, and leave this thread's context stack.
-
-        The primary context itself stays until the process exits, when the driver frees it. Resetting it
-        here would break other users of the device in this process, and numba's cuda.close() resets every
-        device when called from the thread numba takes for its main one (the first to import it: with
-        FORGE_GPUS, a GPU's thread), so one GPU stopping would break the others (docs/design.md §8).
-        """
+        """Let our kernels finish (bounded), then free what we made, leave this thread's context stack and release
+        our retain of the primary context (the driver destroys it with the last; another GPU's is not touched)."""
         deadline_s = self._clock() + CLOSE_WAIT_S
         not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY
         while (self._pending and self._cu.cuEventQuery(self._pending[-1].last)[0] == not_ready
                and self._clock() < deadline_s):
             time.sleep(0.001)
+        self._release()
+
+    def _release(self) -> None:
+        """Free whatever was made so far; after a GPU failure these calls fail too, and nothing is left to free."""
+        cu = self._cu
         self._pending.clear()
         self._free.clear()
-        for event in self._events:  # after a GPU failure these fail too; nothing is left to free then
-            self._cu.cuEventDestroy(event)
+        for event in self._events:
+            cu.cuEventDestroy(event)
         self._events.clear()
         self._timeline = EventTimeline(self._elapsed_ms)
-        self._out = self._stream = self._clock_stream = self._hstream = self._hclock = None
-        from numba.cuda.cudadrv.driver import driver
+        for stream in self._streams:
+            cu.cuStreamDestroy(stream)
+        self._streams.clear()
+        if self._out is not None:
+            cu.cuMemFree(self._out)
+            self._out = None
+        if self._module is not None:
+            cu.cuModuleUnload(self._module)
+            self._module = None
+        if self._pushed:
+            cu.cuCtxPopCurrent()
+            self._pushed = False
+        if self._context is not None:
+            cu.cuDevicePrimaryCtxRelease(self._device)
+            self._context = None
 
-        while driver.pop_active_context() is not None:
-            pass
 
-
-def find_device(cuda: Any, uuid: str) -> Any:
-    """The numba device with this UUID; NoGpuError naming what CUDA does see."""
+def cuda_devices(cu: Any) -> list[tuple[int, str]]:
+    """(CUDA ordinal, UUID as NVML writes it) of every device CUDA sees; NoGpuError when it cannot list them."""
     try:
-        devices = list(cuda.gpus)
-    except Exception as error:
+        count = cu.cuDeviceGetCount()
+        if count[0] != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuDeviceGetCount failed: {count[0].name}")
+        devices = []
+        for ordinal in range(int(count[1])):
+            err, device = cu.cuDeviceGet(ordinal)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuDeviceGet failed: {err.name}")
+            err, uuid = cu.cuDeviceGetUuid_v2(device)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuDeviceGetUuid_v2 failed: {err.name}")
+            devices.append((ordinal, uuid_text(bytes(uuid.bytes))))
+    except RuntimeError as error:
         raise NoGpuError(f"CUDA cannot list its devices: {error}") from error
+    return devices
+
+
+def find_device(devices: list[tuple[int, str]], uuid: str) -> int:
+    """The CUDA ordinal of the device with this UUID among `devices` (cuda_devices); NoGpuError naming what CUDA
+    does see."""
     key = _uuid_key(uuid)
-    for device in devices:
-        if _uuid_key(device.uuid) == key:
-            return device
-    seen = ", ".join(f"{d.id} {d.uuid}" for d in devices) or "none"
+    for ordinal, device_uuid in devices:
+        if _uuid_key(device_uuid) == key:
+            return ordinal
+    seen = ", ".join(f"{ordinal} {device_uuid}" for ordinal, device_uuid in devices) or "none"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     hint = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
     raise NoGpuError(f"CUDA does not see the GPU NVML calls {uuid}{hint}; CUDA sees: {seen}")
-
-
-def _stack_limit(stack_bytes: int) -> tuple[int | None, int | None]:
-    """(the driver's default, the limit now) of the per-thread stack; lowered only where the default is larger.
-
-    Best effort: where the driver refuses, both are what could be read (None where nothing could).
-    """
-    from numba.cuda.cudadrv import driver as drv
-
-    limit = drv.binding.CUlimit.CU_LIMIT_STACK_SIZE
-    try:
-        default = int(drv.driver.cuCtxGetLimit(limit))
-    except Exception:  # noqa: BLE001 - best effort: a driver that refuses keeps its default
-        return None, None
-    if default <= stack_bytes:
-        return default, default
-    try:
-        drv.driver.cuCtxSetLimit(limit, stack_bytes)
-        return default, int(drv.driver.cuCtxGetLimit(limit))
-    except Exception:  # noqa: BLE001 - best effort, as above
-        return default, default

@@ -15,7 +15,12 @@
  * - a device lost (fault injection) makes every call in its context fail with CUDA_ERROR_LAUNCH_FAILED;
  * - compute modes (all devices alike): in EXCLUSIVE_PROCESS a process's first retain of a primary context fails
  *   with CUDA_ERROR_DEVICE_UNAVAILABLE while another live process holds one on the device, idle or not; in
- *   PROHIBITED every first retain fails with CUDA_ERROR_UNKNOWN (as cuda.h documents).
+ *   PROHIBITED every first retain fails with CUDA_ERROR_UNKNOWN (as cuda.h documents);
+ * - module images are checked as a driver checks them (docs/design.md, "Which kernel image a GPU runs"): a cubin
+ *   runs only on its own major compute capability at an equal or higher minor, else
+ *   CUDA_ERROR_NO_BINARY_FOR_GPU; PTX is JIT-compiled only up to the PTX ISA the driver's CUDA version knows, else
+ *   CUDA_ERROR_UNSUPPORTED_PTX_VERSION, and only for a .target the device reaches, else CUDA_ERROR_INVALID_PTX;
+ *   every load is one line of modules.jsonl. A fatbin is recorded, not looked into.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -39,7 +44,6 @@
 #define MAGIC_KERNEL 0x6e724b56u
 #define MAGIC_ALLOC 0x636c6c41u
 #define ALLOC_HEADER 256
-#define CUDA_VERSION_REPORTED 12090
 #define LOST_ERROR CUDA_ERROR_LAUNCH_FAILED
 #define MAX_LIMITS 16
 
@@ -253,7 +257,7 @@ out:
 
 CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
     if (driverVersion == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = CUDA_VERSION_REPORTED;
+    *driverVersion = g_attached ? g_view.st->cuda_version : 12090;
     return CUDA_SUCCESS;
 }
 
@@ -324,8 +328,8 @@ CUresult CUDAAPI cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (device_of(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
     if (major == NULL || minor == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *major = 9;
-    *minor = 0;
+    *major = g_view.st->cc_major;
+    *minor = g_view.st->cc_minor;
     return CUDA_SUCCESS;
 }
 
@@ -369,8 +373,8 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = st->threads_per_sm; break;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 3; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = st->cc_major; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = st->cc_minor; break;
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: v = 1; break;
@@ -955,10 +959,81 @@ static size_t image_size(const void *image) {
     return strlen((const char *)p) + 1;  /* PTX text */
 }
 
+/* The newest PTX ISA (major * 10 + minor) a driver of this CUDA version JIT-compiles: NVIDIA's PTX ISA release
+ * history (CUDA 11.x: 7.x; 12.0-12.4: 8.0-8.4; 12.5 and 12.6: 8.5; 12.7: 8.6; 12.8: 8.7; 12.9: 8.8; 13.x: 9.x). */
+static int max_ptx_isa(int cuda_version) {
+    int major = cuda_version / 1000, minor = (cuda_version % 1000) / 10;
+    if (major == 12) {
+        static const int isa12[] = {80, 81, 82, 83, 84, 85, 85, 86, 87, 88};
+        return isa12[minor < 10 ? minor : 9];
+    }
+    if (major == 11) return 70 + (minor < 9 ? minor : 8);
+    if (major >= 13) return 90 + (major - 13) * 10 + minor;
+    return 0;
+}
+
+/* The SM a CUDA ELF is for: e_flags, whose layout changed with ELF ABI version 8 (CUDA 12.8's cubins). */
+static int cubin_sm(const unsigned char *p) {
+    uint32_t flags;
+    memcpy(&flags, p + 0x30, 4);
+    return p[8] >= 8 ? (int)((flags >> 8) & 0xff) : (int)(flags & 0xff);
+}
+
+/* Append one line to modules.jsonl: what was loaded and what the load answered. */
+static void record_module(const char *kind, const char *what, CUresult rc) {
+    const char *name = NULL;
+    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL) name = "CUDA_ERROR_UNKNOWN";
+    char line[256];
+    int n = snprintf(line, sizeof line, "{\"pid\":%d,\"kind\":\"%s\",%s,\"result\":\"%s\"}\n", (int)getpid(),
+                     kind, what, name);
+    if (n > 0 && (size_t)n < sizeof line && g_view.modules_fd >= 0 && write(g_view.modules_fd, line, (size_t)n) < 0) {
+        /* the record is best effort: the load itself answered already */
+    }
+}
+
+/* Does the device run this image? As a driver decides, and recorded. */
+static CUresult check_image(const unsigned char *p, size_t size) {
+    const vgpu_state *st = g_view.st;
+    int cc = st->cc_major * 10 + st->cc_minor;
+    char what[96];
+    CUresult rc = CUDA_SUCCESS;
+    const char *kind;
+    if (size >= 0x40 && memcmp(p, "\x7f" "ELF", 4) == 0) {
+        kind = "cubin";
+        int sm = cubin_sm(p);
+        snprintf(what, sizeof what, "\"arch\":\"sm_%d\"", sm);
+        if (sm / 10 != st->cc_major || sm % 10 > st->cc_minor) rc = CUDA_ERROR_NO_BINARY_FOR_GPU;
+    } else if (size >= 4 && p[0] == 0x50 && p[1] == 0xED && p[2] == 0x55 && p[3] == 0xBA) {
+        kind = "fatbin";
+        snprintf(what, sizeof what, "\"arch\":null");
+    } else {
+        kind = "ptx";
+        const char *text = (const char *)p;
+        const char *v = strstr(text, ".version ");
+        const char *t = strstr(text, ".target ");
+        int vmaj = 0, vmin = 0, tsm = 0;
+        if (v == NULL || sscanf(v, ".version %d.%d", &vmaj, &vmin) != 2 || t == NULL ||
+            sscanf(t, ".target sm_%d", &tsm) != 1) {
+            snprintf(what, sizeof what, "\"ptx_version\":null");
+            rc = CUDA_ERROR_INVALID_IMAGE;
+        } else {
+            snprintf(what, sizeof what, "\"ptx_version\":\"%d.%d\",\"arch\":\"sm_%d\"", vmaj, vmin, tsm);
+            if (vmaj * 10 + vmin > max_ptx_isa(st->cuda_version))
+                rc = CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+            else if (tsm > cc)
+                rc = CUDA_ERROR_INVALID_PTX;  /* ptxas refuses a .target above the GPU it compiles for */
+        }
+    }
+    record_module(kind, what, rc);
+    return rc;
+}
+
 static CUresult load_image(vlib **out, const void *image) {
     if (out == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
     size_t size = image_size(image);
     if (size == 0 || size > ((size_t)256 << 20)) return CUDA_ERROR_INVALID_IMAGE;
+    CUresult checked = check_image(image, size);
+    if (checked != CUDA_SUCCESS) return checked;
     vlib *lib = calloc(1, sizeof *lib);
     unsigned char *copy = malloc(size);
     if (lib == NULL || copy == NULL) {

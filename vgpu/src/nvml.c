@@ -225,7 +225,11 @@ nvmlReturn_t DECLDIR nvmlSystemGetNVMLVersion(char *version, unsigned int length
 
 static nvmlReturn_t cuda_version(int *v) {
     if (v == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *v = CUDA_DRIVER_VERSION;
+#ifdef VGPU_OLD_DRIVER
+    *v = CUDA_DRIVER_VERSION;  /* the old driver's own */
+#else
+    *v = g_view.st != NULL ? g_view.st->cuda_version : CUDA_DRIVER_VERSION;  /* as libcuda's: --cuda-version */
+#endif
     return NVML_SUCCESS;
 }
 
@@ -346,8 +350,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t 
 nvmlReturn_t DECLDIR nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
     ENTER(device);
     if (major == NULL || minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *major = 9;
-    *minor = 0;
+    *major = g_view.st->cc_major;  /* as libcuda's device attributes, --cc */
+    *minor = g_view.st->cc_minor;
     return NVML_SUCCESS;
 }
 

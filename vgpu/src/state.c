@@ -42,7 +42,7 @@ static int open_in(const char *dir, const char *name, int flags) {
 
 int vgpu_attach(vgpu_view *v, char *why, size_t why_len) {
     memset(v, 0, sizeof *v);
-    v->fd = v->kernels_fd = v->unimpl_fd = v->slot_fd = -1;
+    v->fd = v->kernels_fd = v->unimpl_fd = v->modules_fd = v->slot_fd = -1;
     v->slot = -1;
     const char *dir = getenv(VGPU_ENV);
     if (dir == NULL || dir[0] == '\0') {
@@ -81,6 +81,7 @@ int vgpu_attach(vgpu_view *v, char *why, size_t why_len) {
     }
     v->kernels_fd = open_in(dir, "kernels.jsonl", O_WRONLY | O_APPEND);
     v->unimpl_fd = open_in(dir, "unimplemented", O_WRONLY | O_APPEND);
+    v->modules_fd = open_in(dir, "modules.jsonl", O_WRONLY | O_APPEND);
     v->pidns = own_pidns();
     return 0;
 }
@@ -90,9 +91,10 @@ void vgpu_detach(vgpu_view *v) {
     if (v->fd >= 0) close(v->fd);
     if (v->kernels_fd >= 0) close(v->kernels_fd);
     if (v->unimpl_fd >= 0) close(v->unimpl_fd);
+    if (v->modules_fd >= 0) close(v->modules_fd);
     if (v->slot_fd >= 0) close(v->slot_fd);  /* releases the slot: the next reap frees it */
     v->st = NULL;
-    v->fd = v->kernels_fd = v->unimpl_fd = v->slot_fd = -1;
+    v->fd = v->kernels_fd = v->unimpl_fd = v->modules_fd = v->slot_fd = -1;
     v->slot = -1;
 }
 
@@ -442,6 +444,9 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
     st->alloc_granularity = 2ull << 20;
     st->idle_power_mw = 70000;
     st->max_power_mw = 700000;
+    st->cc_major = 9;
+    st->cc_minor = 0;
+    st->cuda_version = 12090;
     char name[96] = "Virtual GPU (H100-like)";
     int64_t fail_s[VGPU_MAX_GPUS], fail_calls[VGPU_MAX_GPUS];
     int order[VGPU_MAX_GPUS];
@@ -489,6 +494,9 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         NUM("hide_processes", hide_processes, 1, 0, 1)
         NUM("idle_power_w", idle_power_mw, 1000, 0, 100000)
         NUM("max_power_w", max_power_mw, 1000, 0, 100000)
+        NUM("cc_major", cc_major, 1, 1, 99)
+        NUM("cc_minor", cc_minor, 1, 0, 9)
+        NUM("cuda_version", cuda_version, 1, 1000, 99990)
 #undef NUM
         if (strcmp(key, "timestamps") == 0) {
             if (strcmp(val, "unix") == 0)
@@ -634,8 +642,8 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         fchmod(fd, 0666);
         close(fd);
     }
-    const char *files[] = {"kernels.jsonl", "unimplemented"};
-    for (unsigned i = 0; i < 2; i++) {
+    const char *files[] = {"kernels.jsonl", "unimplemented", "modules.jsonl"};
+    for (unsigned i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
         if (fd < 0) {

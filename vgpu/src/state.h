@@ -6,6 +6,7 @@
  *                    so a slot whose lock can be taken belongs to a dead process (works across PID namespaces)
  *   kernels.jsonl    one JSON line per kernel, appended at launch: the ground truth of what ran
  *   unimplemented    one line per driver entry point called but not implemented
+ *   modules.jsonl    one JSON line per module load (cuModuleLoadData, cuLibraryLoadData): what it was, the result
  * The state also counts every NVML call per process and function (nvml_proc) and holds what each NVML
  * function costs (nvml_cost_ns: CPU the stand-in burns per call, to model a slow driver).
  * Times are CLOCK_MONOTONIC nanoseconds (one clock for every process and container on a host).
@@ -19,7 +20,7 @@
 #pragma GCC visibility push(hidden)
 
 #define VGPU_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_LAYOUT 3u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml) */
+#define VGPU_LAYOUT 4u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml); 4: cc, driver version */
 #define VGPU_MAX_GPUS 8
 #define VGPU_MAX_PROCS 64
 #define VGPU_RING 65536 /* busy intervals kept per device (merged when back to back) */
@@ -87,6 +88,9 @@ typedef struct {
     vgpu_proc proc[VGPU_MAX_PROCS];
     int64_t nvml_cost_ns[VGPU_NVML_FUNCS]; /* CPU burnt per call of each NVML function */
     vgpu_nvml_proc nvml_proc[VGPU_NVML_PROCS];
+    int32_t cc_major, cc_minor; /* every device's compute capability (device attributes, image checks) */
+    int32_t cuda_version;       /* what cuDriverGetVersion answers, e.g. 12090; bounds the PTX it JIT-compiles */
+    int32_t pad2;
 } vgpu_state;
 
 /* One process's view of the state (one per library: libcuda and libnvidia-ml each map it). */
@@ -95,6 +99,7 @@ typedef struct {
     int fd;          /* the state file: flock here serialises changes */
     int kernels_fd;  /* kernels.jsonl, O_APPEND (libcuda only) */
     int unimpl_fd;   /* unimplemented, O_APPEND */
+    int modules_fd;  /* modules.jsonl, O_APPEND (libcuda only) */
     int slot;        /* our process slot, -1 until the first context */
     int slot_fd;     /* held with flock(LOCK_EX) while this process lives */
     uint64_t pidns;

@@ -1,0 +1,162 @@
+"""The burn kernel as the filler loads it: images compiled when the package is built, and how they are launched.
+
+numba compiles `kernels.burn_py` ahead of time (scripts/build_kernels.py): one cubin per architecture of
+CUBIN_ARCHES and the PTX, into `prebuilt/`, with `burn.json` naming them. This module reads them and knows which
+one a GPU runs and how cuLaunchKernel is given the arguments; it imports no compiler (neither numba nor CUDA), so
+the filler carries none (docs/design.md §8 and "Which kernel image a GPU runs").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+THREADS_PER_BLOCK: int = 256
+
+# 4096 iterations: each one is a dependent FFMA (~4 cycles latency), so a lone block runs ~10 us; a full SM (8
+# resident blocks of 256) is throughput bound at ~0.1 ms. Small enough that launches of a few ms
+# (docs/design.md §6) are sized in fine steps by the grid, large enough that launch overhead (~5 us) is not most
+# of the kernel.
+BURN_ITERS: int = 4096
+
+# Every value a thread computes is >= 0, so a negative sentinel never matches and the kernel never writes.
+UNREACHABLE_SENTINEL: float = -1.0
+
+# The one signature compiled, shipped and launched.
+BURN_SIGNATURE: str = "void(float32[::1], int32, float32)"
+
+# One cubin each: a cubin runs on its own major compute capability at an equal or higher minor, so these cover
+# Volta (7.0) to Blackwell (12.x); the PTX (for sm_70) is for anything newer.
+CUBIN_ARCHES: tuple[int, ...] = (70, 75, 80, 86, 89, 90, 100, 120)
+PTX_CC: tuple[int, int] = (7, 0)
+
+PREBUILT_DIR: Path = Path(__file__).resolve().parent / "prebuilt"
+MANIFEST_NAME: str = "burn.json"
+
+
+def cubin_name(arch: int) -> str:
+    return f"burn.sm_{arch}.cubin"
+
+
+PTX_NAME: str = "burn.ptx"
+
+# numba's ABI for BURN_SIGNATURE, as cuLaunchKernel takes it: a `float32[::1]` array is its data model's seven
+# fields (meminfo, parent, nitems, itemsize, data, shape[0], strides[0]), each pointer-sized, then the int32 and
+# the float32. tests/test_kernels.py checks it against what numba itself passes at a launch.
+ARGUMENT_LAYOUT: tuple[tuple[str, type[ctypes._SimpleCData]], ...] = (  # type: ignore[type-arg]
+    ("meminfo", ctypes.c_void_p),
+    ("parent", ctypes.c_void_p),
+    ("nitems", ctypes.c_ssize_t),
+    ("itemsize", ctypes.c_ssize_t),
+    ("data", ctypes.c_void_p),
+    ("shape", ctypes.c_ssize_t),
+    ("strides", ctypes.c_ssize_t),
+    ("iters", ctypes.c_int32),
+    ("sentinel", ctypes.c_float),
+)
+OUT_ITEMS: int = 1  # the one float32 the kernel may write (never, with UNREACHABLE_SENTINEL)
+OUT_ITEMSIZE: int = 4
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """The kernel's arguments packed for cuLaunchKernel's kernelParams: `params` holds each value's address."""
+
+    params: ctypes.Array[ctypes.c_void_p]
+    values: tuple[ctypes._SimpleCData, ...]  # type: ignore[type-arg]  # what `params` points at, kept alive
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.params)
+
+    def as_ints(self) -> list[int | float | None]:
+        return [v.value for v in self.values]
+
+
+def pack_arguments(out_address: int, iters: int = BURN_ITERS, sentinel: float = UNREACHABLE_SENTINEL) -> Arguments:
+    """The arguments of one launch on a one-float32 output at device address `out_address`."""
+    fields = {"meminfo": None, "parent": None, "nitems": OUT_ITEMS, "itemsize": OUT_ITEMSIZE, "data": out_address,
+              "shape": OUT_ITEMS, "strides": OUT_ITEMSIZE, "iters": iters, "sentinel": sentinel}
+    values = tuple(ctype(fields[name]) for name, ctype in ARGUMENT_LAYOUT)
+    params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+    return Arguments(params, values)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What scripts/build_kernels.py wrote: the entry's (mangled) name, the PTX's ISA version and target, each
+    file's SHA-256 and the compiler that made them."""
+
+    entry: str
+    ptx_version: str  # the PTX's .version, e.g. "8.8"
+    ptx_target: str  # its .target, e.g. "sm_70"
+    cubin_arches: tuple[int, ...]
+    sha256: dict[str, str]
+    compiler: str
+
+    @property
+    def ptx_min_cuda_version(self) -> int:
+        """The oldest driver (cuDriverGetVersion's form) that JIT-compiles this PTX."""
+        return min_cuda_version_for_ptx(self.ptx_version)
+
+
+# The first CUDA release whose driver JIT-compiles each PTX ISA version: NVIDIA's PTX ISA release history
+# (docs.nvidia.com/cuda/parallel-thread-execution, "Release Notes"), as cuda-bindings' own
+# utils.get_minimal_required_cuda_ver_from_ptx_ver maps it.
+_PTX_FIRST_CUDA: dict[str, int] = {
+    **{f"7.{m}": 11000 + 10 * m for m in range(9)},
+    **{f"8.{m}": 12000 + 10 * m for m in range(6)},
+    "8.6": 12070, "8.7": 12080, "8.8": 12090, "9.0": 13000, "9.1": 13010,
+}
+
+
+def min_cuda_version_for_ptx(ptx_version: str) -> int:
+    if ptx_version not in _PTX_FIRST_CUDA:
+        raise ValueError(f"PTX ISA {ptx_version} is not one this release knows")
+    return _PTX_FIRST_CUDA[ptx_version]
+
+
+def cuda_version_text(version: int) -> str:
+    """12090 as "12.9"."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def load_manifest(directory: Path = PREBUILT_DIR) -> Manifest:
+    data = json.loads((directory / MANIFEST_NAME).read_text())
+    return Manifest(data["entry"], data["ptx_version"], data["ptx_target"], tuple(data["cubin_arches"]),
+                    dict(data["sha256"]), data["compiler"])
+
+
+def pick_cubin(cc: tuple[int, int], arches: tuple[int, ...] = CUBIN_ARCHES) -> int | None:
+    """The cubin a GPU of compute capability `cc` runs: its own, else its major's with the highest lower minor
+    (sm_80 on 8.7, never sm_80 on 9.0); None when there is none."""
+    major, minor = cc
+    fitting = [a for a in arches if a // 10 == major and a % 10 <= minor]
+    return max(fitting) if fitting else None
+
+
+@dataclass(frozen=True)
+class Image:
+    kind: str  # "cubin" or "ptx"
+    name: str  # the file's name, e.g. burn.sm_90.cubin
+    data: bytes  # as cuModuleLoadData takes it (PTX NUL-terminated)
+
+
+def images_for(cc: tuple[int, int], manifest: Manifest, directory: Path = PREBUILT_DIR) -> list[Image]:
+    """What to try on a GPU of `cc`, in order: the fitting cubin (if any), then the PTX. A file that does not match
+    the manifest's hash is a broken install: ValueError naming it."""
+    names: list[tuple[str, str]] = []
+    arch = pick_cubin(cc, manifest.cubin_arches)
+    if arch is not None:
+        names.append(("cubin", cubin_name(arch)))
+    names.append(("ptx", PTX_NAME))
+    images = []
+    for kind, name in names:
+        data = (directory / name).read_bytes()
+        if hashlib.sha256(data).hexdigest() != manifest.sha256.get(name):
+            raise ValueError(f"{directory / name} does not match {MANIFEST_NAME}: reinstall forge-load")
+        images.append(Image(kind, name, data + b"\0" if kind == "ptx" else data))
+    return images
