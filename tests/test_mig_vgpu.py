@@ -287,3 +287,38 @@ def test_bad_mig_options_are_one_line_errors(vgpu: VgpuFactory, tmp_path: Path) 
                           text=True, check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "mig=9" in proc.stderr
 
+
+# --- the filler on one MIG device ----------------------------------------------------------------------------
+
+def test_show_cuda_the_mig_device_names_it_only_where_the_operator_named_nothing() -> None:
+    from forge_load.gpu.backend import show_cuda_the_mig_device
+
+    env: dict[str, str] = {}
+    show_cuda_the_mig_device("MIG-abc", env)
+    assert env == {"CUDA_VISIBLE_DEVICES": "MIG-abc"}
+    env = {"CUDA_VISIBLE_DEVICES": "MIG-other"}
+    show_cuda_the_mig_device("MIG-abc", env)
+    assert env == {"CUDA_VISIBLE_DEVICES": "MIG-other"}
+    env = {}
+    show_cuda_the_mig_device("GPU-abc", env)
+    assert env == {}
+
+
+def test_the_filler_holds_a_mig_device_at_its_target_by_the_kernel_record(vgpu: VgpuFactory, tmp_path: Path) -> None:
+    gpu = vgpu(mig=3)
+    target = gpu.mig_devices()[1]
+    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", target.uuid, "--duration", "10",
+                           "--log-format", "json", "--hold-dir", str(tmp_path / "holds")],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    import json
+    start = json.loads(proc.stdout.splitlines()[0])
+    assert start["event"] == "start" and start["uuid"] == target.uuid and start["gpu"] == 0  # its GPU's index
+    assert start["sm_count"] == target.sms
+    kernels = gpu.kernels()
+    assert {k.mig for k in kernels} == {target.gi}  # nothing ran on the other MIG devices
+    begin, end = kernels[0].start + 1.0, kernels[-1].end  # after the first second
+    busy = sum(max(0.0, min(k.end, end) - max(k.start, begin)) for k in kernels)
+    assert abs(busy / (end - begin) - 0.5) <= 0.03

@@ -9,6 +9,8 @@ itself (service/loop.py) is one for both.
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
 from typing import Protocol
 
 from forge_load.config.settings import Config
@@ -22,6 +24,14 @@ MIG_NOTE: str = (
     "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
     "utilization, and foreign-job detection falls back to processes and memory"
 )
+
+
+def show_cuda_the_mig_device(uuid: str, environ: MutableMapping[str, str]) -> None:
+    """A CUDA process sees one MIG device only, the first CUDA_VISIBLE_DEVICES names (docs/design.md §12): where the
+    variable is unset, name this MIG device in it before CUDA starts. A value already there is the operator's (or
+    the container's), and is left alone: the launcher then says what CUDA sees if it is not this device."""
+    if uuid.startswith("MIG-") and "CUDA_VISIBLE_DEVICES" not in environ:
+        environ["CUDA_VISIBLE_DEVICES"] = uuid
 
 
 class Backend(Protocol):
@@ -63,6 +73,7 @@ class NvidiaBackend:
     def open_launcher(self, probe: Probe) -> Launcher:
         from forge_load.gpu import launcher
 
+        show_cuda_the_mig_device(probe.info.uuid, os.environ)
         return launcher.CudaLauncher(probe.info.uuid)
 
     def open_clock(self, probe: Probe) -> WallLoopClock:
