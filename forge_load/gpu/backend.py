@@ -24,6 +24,10 @@ MIG_NOTE: str = (
     "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
     "utilization, and foreign-job detection falls back to processes and memory"
 )
+MIG_GPM_NOTE: str = (
+    "NVML utilization is not supported on MIG instances: GPM's GRAPHICS_UTIL (the time any kernel ran) "
+    "stands in for it in the utilization signal (docs/design.md §12)"
+)
 
 
 def show_cuda_the_mig_device(uuid: str, environ: MutableMapping[str, str]) -> None:
@@ -80,7 +84,9 @@ class NvidiaBackend:
         return WallLoopClock()
 
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
-        return {"note": f"GPU {info.index} ({info.uuid}): {MIG_NOTE}"} if info.mig_enabled else {}
+        if not info.mig_enabled:
+            return {}
+        return {"note": f"GPU {info.index} ({info.uuid}): {MIG_GPM_NOTE if info.gpm else MIG_NOTE}"}
 
 
 class SimBackend:

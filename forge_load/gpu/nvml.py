@@ -20,7 +20,15 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from forge_load.control.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.control.probe import (
+    Activity,
+    ComputeMode,
+    DeviceInfo,
+    GpuFailedError,
+    GpuProcess,
+    NoGpuError,
+    UtilSample,
+)
 from forge_load.gpu.nvml_values import MIB, StampClock, boot_clock, merge_processes, sample_value
 
 INIT_HINT: str = (
@@ -189,7 +197,17 @@ def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
         driver_version=driver,
         mig_enabled=mig_enabled,
         compute_mode=_compute_mode(nvml, handle),
+        gpm=_gpm_supported(nvml, handle),
     )
+
+
+def _gpm_supported(nvml: ModuleType, handle: Any) -> bool:
+    """Whether NVML's GPM answers for this GPU or MIG device (Hopper and newer, docs/design.md §12)."""
+    try:
+        support = _call(nvml, "nvmlGpmQueryDeviceSupport", handle, fail=_setup_fail)
+    except (_Unavailable, NoGpuError):
+        return False  # an older driver or pynvml, or a GPU before Hopper
+    return bool(support.isSupportedDevice)
 
 
 # nvmlComputeMode_t (nvml.h): 0 default, 1 exclusive thread ("Support Removed"), 2 prohibited, 3 exclusive process
@@ -316,6 +334,8 @@ class NvmlProbe:
     ) -> None:
         self._nvml: ModuleType = _load_nvml(nvml)
         self._stamps = StampClock(wall_clock, mono_clock, boot_clock)
+        self._mono_clock = mono_clock
+        self._gpm_previous: tuple[Any, float] | None = None  # the last GPM sample and when it was taken
         self._last_stamp_us = -1
         self._close_lock = threading.Lock()
         self._closed = False
@@ -476,11 +496,53 @@ class NvmlProbe:
         )
         return None if celsius is None else float(celsius)
 
+    def activity(self) -> Activity | None:
+        """GPM's SM_UTIL and GRAPHICS_UTIL since the previous call (docs/design.md §12); the caller keeps its
+        calls 0.1 s or more apart, as NVML asks. None at the first call, where there is no GPM, or where a
+        metric did not answer."""
+        if not self.info.gpm:
+            return None
+        lib = self._nvml
+        sample = self._query("nvmlGpmSampleAlloc")
+        if sample is None:
+            return None
+        taken_s = self._mono_clock()
+        try:  # nvml.h 13.4: nvmlGpmSampleGet takes a GPU's handle or a MIG device's
+            if self._query("nvmlGpmSampleGet", self._handle, sample) is None:
+                raise _Unavailable("nvmlGpmSampleGet")
+        except BaseException:
+            self._query("nvmlGpmSampleFree", sample)
+            raise
+        previous, self._gpm_previous = self._gpm_previous, (sample, taken_s)
+        if previous is None:
+            return None
+        before, before_s = previous
+        try:
+            get = lib.c_nvmlGpmMetricsGet_t()
+            get.version = lib.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = 2
+            get.sample1, get.sample2 = before, sample
+            get.metrics[0].metricId = lib.NVML_GPM_METRIC_SM_UTIL
+            get.metrics[1].metricId = lib.NVML_GPM_METRIC_GRAPHICS_UTIL
+            if self._query("nvmlGpmMetricsGet", get) is None:
+                return None
+            # each metric answers for itself: the call can succeed while one of them did not
+            if get.metrics[0].nvmlReturn != 0 or get.metrics[1].nvmlReturn != 0:
+                return None
+            return Activity(taken_s, taken_s - before_s, min(max(get.metrics[0].value / 100.0, 0.0), 1.0),
+                            min(max(get.metrics[1].value / 100.0, 0.0), 1.0))
+        finally:
+            self._query("nvmlGpmSampleFree", before)
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
+        if self._gpm_previous is not None:
+            with contextlib.suppress(Exception):
+                _call(self._nvml, "nvmlGpmSampleFree", self._gpm_previous[0], fail=self._fail)
+            self._gpm_previous = None
         _nvml_shutdown(self._nvml)
 
     def __enter__(self) -> NvmlProbe:

@@ -23,6 +23,7 @@ from forge_load.control.monitor import Monitor
 from forge_load.control.policy import Policy
 from forge_load.control.powercap import PowerCap
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
+from forge_load.control.quantity import NEEDS_GPM, QUANTITIES
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
@@ -97,8 +98,9 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
     steering = Steering(pauses=pauses, holds=holds, power_cap=power_cap, heartbeat=controls.heartbeat,
                         on_transition=controls.on_transition)
-    filler = Filler(monitor, worker, make_controller(config.controller), policy, LineGate(log, start_s), timing,
-                    steering)
+    quantity = QUANTITIES[config.metric]
+    filler = Filler(monitor, worker, make_controller(config.controller, quantity), policy, LineGate(log, start_s),
+                    timing, steering, quantity=quantity)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, clock)
 
 
@@ -110,12 +112,21 @@ def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], floa
                   on_host_error=lambda why: say(f"forge-load: warning: {why}"))
 
 
+def metric_refusal(metric: str, info: DeviceInfo) -> str:
+    """Why a GPM metric cannot be held on this GPU: one line (exit 3)."""
+    return (f"FORGE_METRIC={metric} needs NVML's GPM, which GPU {info.index} ({info.uuid}, {info.name}) does not "
+            "offer (GPM needs compute capability 9.0, Hopper, or newer, and a driver with it; before that only "
+            "DCGM's profiling module measures SM activity): use FORGE_METRIC=utilization on this GPU")
+
+
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     """The first poll happens before any launch, so a foreign job already there is seen first."""
     # the unix time of t=0, for lining logs up (t=0 is a parent's start where the log is offset to its timeline)
     wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
+    if rt.config.metric in NEEDS_GPM and not rt.info.gpm:
+        raise NoGpuError(metric_refusal(rt.config.metric, rt.info))
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
         raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
                          f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")
