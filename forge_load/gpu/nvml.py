@@ -242,6 +242,30 @@ def _index_of(nvml: ModuleType, handle: Any, uuid: str, count: int) -> int:
     return -1
 
 
+def _mig_device_uuids(nvml: ModuleType, handle: Any) -> list[str]:
+    """The UUIDs of a GPU's MIG devices (none where MIG is off or NVML does not say)."""
+    try:
+        slots = int(_call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle, fail=_setup_fail))
+    except (_Unavailable, NoGpuError):
+        return []
+    uuids = []
+    for slot in range(slots):
+        try:
+            mig = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot, fail=_setup_fail, not_found=None)
+        except (_Unavailable, NoGpuError):
+            continue
+        if mig is not None:  # NOT_FOUND: no MIG device in that slot
+            uuids.append(_device_uuid(nvml, mig))
+    return uuids
+
+
+def _mig_mode_refusal(index: int, uuid: str, migs: list[str]) -> NoGpuError:
+    """A GPU in MIG mode runs CUDA only on its MIG devices, and a process sees one of them (docs/design.md §12)."""
+    which = ", ".join(migs) if migs else "none is made yet (nvidia-smi mig -cgi ... -C)"
+    return NoGpuError(f"GPU {index} ({uuid}) is in MIG mode: CUDA runs only on its MIG devices, one per process, so "
+                      f"start one filler per MIG device with FORGE_GPU set to its UUID; its MIG devices: {which}")
+
+
 def _visible(nvml: ModuleType, count: int) -> str:
     """'2 GPUs are visible: 0 GPU-..., 1 GPU-...' for error messages."""
     if count == 0:
@@ -342,6 +366,8 @@ class NvmlProbe:
         _nvml_init(self._nvml)
         try:
             self._handle, self.info = self._open(str(gpu).strip())
+            if self.info.mig_enabled and not self.info.uuid.startswith("MIG-"):
+                raise _mig_mode_refusal(self.info.index, self.info.uuid, _mig_device_uuids(self._nvml, self._handle))
         except BaseException:
             _nvml_shutdown(self._nvml)  # balance nvmlInit's reference count
             self._closed = True
