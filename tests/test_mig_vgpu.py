@@ -334,3 +334,20 @@ def test_a_gpu_in_mig_mode_as_a_whole_is_refused_naming_its_mig_devices(vgpu: Vg
     assert "is in MIG mode" in proc.stderr
     assert proc.stderr.rstrip().endswith(", ".join(m.uuid for m in gpu.mig_devices()))
     assert gpu.kernels() == []
+
+
+def test_a_mig_devices_filler_names_its_gpu_instance_profile_and_gpu_as_dcgm_exporter_does(
+        vgpu: VgpuFactory, tmp_path: Path) -> None:
+    import json
+
+    gpu = vgpu(mig=3)
+    target = gpu.mig_devices()[2]
+    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", target.uuid, "--duration", "1",
+                           "--log-format", "json", "--hold-dir", str(tmp_path / "holds")],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    start = json.loads(proc.stdout.splitlines()[0])
+    assert (start["gpu_instance"], start["mig_profile"], start["gpu_uuid"]) == (target.gi, "2g.20gb",
+                                                                                  gpu.uuids()[0])

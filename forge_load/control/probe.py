@@ -43,6 +43,11 @@ class DeviceInfo:
     mig_enabled: bool
     compute_mode: ComputeMode = ComputeMode.DEFAULT  # read once, when the GPU is opened
     gpm: bool = False  # NVML's GPM is there (Hopper and newer): activity() answers (docs/design.md §12)
+    # A MIG device's GPU instance ID, its profile ("2g.20gb") and its GPU's UUID: dcgm-exporter's GPU_I_ID,
+    # GPU_I_PROFILE and UUID for it. None / "" for a whole GPU.
+    gpu_instance: int | None = None
+    mig_profile: str = ""
+    gpu_uuid: str = ""
 
 
 @dataclass(frozen=True)

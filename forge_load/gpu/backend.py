@@ -86,7 +86,10 @@ class NvidiaBackend:
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
         if not info.mig_enabled:
             return {}
-        return {"note": f"GPU {info.index} ({info.uuid}): {MIG_GPM_NOTE if info.gpm else MIG_NOTE}"}
+        fields: dict[str, object] = {}
+        if info.gpu_instance is not None:  # dcgm-exporter's GPU_I_ID and GPU_I_PROFILE, and the GPU's UUID
+            fields = {"gpu_instance": info.gpu_instance, "mig_profile": info.mig_profile, "gpu_uuid": info.gpu_uuid}
+        return {**fields, "note": f"GPU {info.index} ({info.uuid}): {MIG_GPM_NOTE if info.gpm else MIG_NOTE}"}
 
 
 class SimBackend:

@@ -198,7 +198,20 @@ def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
         mig_enabled=mig_enabled,
         compute_mode=_compute_mode(nvml, handle),
         gpm=_gpm_supported(nvml, handle),
+        **(_mig_identity(nvml, handle, name) if uuid.startswith("MIG-") else {}),
     )
+
+
+def _mig_identity(nvml: ModuleType, handle: Any, name: str) -> dict[str, Any]:
+    """A MIG device's GPU instance ID, profile and GPU UUID, as far as NVML says (docs/design.md §12). The
+    profile is the end of its name ("NVIDIA H100 80GB HBM3 MIG 2g.20gb"), as nvidia-smi -L shows it."""
+    out: dict[str, Any] = {"mig_profile": name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""}
+    with contextlib.suppress(_Unavailable, NoGpuError):
+        out["gpu_instance"] = int(_call(nvml, "nvmlDeviceGetGpuInstanceId", handle, fail=_setup_fail))
+    with contextlib.suppress(_Unavailable, NoGpuError):
+        parent = _call(nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle, fail=_setup_fail)
+        out["gpu_uuid"] = _device_uuid(nvml, parent)
+    return out
 
 
 def _gpm_supported(nvml: ModuleType, handle: Any) -> bool:
