@@ -351,3 +351,30 @@ def test_a_mig_devices_filler_names_its_gpu_instance_profile_and_gpu_as_dcgm_exp
     start = json.loads(proc.stdout.splitlines()[0])
     assert (start["gpu_instance"], start["mig_profile"], start["gpu_uuid"]) == (target.gi, "2g.20gb",
                                                                                   gpu.uuids()[0])
+
+
+def test_three_mig_devices_fillers_hold_their_gpus_board_under_one_power_cap(vgpu: VgpuFactory,
+                                                                            tmp_path: Path) -> None:
+    # The board's power, read from the GPU's handle by each MIG device's filler: each one keeps the board under
+    # the cap from the same readings, the others' draw in its line's intercept (docs/operating.md, Cap it).
+    gpu = vgpu(mig=3)
+    migs = gpu.mig_devices()
+    cap_w, seconds = 200.0, 14
+    procs = []
+    for m in migs:
+        env = gpu.env({**os.environ, "TMPDIR": str(tmp_path / m.uuid), "CUDA_VISIBLE_DEVICES": m.uuid})
+        (tmp_path / m.uuid).mkdir()
+        procs.append(subprocess.Popen([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", m.uuid, "--duration",
+                                       str(seconds), "--max-power-w", str(cap_w), "--hold-dir",
+                                       str(tmp_path / "holds")], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    kernels = gpu.kernels()
+    begin = min(k.start for k in kernels) + 6.0  # after the caps' lines have learnt the slope
+    end = max(k.end for k in kernels)
+    weighted = sum(max(0.0, min(k.end, end) - max(k.start, begin)) for k in kernels) * 37 / 132 / (end - begin)
+    board_w = 70.0 + 630.0 * weighted  # the virtual GPU's power model, from the kernel record
+    assert board_w <= cap_w * 1.02  # under the cap, less the cap's 5 % margin, within noise
+    assert board_w >= 70.0 + 630.0 * 0.05  # and still filling: not every filler gave up

@@ -381,6 +381,13 @@ class NvmlProbe:
             self._handle, self.info = self._open(str(gpu).strip())
             if self.info.mig_enabled and not self.info.uuid.startswith("MIG-"):
                 raise _mig_mode_refusal(self.info.index, self.info.uuid, _mig_device_uuids(self._nvml, self._handle))
+            # Power, energy, the power limit and temperature are the board's, which a MIG device shares with its
+            # GPU's other MIG devices (docs/design.md §12): they are read from the GPU's handle.
+            self._board = self._handle
+            if self.info.uuid.startswith("MIG-"):
+                with contextlib.suppress(_Unavailable, NoGpuError):
+                    self._board = _call(self._nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self._handle,
+                                        fail=_setup_fail)
         except BaseException:
             _nvml_shutdown(self._nvml)  # balance nvmlInit's reference count
             self._closed = True
@@ -517,21 +524,21 @@ class NvmlProbe:
         return merge_processes((compute or []), (graphics or []))
 
     def power_w(self) -> float | None:
-        milliwatts = self._query("nvmlDeviceGetPowerUsage", self._handle)
+        milliwatts = self._query("nvmlDeviceGetPowerUsage", self._board)
         return None if milliwatts is None else float(milliwatts) / 1000.0
 
     def energy_j(self) -> float | None:
         # Volta and newer: the board's energy since the driver loaded, in mJ (docs/design.md §9).
-        millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._handle)
+        millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._board)
         return None if millijoules is None else int(millijoules) / 1000.0
 
     def power_limit_w(self) -> float | None:
-        milliwatts = self._query("nvmlDeviceGetEnforcedPowerLimit", self._handle)
+        milliwatts = self._query("nvmlDeviceGetEnforcedPowerLimit", self._board)
         return None if milliwatts is None else float(milliwatts) / 1000.0
 
     def temperature_c(self) -> float | None:
         celsius = self._query(
-            "nvmlDeviceGetTemperature", self._handle, getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)
+            "nvmlDeviceGetTemperature", self._board, getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)
         )
         return None if celsius is None else float(celsius)
 
