@@ -1,56 +1,42 @@
-"""The `forge-load` command: stop signals are caught first, before anything else is imported.
+"""The `forge-load` command (the `forge-load-python` console script, which bin/forge-load runs): its first argument
+names a command, anything else is the filler's flags. Every command is a module of forge_load/commands/, imported
+only when it is called, so that each loads nothing of the others' (no GPU library for `hold` in a Slurm prolog, no
+signal handlers for a command; the filler installs its own before its heavy imports: commands/filler.py).
 
-The imports behind the filler take a few hundred milliseconds. In a container the filler is PID 1, and the
-kernel drops a signal to PID 1 that has no handler: a `docker stop` in that window would be lost, and Docker
-would kill the filler 10 s later. So this module, which imports nothing heavy, installs the handlers first.
-
-SIGTERM, SIGINT and SIGHUP all mean "stop": the kernels in flight finish, a `stop` line is logged, exit 0.
-SIGUSR1 pauses and SIGUSR2 resumes. How they are caught and handed on: service/unix_signals.py. The process names
-itself after its GPUs and their states (title.py).
-
-`forge-load hold|release|holds ...` (service/holdcmd.py), `forge-load health` (service/health.py) and
-`forge-load fleet ...` (fleet/) are commands, dispatched before anything else.
+A new command: its module in forge_load/commands/ with a `main(argv) -> int` (argv: the arguments after the
+command's name) and a `build_parser(prog)` (the completion and the man page), its line in COMMANDS, and what it does
+in config/load.py's COMMANDS (the filler's --help lists them; tests/test_cli_help.py checks the three agree).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from collections.abc import Callable, Sequence
 
-from forge_load.service.unix_signals import StopSignals
+# Each command and where it starts: "module:function" under forge_load/commands/ (in the order of the filler's --help,
+# config/load.py's COMMANDS, which says what each does).
+COMMANDS = {
+    "status": "status:main",  # every filler sharing the hold directory (docs/operating.md): any user, no GPU library
+    "hold": "hold:main_hold",  # docs/holds.md: no GPU library, fast for a Slurm prolog
+    "release": "hold:main_release",
+    "holds": "hold:main_holds",
+    "health": "health:main",  # exit 0 healthy, 1 not; never 2, which Docker reserves (as `python -m forge_load.health`)
+    "fleet": "fleet:main",  # the containers of a Docker host (docs/deploying.md): no CUDA, the docker SDK at need
+    "plot": "plot:main",  # a run drawn from its log (docs/operating.md): matplotlib only to draw
+}
+FILLER = "filler:main"  # no command: the filler
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] in ("hold", "release", "holds"):
-        # The hold commands (docs/holds.md): no signal handlers, no GPU library, fast for a Slurm prolog.
-        from forge_load.service.holdcmd import main as command
-
-        return command(sys.argv[1:])
-    if len(sys.argv) > 1 and sys.argv[1] == "fleet":
-        # The containers of a Docker host (docs/deploying.md): no signal handlers (Ctrl-C is the operator's),
-        # no CUDA, the docker SDK only for a command that needs the engine.
-        from forge_load.fleet.command import main as fleet
-
-        return fleet(sys.argv[2:])
-    if len(sys.argv) > 1 and sys.argv[1] == "health":
-        # The health check (exit 0 healthy, 1 not; never 2, which Docker reserves), as `python -m forge_load.health`.
-        from forge_load.service.health import main as check
-
-        return check(sys.argv[2:])
-    signals = StopSignals.install()  # before the imports below: they take a while
-    try:
-        from forge_load.service.app import main as run
-        from forge_load.service.title import ProcessTitle
-
-        return run(signals=signals, title=ProcessTitle())
-    except Exception as error:  # noqa: BLE001 - a bug outside the run loops: one line, no traceback
-        from forge_load.log import escape_controls, internal_error
-
-        print(escape_controls(f"forge-load: {internal_error(error)}"),
-              file=sys.stderr)
-        return 1
-    finally:
-        signals.ignore()
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    where = FILLER
+    if args and args[0] in COMMANDS:
+        where, args = COMMANDS[args[0]], args[1:]
+    module, _, function = where.partition(":")
+    command: Callable[[list[str]], int] = getattr(importlib.import_module(f"forge_load.commands.{module}"), function)
+    return command(args)
 
 
 def entry() -> None:

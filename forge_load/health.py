@@ -1,7 +1,7 @@
-"""`python -m forge_load.health`: the health check, kept at its first address (the heartbeat and the check itself
-live in forge_load/service/health.py)."""
+"""`python -m forge_load.health`: the health check, kept at its first address (the Dockerfile's HEALTHCHECK); the
+command is forge_load/commands/health.py."""
 
-from forge_load.service.health import main
+from forge_load.commands.health import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

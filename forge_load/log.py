@@ -7,25 +7,43 @@ quoted and escaped JSON-style (\\u001b); JSON lines escape everything beyond ASC
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TextIO
 
 # The fields every status-like line carries, in this order; anything else follows.
-CORE_FIELDS = ("t", "event", "state", "target", "util", "own", "foreign", "multiplier", "gpu_mem_mib", "reason")
+CORE_FIELDS = ("t", "ts", "event", "state", "target", "util", "own", "foreign", "multiplier", "gpu_mem_mib", "reason")
+
+
+def rfc3339_utc(unix_s: float) -> str:
+    """`unix_s` as RFC 3339 in UTC with milliseconds: 2026-11-27T03:41:07.123Z (truncated, never rounded up into
+    the next second)."""
+    whole_s = math.floor(unix_s)
+    stamp = datetime.fromtimestamp(whole_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{min(int((unix_s - whole_s) * 1000), 999):03d}Z"
 
 
 class EventLog:
+    """`clock` gives `t` (seconds since `start_s` on the loop's clock, virtual on the simulated GPU); `wall_clock`
+    gives JSON lines' `ts`, the Unix time on the same timeline (the wall clock on a real GPU; on the simulated GPU
+    the start's wall time plus the virtual seconds, so that `ts - t` is the same on every line)."""
+
     def __init__(self, fmt: str = "text", stream: TextIO | None = None,
                  clock: Callable[[], float] | None = None, start_s: float = 0.0,
-                 static: dict[str, object] | None = None) -> None:
+                 static: dict[str, object] | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.fmt = fmt
         self.stream = stream if stream is not None else sys.stdout
         self.clock = clock
+        self.wall_clock = wall_clock
         self.start_s = start_s
         self.static = dict(static or {})
         # Added to every `t`: a child process logs on its parent's timeline (exclusive compute mode).
@@ -37,8 +55,12 @@ class EventLog:
             t_s = self.clock() - self.start_s
         if isinstance(t_s, (int, float)):
             t_s = float(t_s) + self.t_offset_s
-        record: dict[str, object] = {"t": round(t_s, 3) if isinstance(t_s, float) else None,
-                                     "event": event}
+        record: dict[str, object] = {"t": round(t_s, 3) if isinstance(t_s, float) else None}
+        if self.fmt == "json":
+            # Only JSON lines: they are the ones shipped to Loki or Elasticsearch; a key=value line is read by
+            # people, through `docker logs -t` or journald, which stamp every line already (docs/operating.md).
+            record["ts"] = rfc3339_utc(self.wall_clock())
+        record["event"] = event
         record.update(self.static)
         record.update(fields)
         ordered = {k: record[k] for k in CORE_FIELDS if k in record}
@@ -71,6 +93,23 @@ def escape_controls(text: str) -> str:
         return text
     return "".join(c if c.isprintable() or c == " " else
                    f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
+
+
+def say(text: str) -> None:
+    """One line on stderr, escaped (no value can forge a line there either): every command's and the filler's
+    messages outside the event log. A closed or broken stderr is no reason to fail: it is pointed at /dev/null."""
+    try:
+        print(escape_controls(text), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        to_devnull(sys.stderr)
+
+
+def to_devnull(stream: TextIO) -> None:
+    """Point a broken standard stream at /dev/null, so that the interpreter's last flush cannot fail."""
+    with contextlib.suppress(Exception):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 class LogStream:

@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Writes the reference pages from the tables in the code: docs/settings.md from forge_load/config/settings.py's
-SETTINGS, docs/metrics.md from forge_load/service/metrics.py's METRICS (and the label names its collector declares).
+SETTINGS, docs/metrics.md from forge_load/service/metrics.py's METRICS (and the label names its collector declares);
+and from the command line's parsers (the filler's flags and every command's), the shell completion for bash and zsh
+(shtab) in docs/completion/ and the man page (argparse-manpage) in docs/man/.
 
-    python3 scripts/gen_docs.py            # write both pages
-    python3 scripts/gen_docs.py --check    # exit 1, naming the stale pages, when a page differs from the code
+    .venv/bin/python scripts/gen_docs.py            # write every page
+    .venv/bin/python scripts/gen_docs.py --check    # exit 1, naming the stale pages, when a page differs from the code
 
-tests/test_docs.py runs the check. The output depends on the code only (no dates, no host names)."""
+It needs the project's development environment (docs/testing.md: prometheus_client, shtab, argparse-manpage);
+without one of them it says which in one line and exits 2. tests/test_docs.py and tests/test_gen_docs.py run the
+check. The output depends on the code only (no dates, no host names)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +22,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forge_load.config import settings, tools, values  # noqa: E402
+from forge_load import __version__  # noqa: E402
+from forge_load.config import load, settings, tools, values  # noqa: E402
 from forge_load.control import status  # noqa: E402
 from forge_load.service import http_server, metrics  # noqa: E402
 
-COMMAND = "python3 scripts/gen_docs.py"
+COMMAND = ".venv/bin/python scripts/gen_docs.py"
+SETUP = "python3 -m venv .venv && .venv/bin/pip install -q -r requirements-dev.txt -e ."
+EXIT_MISSING = 2
 
 
 def _header(title: str, source: str) -> list[str]:
@@ -93,7 +101,51 @@ def metrics_page() -> str:
     return "\n".join(out)
 
 
-PAGES: dict[str, Callable[[], str]] = {"docs/settings.md": settings_page, "docs/metrics.md": metrics_page}
+def command_parser() -> argparse.ArgumentParser:
+    """The whole command line as one parser, for completion and the man page only: the filler's flags, and each
+    command (cli.py's table, forge_load/commands/) with its own parser, its module's build_parser()."""
+    import shtab
+
+    from forge_load import cli
+
+    parser = load.build_arg_parser()
+    parser.epilog = "Every command has its own --help: forge-load COMMAND --help."
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    for name, what in load.COMMANDS.items():
+        commands.add_parser(name, help=what, description=what)
+        module = importlib.import_module(f"forge_load.commands.{cli.COMMANDS[name].partition(':')[0]}")
+        own: argparse.ArgumentParser = module.build_parser(f"forge-load {name}")
+        if name == "plot":
+            for action in own._actions:
+                if action.dest in ("log", "output"):
+                    action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it: complete file names
+        own.description = own.description or what
+        own.epilog = None
+        commands.choices[name] = own
+    return parser
+
+
+def completion(shell: str) -> Callable[[], str]:
+    def page() -> str:
+        import shtab
+
+        return str(shtab.complete(command_parser(), shell=shell))
+    return page
+
+
+def man_page() -> str:
+    from argparse_manpage.manpage import Manpage
+
+    page = Manpage(command_parser())
+    # No date: the page depends on the code only (the check compares it byte for byte).
+    page.date, page.source, page.manual = "", f"forge-load {__version__}", "forge-load manual"
+    return str(page)
+
+
+PAGES: dict[str, Callable[[], str]] = {"docs/settings.md": settings_page, "docs/metrics.md": metrics_page,
+                                       "docs/completion/forge-load.bash": completion("bash"),
+                                       "docs/completion/_forge-load": completion("zsh"),
+                                       "docs/man/forge-load.1": man_page}
 
 
 def stale() -> list[str]:
@@ -106,13 +158,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page is stale")
     args = parser.parse_args(argv)
-    if args.check:
+    try:
+        return _run(args.check)
+    except ModuleNotFoundError as error:
+        print(f"gen_docs: the Python module {error.name} is missing: run it as `{COMMAND}`, in the project's "
+              f"development environment (set up by `{SETUP}`, docs/testing.md)", file=sys.stderr)
+        return EXIT_MISSING
+
+
+def _run(check: bool) -> int:
+    if check:
         old = stale()
         if old:
             print(f"gen_docs: stale: {', '.join(old)}; regenerate with `{COMMAND}`", file=sys.stderr)
             return 1
         return 0
     for path, page in PAGES.items():
+        (REPO / path).parent.mkdir(parents=True, exist_ok=True)
         (REPO / path).write_text(page())
         print(f"wrote {path}")
     return 0

@@ -17,10 +17,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forge_load.config.load import load_config  # noqa: E402
+from forge_load.control.filler import Controls  # noqa: E402
 from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W  # noqa: E402
-from forge_load.operators.pause import PauseSwitch  # noqa: E402
 from forge_load.service.loop import run_simulated  # noqa: E402
-from forge_load.service.runtime import Controls, Runtime  # noqa: E402
+from forge_load.service.runtime import Runtime  # noqa: E402
+from forge_load.steering.pause import PauseSwitch  # noqa: E402
 
 CAP_W, PAUSE_S, RESUME_S = 300.0, 44.0, 50.0
 FIELD_RE = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')

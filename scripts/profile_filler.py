@@ -71,7 +71,7 @@ PARTS: tuple[tuple[str, str | None, tuple[tuple[str, str], ...]], ...] = (
     ("holds: the hold directory (Filler._check_holds)", "loop: step (Filler.step)",
      (("forge_load.control.filler", "Filler._check_holds"),)),
     ("holds: the acknowledgement (FillerHolds.acknowledge)", "loop: step (Filler.step)",
-     (("forge_load.operators.hold_watch", "FillerHolds.acknowledge"),)),
+     (("forge_load.steering.hold_watch", "FillerHolds.acknowledge"),)),
     ("pauses (Filler._check_pauses)", "loop: step (Filler.step)",
      (("forge_load.control.filler", "Filler._check_pauses"),)),
     ("status lines (Filler._status, LineGate.flush)", "loop: step (Filler.step)",

@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 from forge_load.config.load import load_config  # noqa: E402
 from forge_load.config.settings import Config  # noqa: E402
 from forge_load.config.sim import SimConfig  # noqa: E402
+from forge_load.control.filler import Controls  # noqa: E402
 from forge_load.control.status import GpuSlot, GpuSlots  # noqa: E402
 from forge_load.gpu.sim import POWER_WINDOW_S, SimGpu, SimProbe, VirtualClock  # noqa: E402
 from forge_load.service import gpu_threads, runtime  # noqa: E402
@@ -224,7 +225,7 @@ def run_soak(hours: float = 24.0, target: float = 0.5, resume_after_s: float = 2
     try:
         stream = cast(TextIO, sink)  # EventLog needs only write() and flush()
         code = gpu_threads.run_gpus(config, stream, threading.Event(), threading.Event(), gpu_slots,
-                                    runtime.Controls(heartbeat=sampler), on_start=sampler.started)
+                                    Controls(heartbeat=sampler), on_start=sampler.started)
         sampler.finish()
     finally:
         if trace:

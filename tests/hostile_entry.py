@@ -58,6 +58,7 @@ def wall_clock_sim() -> None:
         return gpus.setdefault(index, SimGpu(SimConfig(), WallClock(), index))
 
     forge_load.gpu.nvml.NvmlProbe = lambda selector, *a, **k: SimProbe(gpu(int(selector)))  # type: ignore
+    forge_load.gpu.nvml.device_uuids = lambda *a, **k: [gpu(i).info.uuid for i in range(8)]  # type: ignore
     forge_load.gpu.launcher.CudaLauncher = lambda uuid, *a, **k: SimLauncher(  # type: ignore
         next(g for g in gpus.values() if g.info.uuid == uuid))
 

@@ -16,13 +16,14 @@ import pytest
 from simrun import WallClock
 
 from forge_load.config.load import load_config
+from forge_load.control.filler import Controls
 from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, Probe
 from forge_load.control.worker import Launcher
 from forge_load.gpu.clocks import WallLoopClock
 from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
-from forge_load.operators.pause import PauseSwitch
 from forge_load.service.loop import run_loop
-from forge_load.service.runtime import Controls, Runtime
+from forge_load.service.runtime import Runtime
+from forge_load.steering.pause import PauseSwitch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,11 +105,16 @@ def test_text_and_json_lines_carry_the_same_fields() -> None:
     flags = ("--simulate", "--sim-speed", "0", "--duration", "3", "--log-interval", "1")
     text = forge(*flags).stdout.splitlines()
     as_json = [json.loads(line) for line in forge(*flags, "--log-format", "json").stdout.splitlines()]
-    assert len(text) == len(as_json) == 4  # start, status at 1 and 2 s, stop at 3 s
+    # start, status at 1 and 2 s, stop at 3 s; key=value splits the start line's settings onto a line of their own
+    assert len(text) == len(as_json) + 1 == 5 and text[1].startswith("t=0.00 event=settings ")
+    settings = text.pop(1)
     for text_line, record in zip(text, as_json):
         keys = [part.split("=", 1)[0] for part in text_line.split(" ") if "=" in part]
+        assert record.pop("ts")  # JSON lines only (docs/operating.md)
         assert keys[:len(record)] == list(record)[:len(keys)]
         assert text_line.startswith(f"t={record['t']:.2f} event={record['event']} ")
+    start_keys = [part.split("=", 1)[0] for part in text[0].split(" ") + settings.split(" ") if "=" in part]
+    assert set(start_keys) == set(as_json[0])
 
 
 class Given:
@@ -198,7 +204,7 @@ def test_threaded_loop_pauses_at_once_on_the_switch_and_resumes() -> None:
         started.append(rt.start_s)
 
     run_loop(config, Given(SimProbe(gpu), SimLauncher(gpu)), out, threading.Event(), threading.Event(),
-             Controls(switch, on_start=on_start))
+             Controls(switch), on_start=on_start)
     thread.join()
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     pause, unpause = (next(e for e in events if e["event"] == name) for name in ("pause", "unpause"))

@@ -11,7 +11,7 @@ from forge_load.config.load import build_arg_parser, load_config
 from forge_load.config.settings import Config, describe
 from forge_load.config.sim import SimConfig
 from forge_load.config.values import ConfigError
-from forge_load.operators.schedule import parse_active_hours
+from forge_load.steering.schedule import parse_active_hours
 
 
 def load(env: dict[str, str] | None = None, argv: list[str] | None = None) -> Config:
@@ -352,7 +352,9 @@ def test_describe_without_simulation() -> None:
 
 def test_describe_with_simulation() -> None:
     d = describe(load({"FORGE_SIMULATE": "1", "FORGE_SIM_FOREIGN": "30-40,0-10"}))
-    assert set(d) == BASE_KEYS | SIM_KEYS
+    assert set(d) == BASE_KEYS - {"hold_dir"} | SIM_KEYS  # the host's default hold directory: only where set
+    explicit = describe(load({"FORGE_SIMULATE": "1", "FORGE_HOLD_DIR": "/tmp/sim-holds"}))
+    assert explicit["hold_dir"] == "/tmp/sim-holds"
     assert d["sim_foreign_s"] == "0-10,30-40"
     assert d["sim_sms"] == 132
 

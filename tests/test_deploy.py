@@ -23,9 +23,9 @@ import pytest
 from forge_load.config.load import load_config
 from forge_load.config.values import ConfigError
 from forge_load.control.status import GpuSlots
-from forge_load.operators import holds
 from forge_load.service import health, metrics
 from forge_load.service.loop import run_simulated
+from forge_load.steering import holds
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"

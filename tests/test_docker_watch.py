@@ -40,13 +40,13 @@ from docker_support import (
 )
 from test_fleet import run_fleet
 
+from forge_load.commands.fleet import build_parser, cmd_watch
 from forge_load.fleet import engine as fleet_engine
 from forge_load.fleet import events as fleet_events
 from forge_load.fleet import plan
 from forge_load.fleet import watch as fleet_watch
-from forge_load.fleet.command import build_parser
-from forge_load.operators import dockerwatch, holds
-from forge_load.operators.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
+from forge_load.steering import dockerwatch, holds
+from forge_load.steering.dockerwatch import DockerHolds, Request, Seen, gpu_request, resolve
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -297,11 +297,15 @@ def test_an_inspect_on_its_way_holds_up_only_its_own_containers_events(tmp_path:
     deadline = time.monotonic() + 10
     while ID_A in watch.pending and time.monotonic() < deadline:
         time.sleep(0.01)
+    with watch.lock:  # the inspect's thread empties pending, then replays the queue, both under the lock
+        pass
     assert book.on_disk() == {} and not book.holds.known(ID_A)  # held, released, forgotten: in that order
     assert [line.split()[0] for line in book.lines] == ["event=hold", "event=release"], book.lines
     watch.handle(event("create", ID_B))
     while ID_B in watch.pending and time.monotonic() < deadline:
         time.sleep(0.01)
+    with watch.lock:
+        pass
     assert set(book.on_disk()) == {(UUIDS[1], "docker-" + ID_B[:12])}
 
 
@@ -346,10 +350,10 @@ def test_the_engine_lost_and_back_reconciles(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(fleet_engine, "connect", connect)
     monkeypatch.setattr(fleet_watch, "ENGINE_RETRY_S", (0.0,))
-    monkeypatch.setattr("forge_load.service.holdcmd.host_uuids", lambda: UUIDS)
+    monkeypatch.setattr("forge_load.commands.host_gpus.host_uuids", lambda: UUIDS)
     out = io.StringIO()
     args = build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
-    assert fleet_watch.cmd_watch(args, out) == 0
+    assert cmd_watch(args, out) == 0
     lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
     events = [line.split()[0] for line in lines]
     # One line per outage (the two refused connections say nothing more), the reconciliation's release before
@@ -483,11 +487,11 @@ def test_a_malformed_chunk_on_the_event_stream_costs_that_chunk_only(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'docker.sock'}")
     monkeypatch.setattr(fleet_engine, "connect", connect)
     monkeypatch.setattr(fleet_watch, "ENGINE_RETRY_S", (0.0,))
-    monkeypatch.setattr("forge_load.service.holdcmd.host_uuids", lambda: UUIDS)
+    monkeypatch.setattr("forge_load.commands.host_gpus.host_uuids", lambda: UUIDS)
     out = io.StringIO()
     args = build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
     result: list[int] = []
-    runner = threading.Thread(target=lambda: result.append(fleet_watch.cmd_watch(args, out)), daemon=True)
+    runner = threading.Thread(target=lambda: result.append(cmd_watch(args, out)), daemon=True)
     runner.start()
     book = Book(tmp_path / "holds")
 

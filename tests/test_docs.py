@@ -163,6 +163,6 @@ def test_a_stale_page_fails_the_check(tmp_path: Path, monkeypatch: pytest.Monkey
     settings = tmp_path / "docs" / "settings.md"
     settings.write_text(settings.read_text().replace("| 0.5 |", "| 0.6 |", 1))
     assert gen_docs.stale() == ["docs/settings.md"] and gen_docs.main(["--check"]) == 1
-    message = "gen_docs: stale: docs/settings.md; regenerate with `python3 scripts/gen_docs.py`\n"
+    message = "gen_docs: stale: docs/settings.md; regenerate with `.venv/bin/python scripts/gen_docs.py`\n"
     assert capsys.readouterr().err == message
     assert gen_docs.main([]) == 0 and gen_docs.stale() == []

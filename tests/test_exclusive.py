@@ -14,17 +14,19 @@ from pathlib import Path
 import pytest
 
 from forge_load.config.settings import Config
+from forge_load.control.filler import Controls
 from forge_load.control.probe import ComputeMode, DeviceInfo, GpuProcess, Probe
 from forge_load.control.status import GpuSlot
 from forge_load.control.worker import Launcher
+from forge_load.exits import EXIT_NO_GPU
 from forge_load.gpu.clocks import WallLoopClock
 from forge_load.log import EventLog
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FillerHolds
-from forge_load.operators.holds import ACK_REFRESH_S, Hold
-from forge_load.operators.pause import Pauses, PauseSwitch
-from forge_load.service import gpu_threads, runtime
+from forge_load.service import gpu_threads
 from forge_load.service.exclusive import END_WAIT_S, Supervisor, child_config
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds
+from forge_load.steering.holds import ACK_REFRESH_S, Hold
+from forge_load.steering.pause import Pauses, PauseSwitch
 
 UUID = "GPU-0a0b0c0d-1111-4222-8333-444455556666"
 RESUME_S = 5.0
@@ -266,7 +268,7 @@ def test_exclusive_mode_without_a_hold_dir_creates_no_context_and_says_so(
 
 def test_prohibited_mode_is_one_line_and_exit_3(tmp_path: Path) -> None:
     slot, lines = run_gpu_once(NoContextBackend(ComputeMode.PROHIBITED), Config(log_format="json"))
-    assert (slot.status, slot.exit_code) == ("failed", runtime.EXIT_NO_GPU)
+    assert (slot.status, slot.exit_code) == ("failed", EXIT_NO_GPU)
     assert [line["event"] for line in lines] == ["error"]
     assert "PROHIBITED compute mode" in str(lines[0]["reason"])
 
@@ -343,8 +345,8 @@ def test_the_child_ends_itself_when_its_filler_stops_filling(tmp_path: Path) -> 
 def test_a_hold_the_kubelet_gave_keeps_the_child_from_starting(tmp_path: Path) -> None:
     """In exclusive mode a job cannot even create its context while our child holds one: the kubelet's
     announcement (a hold on the in-process board) must reach the supervisor, with no hold directory at all."""
-    from forge_load.operators.hold_watch import HoldBoard
     from forge_load.service import exclusive
+    from forge_load.steering.hold_watch import HoldBoard
 
     board = HoldBoard()
     board.replace([Hold(UUID, "kubelet-ns/pod", "assigned to ns/pod", time.time(), None)])
@@ -360,7 +362,7 @@ def test_a_hold_the_kubelet_gave_keeps_the_child_from_starting(tmp_path: Path) -
 
 
 def test_run_gpu_hands_the_kubelet_board_to_the_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
-    from forge_load.operators.hold_watch import HoldBoard
+    from forge_load.steering.hold_watch import HoldBoard
 
     seen: list[object] = []
 
@@ -370,5 +372,5 @@ def test_run_gpu_hands_the_kubelet_board_to_the_supervisor(monkeypatch: pytest.M
     monkeypatch.setattr(gpu_threads, "run_exclusive", supervise)
     board = HoldBoard()
     gpu_threads.run_gpu(Config(log_format="json"), NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS), GpuSlot("0"),
-                        io.StringIO(), threading.Event(), threading.Event(), runtime.Controls(board=board))
+                        io.StringIO(), threading.Event(), threading.Event(), Controls(board=board))
     assert seen == [board]

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from forge_load.commands import hold as hold_command
 from forge_load.config.settings import Config
 from forge_load.config.sim import SimConfig
 from forge_load.gpu.backend import SimBackend
-from forge_load.operators import holds
-from forge_load.operators.holds import Hold
-from forge_load.service import holdcmd
 from forge_load.service.exclusive_child import child_main, take_context_lock
+from forge_load.steering import holds
+from forge_load.steering.holds import Hold
 from tests.test_exclusive_vgpu import command, foreign, ours, wait_until
 from tests.test_real_path import finish, forge
 from vgpu.pytest_plugin import VgpuFactory
@@ -33,7 +33,7 @@ GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0
 
 
 def hold(hold_dir: Path, wait_s: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
-    code = holdcmd.main(["hold", "--gpu", GPU0, "--holder", "job", "--wait", wait_s, "--hold-dir", str(hold_dir)],
+    code = hold_command.main(["hold", "--gpu", GPU0, "--holder", "job", "--wait", wait_s, "--hold-dir", str(hold_dir)],
                         env={})
     return code, capsys.readouterr().err.splitlines()
 
@@ -142,7 +142,7 @@ def test_holds_does_not_say_no_filler_beside_a_live_context_of_ours(tmp_path: Pa
     fd, _ = take_context_lock(str(tmp_path), GPU0, threading.Event())  # a child whose supervisor is silent
     assert fd is not None
     try:
-        assert holdcmd.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
+        assert hold_command.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
         (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     finally:
         os.close(fd)

@@ -15,10 +15,10 @@ from pathlib import Path
 from simrun import step_with
 
 from forge_load.config.load import load_config
-from forge_load.operators import holds
-from forge_load.operators.holds import Ack, Hold
 from forge_load.service.loop import run_simulated
 from forge_load.service.runtime import Runtime
+from forge_load.steering import holds
+from forge_load.steering.holds import Ack, Hold
 
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0
 POLL_S = 0.1

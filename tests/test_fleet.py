@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from docker_support import ROOT, docker_client, forge_image, remove_containers, unique_name
 
-from forge_load.fleet import commands, plan
-from forge_load.fleet.command import build_parser
+from forge_load.commands.fleet import build_parser
+from forge_load.fleet import containers, plan
 from forge_load.fleet.engine import FleetError
 from forge_load.fleet.plan import Gpu, Options
 
@@ -89,7 +89,7 @@ def test_a_pause_dir_is_mounted_read_only_and_names_the_pause_file() -> None:
 
 
 def test_the_hold_dir_is_mounted_read_write_beside_the_pause_dir() -> None:
-    from forge_load.operators import holds
+    from forge_load.steering import holds
 
     assert plan.DEFAULT_HOLD_DIR == holds.DEFAULT_HOLD_DIR
     spec = plan.desired(GPUS[0], _opts(pause_dir="/run/forge-load", hold_dir=holds.DEFAULT_HOLD_DIR), "sha256:1")
@@ -110,7 +110,7 @@ def test_up_makes_a_missing_hold_dir_one_the_fillers_can_acknowledge_in(tmp_path
     # source) it could not write its acknowledgement, and `hold --wait` would return before the drain.
     assert f"USER {plan.FILLER_UID}:{plan.FILLER_GID}" in (ROOT / "Dockerfile").read_text()
     hold_dir = tmp_path / "run" / "holds"
-    assert commands.prepare_hold_dir(str(hold_dir)) is None
+    assert containers.prepare_hold_dir(str(hold_dir)) is None
     mode = hold_dir.stat().st_mode & 0o7777
     if os.geteuid() == 0:
         assert (hold_dir.stat().st_gid, mode) == (plan.FILLER_GID, 0o775)
@@ -121,7 +121,7 @@ def test_up_warns_once_about_a_hold_dir_the_fillers_cannot_write_and_leaves_it_a
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir(mode=0o755)
     hold_dir.chmod(0o755)
-    warning = commands.prepare_hold_dir(str(hold_dir))
+    warning = containers.prepare_hold_dir(str(hold_dir))
     assert warning is not None and str(hold_dir) in warning and "install -d -m 0775 -g 10001" in warning
     assert "\n" not in warning
     assert hold_dir.stat().st_mode & 0o7777 == 0o755  # the owner's decision, not ours
@@ -131,7 +131,7 @@ def test_up_warns_once_about_a_hold_dir_the_fillers_cannot_write_and_leaves_it_a
             os.chown(hold_dir, -1, plan.FILLER_GID)
         if writable == 0o775 and os.geteuid() != 0:
             continue
-        assert commands.prepare_hold_dir(str(hold_dir)) is None
+        assert containers.prepare_hold_dir(str(hold_dir)) is None
 
 
 def test_simulated_spec_has_no_device_request() -> None:
@@ -248,9 +248,9 @@ def test_the_old_script_runs_the_package_from_a_checkout_without_an_install(tmp_
 def test_last_status_line_text_and_json() -> None:
     text = b"t=0.00 event=start target=0.5\nt=1.00 event=status util=0.5\nt=1.5 event=yield\n"
     json_ = b'{"t": 0, "event": "start"}\n{"t": 1, "event": "status", "util": 0.5}\n'
-    assert commands.last_status_line(SimpleNamespace(logs=lambda **_: text)) == "t=1.00 event=status util=0.5"
-    assert '"util": 0.5' in commands.last_status_line(SimpleNamespace(logs=lambda **_: json_))
-    assert commands.last_status_line(SimpleNamespace(logs=lambda **_: b"t=0 event=start\n")) == "t=0 event=start"
+    assert containers.last_status_line(SimpleNamespace(logs=lambda **_: text)) == "t=1.00 event=status util=0.5"
+    assert '"util": 0.5' in containers.last_status_line(SimpleNamespace(logs=lambda **_: json_))
+    assert containers.last_status_line(SimpleNamespace(logs=lambda **_: b"t=0 event=start\n")) == "t=0 event=start"
 
 
 # --- for real, on the engine --------------------------------------------------------------------------------

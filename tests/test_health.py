@@ -1,5 +1,5 @@
-"""forge_load/service/health.py: the heartbeat (written, throttled, cleared), its check, and the health
-command's exit codes (`forge-load health`, `python -m forge_load.health`)."""
+"""forge_load/service/health.py: the heartbeat (written, throttled, cleared) and its check; and
+forge_load/commands/health.py, the health command's exit codes (`forge-load health`, `python -m forge_load.health`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""forge_load.operators.holds: the on-disk format, safe reads, expiry and the idle age-out (no clock read)."""
+"""forge_load.steering.holds: the on-disk format, safe reads, expiry and the idle age-out (no clock read)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import hold_watch, holds
-from forge_load.operators.hold_watch import HoldWatch
-from forge_load.operators.holds import Ack, Hold
+from forge_load.steering import hold_watch, holds
+from forge_load.steering.hold_watch import HoldWatch
+from forge_load.steering.holds import Ack, Hold
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import holds
-from forge_load.operators.holds import Ack
-from forge_load.service import holdcmd
+from forge_load.commands import hold as hold_command
+from forge_load.commands import host_gpus
+from forge_load.steering import holds
+from forge_load.steering.holds import Ack
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"
@@ -23,7 +24,7 @@ HOST = [GPU0, GPU1]
 
 
 def run(argv: list[str], hold_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str], list[str]]:
-    code = holdcmd.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: list(HOST))
+    code = hold_command.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: list(HOST))
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err.splitlines()
 
@@ -95,7 +96,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_flag(tmp_path: Path, capsys:
 
 
 def test_a_relative_hold_dir_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = holdcmd.main(["holds"], env={"FORGE_HOLD_DIR": "relative/dir"}, uuids_of_host=lambda: HOST)
+    code = hold_command.main(["holds"], env={"FORGE_HOLD_DIR": "relative/dir"}, uuids_of_host=lambda: HOST)
     err = capsys.readouterr().err.splitlines()
     assert code == 2 and len(err) == 1 and "FORGE_HOLD_DIR='relative/dir'" in err[0]
 
@@ -108,10 +109,11 @@ def test_a_hold_dir_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pyte
 
 def test_indices_without_any_gpu_are_bad_input_and_uuids_need_none(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    code = holdcmd.main(["hold", "--gpu", "0", "--holder", "h", "--hold-dir", str(tmp_path)], env={},
+    code = hold_command.main(["hold", "--gpu", "0", "--holder", "h", "--hold-dir", str(tmp_path)], env={},
                         uuids_of_host=lambda: [])
-    assert code == 2 and "name the GPUs by UUID" in capsys.readouterr().err
-    code = holdcmd.main(["hold", "--gpu", GPU1, "--holder", "h", "--hold-dir", str(tmp_path)], env={},
+    err = capsys.readouterr().err
+    assert code == 2 and "name the GPUs by UUID" in err and "start line" in err  # where a simulated GPU's is
+    code = hold_command.main(["hold", "--gpu", GPU1, "--holder", "h", "--hold-dir", str(tmp_path)], env={},
                         uuids_of_host=lambda: [])
     assert code == 0
 
@@ -121,8 +123,8 @@ def test_proc_files_give_the_uuids_in_pci_bus_order(tmp_path: Path) -> None:
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "information").write_text(
             f"Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\nDevice Minor: \t 7\n")
-    assert holdcmd.proc_uuids(str(tmp_path)) == [GPU0, GPU1]
-    assert holdcmd.proc_uuids(str(tmp_path / "none")) == []
+    assert host_gpus.proc_uuids(str(tmp_path)) == [GPU0, GPU1]
+    assert host_gpus.proc_uuids(str(tmp_path / "none")) == []
 
 
 # --- hold --wait --------------------------------------------------------------------------------------
@@ -232,3 +234,30 @@ def test_an_index_is_resolved_through_nvml_on_the_virtual_gpu(vgpu, tmp_path: Pa
     assert proc.stdout.splitlines() == [f"{uuids[1]} held by slurm-7", "HEAVY "]
     assert [p.name for p in hold_dir.iterdir()] == [f"hold.{uuids[1]}.slurm-7.json"]
     assert gpu.contexts() == []  # no CUDA context was made
+
+
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_holds_in_a_missing_or_non_directory_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    what: str) -> None:
+    # A typo in --hold-dir once printed an empty table and exited 0: it read as "no holds".
+    (tmp_path / "file").write_text("")
+    for argv in (["holds"], ["holds", "--json"]):
+        code, out, err = run(argv, tmp_path / what, capsys)
+        assert code == 2 and not out and len(err) == 1 and "--hold-dir" in err[0], err
+        assert ("not a directory" if what == "file" else "no such directory") in err[0]
+
+
+def test_a_simulated_gpu_is_not_held_in_the_host_wide_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every simulated filler of seed 0 has GPU0's UUID: a hold in the host-wide directory held other users' too.
+    host_wide = tmp_path / "host-wide"
+    monkeypatch.setattr(holds, "DEFAULT_HOLD_DIR", str(host_wide))
+    code = hold_command.main(["hold", "--gpu", GPU0, "--holder", "h"], env={}, uuids_of_host=lambda: list(HOST))
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1 and "--gpu" in err[0] and "--hold-dir" in err[0], err
+    assert not host_wide.exists()
+    # Its own directory, by flag or variable: held.
+    assert hold_command.main(["hold", "--gpu", GPU0, "--holder", "h"], env={"FORGE_HOLD_DIR": str(tmp_path)},
+                        uuids_of_host=lambda: list(HOST)) == 0
+    code, _, _ = run(["hold", "--gpu", GPU0, "--holder", "h"], tmp_path, capsys)
+    assert code == 0 and [h.holder for h in holds.all_holds(str(tmp_path))[0]] == ["h"]

@@ -2,7 +2,7 @@
 wall clock moves (docs/holds.md): with the command's wall clock 4 s ahead of the filler's (a forward NTP step), a
 live filler that has not drained is waited for, not taken for a dead one; with it 4 s behind, a filler that has
 drained is not taken for one that answered before the hold. The filler here is the real FillerHolds, in a thread
-on its own wall clock; the command is holdcmd.main with its wall clock moved."""
+on its own wall clock; the command is hold_command.main with its wall clock moved."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FillerHolds
-from forge_load.service import holdcmd
+from forge_load.commands import hold as hold_command
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 
 
 def shifted_time(step_s: float) -> SimpleNamespace:
-    """The time module as holdcmd sees it, with the wall clock `step_s` away from everyone else's."""
+    """The time module as hold_command sees it, with the wall clock `step_s` away from everyone else's."""
     return SimpleNamespace(time=lambda: time.time() + step_s, monotonic=time.monotonic, sleep=time.sleep,
                            strftime=time.strftime, localtime=time.localtime)
 
@@ -44,7 +44,7 @@ def hold_beside(filler: FillerHolds, honours: bool, argv: list[str], hold_dir: P
     try:
         time.sleep(0.1)  # it has acknowledged: a live filler
         start_s = time.monotonic()
-        code = holdcmd.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: [GPU0])
+        code = hold_command.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: [GPU0])
         took_s = time.monotonic() - start_s
     finally:
         stop.set()
@@ -54,7 +54,7 @@ def hold_beside(filler: FillerHolds, honours: bool, argv: list[str], hold_dir: P
 
 def test_a_forward_step_of_the_commands_clock_does_not_make_a_live_filler_look_dead(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(holdcmd, "time", shifted_time(+4.0))
+    monkeypatch.setattr(hold_command, "time", shifted_time(+4.0))
     filler = FillerHolds(str(tmp_path), GPU0, os.getpid(), time.time)
     code, took_s, err = hold_beside(filler, False, ["hold", "--gpu", "0", "--holder", "h", "--wait", "0.5"],
                                     tmp_path, capsys)
@@ -64,7 +64,7 @@ def test_a_forward_step_of_the_commands_clock_does_not_make_a_live_filler_look_d
 
 def test_a_backward_step_does_not_hide_a_drain_written_after_the_hold(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(holdcmd, "time", shifted_time(-4.0))
+    monkeypatch.setattr(hold_command, "time", shifted_time(-4.0))
     filler = FillerHolds(str(tmp_path), GPU0, os.getpid(), time.time)
     code, _, err = hold_beside(filler, True, ["hold", "--gpu", "0", "--holder", "h", "--wait", "3"], tmp_path,
                                capsys)

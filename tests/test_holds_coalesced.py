@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 from forge_load.log import EventLog
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, HoldChange
-from forge_load.operators.holds import Hold
 from forge_load.service.exclusive import Supervisor
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard, HoldChange
+from forge_load.steering.holds import Hold
 from tests.test_exclusive import RESUME_S, UNIX0_S, UUID, FakeChild, FakeProbe
 from tests.test_kubelet import SIM_UUID, simulated
 
@@ -49,7 +49,7 @@ def test_one_at_a_time_each_holder_has_its_line(tmp_path: Path) -> None:
 
 
 def test_releases_for_different_reasons_stay_apart_and_the_fail_safe_alone() -> None:
-    from forge_load.operators.hold_watch import coalesce
+    from forge_load.steering.hold_watch import coalesce
 
     changes = [HoldChange("release", "a", "released"), HoldChange("release", "b", "expired"),
                HoldChange("release", "c", "released"), HoldChange("hold", "d", "x"), HoldChange("hold", "e", "y"),

@@ -11,20 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import holds
-from forge_load.operators.holds import HOLD_MAX_BYTES, Hold
-from forge_load.service import holdcmd
-
-GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
-GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"
-HOST = [GPU0, GPU1]
-
-
-def run(argv: list[str], hold_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str], list[str]]:
-    code = holdcmd.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: list(HOST))
-    captured = capsys.readouterr()
-    return code, captured.out.splitlines(), captured.err.splitlines()
-
+from forge_load.commands import hold as hold_command
+from forge_load.steering import holds
+from forge_load.steering.holds import HOLD_MAX_BYTES, Hold
+from tests.test_holds_cli import GPU0, GPU1, run
 
 # --- holds lists every hold, whatever its times -----------------------------------------------------------------
 
@@ -68,8 +58,9 @@ def test_the_longest_reason_of_the_widest_characters_fits_the_file(tmp_path: Pat
     """The limit is in characters, and any MAX_REASON_CHARS characters fit a file of HOLD_MAX_BYTES beside the
     longest GPU id, holder and times."""
     mig = "MIG-51a00000-0000-4000-8000-000000000000"
-    reason = ("\U0001f600" + '"\\') * (holdcmd.MAX_REASON_CHARS // 3) + "\U0001f600" * (holdcmd.MAX_REASON_CHARS % 3)
-    assert len(reason) == holdcmd.MAX_REASON_CHARS
+    most = hold_command.MAX_REASON_CHARS
+    reason = ("\U0001f600" + '"\\') * (most // 3) + "\U0001f600" * (most % 3)
+    assert len(reason) == hold_command.MAX_REASON_CHARS
     code, _, err = run(["hold", "--gpu", mig, "--holder", "h" * 64, "--reason", reason,
                         "--until", "9999-12-31T23:59:59Z"], tmp_path, capsys)
     assert code == 0 and not err, err
@@ -79,12 +70,12 @@ def test_the_longest_reason_of_the_widest_characters_fits_the_file(tmp_path: Pat
     assert len(holds.hold_to_json(longest)) <= HOLD_MAX_BYTES
 
 
-@pytest.mark.parametrize("reason", ["é" * (holdcmd.MAX_REASON_CHARS + 1), "a\udcffb"])
+@pytest.mark.parametrize("reason", ["é" * (hold_command.MAX_REASON_CHARS + 1), "a\udcffb"])
 def test_a_reason_too_long_or_not_text_is_one_line_naming_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                  reason: str) -> None:
     code, out, err = run(["hold", "--gpu", "0", "--holder", "h", "--reason", reason], tmp_path, capsys)
     assert code == 2 and not out and len(err) == 1, err
-    assert "--reason=" in err[0] and f"at most {holdcmd.MAX_REASON_CHARS} characters" in err[0]
+    assert "--reason=" in err[0] and f"at most {hold_command.MAX_REASON_CHARS} characters" in err[0]
     assert "--hold-dir" not in err[0]
     assert not list(tmp_path.iterdir())
 

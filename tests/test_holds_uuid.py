@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import holds
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, HoldWatch
-from forge_load.service import holdcmd
+from forge_load.commands import hold as hold_command
 from forge_load.service.kubelet import Assignment, KubeletHolds, nvml_resolver
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard, HoldWatch
 from tests.fake_pynvml import FakeDevice, FakeNvml
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory
@@ -29,7 +29,7 @@ MIG = "MIG-5fd4c9b1-0001-4000-8000-00000000abcd"
 
 
 def command(argv: list[str], hold_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
-    code = holdcmd.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: [GPU0, GPU1])
+    code = hold_command.main([*argv, "--hold-dir", str(hold_dir)], env={}, uuids_of_host=lambda: [GPU0, GPU1])
     captured = capsys.readouterr()
     return code, captured.out.splitlines() + captured.err.splitlines()
 

@@ -22,7 +22,8 @@ from tests.hostile_support import ROOT, assert_one_clean_line
 def test_fleet_validates_settings_before_touching_the_engine(args: list[str], name: str,
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from forge_load.fleet import command, engine
+    from forge_load.commands import fleet as command
+    from forge_load.fleet import engine
 
     def no_engine() -> None:
         raise AssertionError("the engine was contacted before the settings were checked")
@@ -36,7 +37,8 @@ def test_fleet_validates_settings_before_touching_the_engine(args: list[str], na
 
 def test_fleet_warns_about_an_unknown_variable(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from forge_load.fleet import command, engine
+    from forge_load.commands import fleet as command
+    from forge_load.fleet import engine
 
     def no_engine() -> None:
         raise engine.FleetError("no engine here")
@@ -60,7 +62,8 @@ def test_fleet_malformed_docker_host_is_one_line(docker_host: str) -> None:
 
 def test_fleet_ctrl_c_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from forge_load.fleet import command, engine
+    from forge_load.commands import fleet as command
+    from forge_load.fleet import engine
 
     def interrupted() -> None:
         raise KeyboardInterrupt

@@ -147,8 +147,8 @@ def _yield_spells(events: list[dict[str, Any]]) -> tuple[int, float]:
 
 def test_a_job_seen_while_paused_counts_as_a_yield_in_the_stop_line() -> None:
     """Paused from the start, a job at 2-4 s, SIGUSR2 at 6 s: the unpause goes to `yielding` until 9 s."""
-    from forge_load.operators.pause import PauseSwitch
-    from forge_load.service.runtime import Controls
+    from forge_load.control.filler import Controls
+    from forge_load.steering.pause import PauseSwitch
     from tests.test_operators import simulate
 
     switch = PauseSwitch()

@@ -104,7 +104,11 @@ def test_a_shared_heartbeat_file_is_refused_for_other_gpus_too(tmp_path: Path) -
     proc = spawn_entry("--wall-clock-sim", "--", "--gpu", "3", "--duration", "60", "--heartbeat-file", beat)
     try:
         first = started(proc)
-        second = forge("--gpu", "4", "--duration", "2", "--heartbeat-file", beat)
+        # On a host with GPUs (on one without, no GPU is what it says: exit 3, tests/test_state_dir.py).
+        second = subprocess.run([sys.executable, str(ENTRY), "--wall-clock-sim", "--", "--gpu", "4", "--duration", "2",
+                                 "--heartbeat-file", beat], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                                env={**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")},
+                                     "PYTHONPATH": str(ROOT)})
         assert second.returncode == 2, second
         assert_one_clean_line(second.stderr.strip(), f"pid {proc.pid}", f"FORGE_HEARTBEAT_FILE={beat}")
     finally:

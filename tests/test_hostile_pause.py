@@ -64,8 +64,8 @@ def test_no_kernel_runs_at_start_when_none_may_on_the_virtual_gpu(vgpu: Any, tmp
 
 @pytest.mark.parametrize("case", ["pause file", "SIGUSR1 before start", "a foreign job at start"])
 def test_no_kernel_runs_at_start_when_none_may_on_the_simulated_gpu(tmp_path: Path, case: str) -> None:
-    from forge_load.operators.pause import PauseSwitch
-    from forge_load.service.runtime import Controls
+    from forge_load.control.filler import Controls
+    from forge_load.steering.pause import PauseSwitch
     from tests.test_operators import simulate
 
     pause, switch = tmp_path / "pause", PauseSwitch()

@@ -19,12 +19,12 @@ from simrun import step_with
 
 from bench.kubelet import TestKubelet
 from forge_load.config.load import load_config
-from forge_load.operators.hold_watch import HoldBoard
-from forge_load.operators.holds import HOLDER_RE, Hold
+from forge_load.control.filler import Controls
 from forge_load.service import kubelet
 from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
 from forge_load.service.loop import run_simulated
-from forge_load.service.runtime import Controls
+from forge_load.steering.hold_watch import HoldBoard
+from forge_load.steering.holds import HOLDER_RE, Hold
 from tests.fake_pynvml import FakeDevice, FakeNvml
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory

@@ -516,7 +516,7 @@ def test_the_metric_reference_lists_every_metric_with_its_type() -> None:
 
 
 def test_a_held_gpu_counts_its_holds_and_never_names_a_holder(tmp_path: Path) -> None:
-    from forge_load.operators import holds
+    from forge_load.steering import holds
 
     uuid = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0
     for holder in ("slurm-41", "slurm-42"):

@@ -14,11 +14,12 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from forge_load.config.load import load_config
+from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.powercap import MARGIN_RATIO
 from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W, SimGpu, SimProbe
-from forge_load.operators.pause import PauseSwitch
 from forge_load.service.loop import SimRun, run_simulated
-from forge_load.service.runtime import NO_CONTROLS, Controls, Runtime
+from forge_load.service.runtime import Runtime
+from forge_load.steering.pause import PauseSwitch
 
 BERLIN = ZoneInfo("Europe/Berlin")
 SPAN_W = MAX_POWER_W - IDLE_POWER_W

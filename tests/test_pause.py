@@ -1,4 +1,4 @@
-"""forge_load.operators.pause: the reasons to pause (signal switch, pause file, active hours) on a fake clock."""
+"""forge_load.steering.pause: the reasons to pause (signal switch, pause file, active hours) on a fake clock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from forge_load.operators.pause import (
+from forge_load.steering.pause import (
     PAUSE_FILE_MAX_BYTES,
     FileState,
     Pauses,
@@ -19,7 +19,7 @@ from forge_load.operators.pause import (
     read_pause_file,
     shown_time,
 )
-from forge_load.operators.schedule import parse_active_hours
+from forge_load.steering.schedule import parse_active_hours
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NOON_UTC = datetime(2026, 11, 18, 12, 0, tzinfo=timezone.utc).timestamp()  # a Wednesday, 13:00 in Berlin

@@ -1,4 +1,4 @@
-"""forge_load.operators.schedule: FORGE_ACTIVE_HOURS parsed and judged in local wall-clock time, DST and midnight."""
+"""forge_load.steering.schedule: FORGE_ACTIVE_HOURS parsed and judged in local wall-clock time, DST and midnight."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from forge_load.operators.schedule import ActiveHours, ScheduleError, from_unix, parse_active_hours, to_unix
+from forge_load.steering.schedule import ActiveHours, ScheduleError, from_unix, parse_active_hours, to_unix
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

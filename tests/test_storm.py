@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 
 from forge_load.config.load import load_config
+from forge_load.control.filler import Controls
 from forge_load.control.worker import QUEUE_S
 from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W, SimGpu
-from forge_load.operators import holds
-from forge_load.operators.pause import PauseSwitch
 from forge_load.service.loop import open_simulated
-from forge_load.service.runtime import Controls, log_stop
+from forge_load.service.runtime import log_stop
+from forge_load.steering import holds
+from forge_load.steering.pause import PauseSwitch
 from tests.simrun import drive_storm, simulate
 
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.operators import holds
+from forge_load.service import health
+from forge_load.steering import holds
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy" / "systemd" / "forge-load.service"
@@ -66,3 +67,14 @@ def test_the_hold_directory_is_the_one_of_the_filler_the_commands_and_the_prolog
     assert holds.DEFAULT_HOLD_DIR in ["/run/" + d for d in dirs.group(1).split()]
     assert re.search(r"^RuntimeDirectoryPreserve=yes$", text, re.MULTILINE)  # holds outlive a restart
     assert f"\nFORGE_HOLD_DIR={holds.DEFAULT_HOLD_DIR}\n" in PROLOG.read_text()
+
+
+def test_the_heartbeat_and_locks_are_in_the_runtime_directory_where_health_finds_them() -> None:
+    # systemd names the first RuntimeDirectory= to the filler as $RUNTIME_DIRECTORY: its heartbeat and GPU locks
+    # go there, not into the private /tmp, and an operator's `forge-load health` looks there (service/health.py).
+    text = UNIT.read_text()
+    dirs = re.search(r"^RuntimeDirectory=(.*)$", text, re.MULTILINE)
+    assert dirs is not None and Path("/run") / dirs.group(1).split()[0] == health.UNIT_RUNTIME_DIR
+    mode = re.search(r"^RuntimeDirectoryMode=(0?[0-7]{3})$", text, re.MULTILINE)
+    assert mode is not None and int(mode.group(1), 8) & 0o022 == 0  # the filler refuses a directory others write
+    assert "FORGE_HEARTBEAT_FILE" not in text

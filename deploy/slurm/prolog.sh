@@ -85,6 +85,17 @@ settings_file() {  # forge-load.conf beside slurm.conf, else beside this script'
     printf '%s' "$conf"
 }
 
+set_setting() {  # $1=$2 for a key forge-load.conf may give ($KEYS); 1 for any other key
+    case $1 in
+        FORGE_LOAD) FORGE_LOAD=$2 ;;
+        FORGE_HOLD_DIR) FORGE_HOLD_DIR=$2 ;;
+        FORGE_SLURM_WAIT_S) FORGE_SLURM_WAIT_S=$2 ;;
+        FORGE_SLURM_SYSLOG_SOCKET) FORGE_SLURM_SYSLOG_SOCKET=$2 ;;
+        FORGE_SLURM_NVIDIA_PROC) FORGE_SLURM_NVIDIA_PROC=$2 ;;
+        *) return 1 ;;
+    esac
+}
+
 print_settings() {  # `$0 --settings`, run under timeout: the file's name, what is wrong in it, then the settings
     conf=$(settings_file)
     printf 'conf %s\n' "$conf"  # first: should the read below block, the caller can still name the file
@@ -92,16 +103,7 @@ print_settings() {  # `$0 --settings`, run under timeout: the file's name, what 
     ignored=
     while IFS= read -r line || [ -n "$line" ]; do
         case $line in '' | '#'*) continue ;; esac
-        key=${line%%=*}
-        value=${line#*=}
-        case $key in
-            FORGE_LOAD) FORGE_LOAD=$value ;;
-            FORGE_HOLD_DIR) FORGE_HOLD_DIR=$value ;;
-            FORGE_SLURM_WAIT_S) FORGE_SLURM_WAIT_S=$value ;;
-            FORGE_SLURM_SYSLOG_SOCKET) FORGE_SLURM_SYSLOG_SOCKET=$value ;;
-            FORGE_SLURM_NVIDIA_PROC) FORGE_SLURM_NVIDIA_PROC=$value ;;
-            *) ignored="$ignored '$line'" ;;
-        esac
+        set_setting "${line%%=*}" "${line#*=}" || ignored="$ignored '$line'"
     done <"$conf"
     [ -z "$ignored" ] || say warning "$conf: ignored line(s)$ignored (keys: $KEYS)"
     case $FORGE_SLURM_WAIT_S in
@@ -220,14 +222,7 @@ while IFS= read -r line; do
             [ "$rc" -eq 0 ] || continue  # a read cut short: the defaults, never half a file
             key=${line#set }
             key=${key%% *}
-            value=${line#set "$key" }
-            case $key in
-                FORGE_LOAD) FORGE_LOAD=$value ;;
-                FORGE_HOLD_DIR) FORGE_HOLD_DIR=$value ;;
-                FORGE_SLURM_WAIT_S) FORGE_SLURM_WAIT_S=$value ;;
-                FORGE_SLURM_SYSLOG_SOCKET) FORGE_SLURM_SYSLOG_SOCKET=$value ;;
-                FORGE_SLURM_NVIDIA_PROC) FORGE_SLURM_NVIDIA_PROC=$value ;;
-            esac
+            set_setting "$key" "${line#set "$key" }" || :
             ;;
     esac
 done <<EOF

@@ -16,36 +16,43 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from forge_load import __version__
+from forge_load.config.cmdline import ArgParser, UsageError
 from forge_load.config.heartbeat import DEFAULT_HEALTH_MAX_AGE_S, MIN_HEALTH_MAX_AGE_S, heartbeat_period_s
 from forge_load.config.settings import BY_KEY, DEFAULT_BOOST_TARGET, LEGACY_TARGET_ENV, SETTINGS, Config
 from forge_load.config.sim import SimConfig
 from forge_load.config.tools import TOOL_VARIABLES
 from forge_load.config.values import ConfigError, Setting, parse_value, percent_value, show_number, show_value, unusable
 from forge_load.log import escape_controls
-from forge_load.operators.schedule import ScheduleError, local_zone
+from forge_load.steering.schedule import ScheduleError, local_zone
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # argparse would print usage and exit 2 itself; the app reports every bad setting the same way. The
-        # message quotes what was typed: escaped, and cut short.
-        text = escape_controls(" ".join(message.split()))
-        text = text if len(text) <= 300 else text[:300] + "..."
-        raise ConfigError(f"command line: {text} (see --help)")
+# The commands dispatched before the filler's flags are read (cli.py), each with `forge-load COMMAND --help`.
+COMMANDS = {
+    "status": "every filler on this host, a row per GPU",
+    "hold": "hold GPUs for a job: their fillers step aside (docs/holds.md)",
+    "release": "release a hold",
+    "holds": "the holds in place",
+    "health": "the health check of a filler started with the same settings",
+    "fleet": "one filler container per GPU of a Docker host: up, down, status, logs, watch",
+    "plot": "draw a run from its log (PNG or SVG)",
+}
+COMMANDS_EPILOG = "\n".join(["commands (forge-load COMMAND --help):",
+                             *(f"  {name:<9} {what}" for name, what in COMMANDS.items()),
+                             "", "Without a command, forge-load runs the filler with the options above."])
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
     """Every setting as a flag. Defaults are None so load_config can tell "given" from "not given"."""
-    parser = _Parser(
+    parser = ArgParser(
         prog="forge-load",
         description="Keep a GPU at a target utilization; step aside while other jobs use it.",
-        epilog="Holds: `forge-load hold|release|holds --help` (docs/holds.md). Health: `forge-load health --help`.",
+        epilog=COMMANDS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's table as written
         allow_abbrev=False,  # --foreign-* and --sim-* share prefixes; abbreviations would be guesses
     )
-    parser.add_argument("--version", action="version", version=f"forge-load {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"forge-load {__version__}")
     for s in SETTINGS:
         help_text = f"{s.help} [env {s.env}]".replace("%", "%%")
         if s.boolean:
@@ -88,7 +95,14 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     A value overridden by a flag is not read, so a stale variable cannot stop a corrected command line.
     """
     env = os.environ if env is None else env
-    args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as error:
+        # Every bad setting is reported the same way (app.py, exit 2); the message quotes what was typed: escaped,
+        # and cut short.
+        text = escape_controls(" ".join(str(error).split()))
+        text = text if len(text) <= 300 else text[:300] + "..."
+        raise ConfigError(f"command line: {text} (see --help)") from None
     given: dict[str, _Given] = {}
     for s in SETTINGS:
         got = _read(s, args, env)

@@ -29,8 +29,8 @@ from forge_load.config.values import (
     seconds_value,
     url_host,
 )
-from forge_load.operators.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
-from forge_load.operators.schedule import ActiveHours
+from forge_load.steering.holds import DEFAULT_HOLD_DIR, DEFAULT_IDLE_AGE_OUT_S
+from forge_load.steering.schedule import ActiveHours
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,8 @@ SETTINGS: tuple[Setting, ...] = (
             "2 x (1 s + poll interval), divided by the simulation's speed when below 1; default 30"),
     Setting("heartbeat_file", "FORGE_HEARTBEAT_FILE", "--heartbeat-file", path_value,
             "file the loop touches and `python -m forge_load.health` checks; default "
-            "/tmp/forge_load-<uid>/heartbeat-<GPUs> (heartbeat-gpu0)"),
+            "$TMPDIR/forge_load-<uid>/heartbeat-<GPUs> (heartbeat-gpu0; /tmp without TMPDIR; a systemd unit's "
+            "$RUNTIME_DIRECTORY/heartbeat-<GPUs>)"),
     Setting("max_power_w", "FORGE_MAX_POWER_W", "--max-power-w", power_value,
             "power cap: board power (1-s mean) stays at or under this many watts while filling; default none",
             logged="max_power_w"),
@@ -192,6 +193,8 @@ def describe(config: Config) -> dict[str, object]:
         value = getattr(config.sim, setting.key[4:]) if simulator else getattr(config, setting.key)
         if value is None and not simulator:
             continue
+        if setting.key == "hold_dir" and config.simulate and value == DEFAULT_HOLD_DIR:
+            continue  # still watched, but rarely what a simulated run is about: named on its line only when set
         out[setting.logged] = value if setting.shown is None else setting.shown(value)
     if config.time_zone is not None:
         out["tz"] = config.time_zone

@@ -19,6 +19,15 @@ from forge_load.config.values import (
     window_value,
 )
 
+# Every simulated GPU's UUID: this prefix, then the seed and the index, 6 digits each. The same for every simulated
+# filler of a seed on a host (tests and examples name them), so a hold for one belongs in the filler's own hold
+# directory, never the host-wide one (the hold command refuses it there).
+SIM_UUID_PREFIX: str = "GPU-51a00000-0000-4000-8000-"
+
+
+def sim_uuid(seed: int, index: int) -> str:
+    return f"{SIM_UUID_PREFIX}{seed:06d}{index:06d}"
+
 
 @dataclass(frozen=True)
 class SimConfig:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from forge_load.operators.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
-from forge_load.operators.schedule import ActiveHours, ScheduleError, parse_active_hours
+from forge_load.steering.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
+from forge_load.steering.schedule import ActiveHours, ScheduleError, parse_active_hours
 
 
 class ConfigError(Exception):

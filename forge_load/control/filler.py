@@ -1,6 +1,7 @@
-"""The control loop of one GPU: Monitor readings, pauses and holds -> policy -> controller (under the power cap's
-duty limit) -> Worker, and what the log lines say. The lines are written through lines.py's LineGate, the power
-cap learns through powercap.py's PowerWatch, the energy is counted by energy.py's EnergyMeter."""
+"""The control loop of one GPU: Monitor readings and the reasons not to run (reasons.py: pauses, holds, the power
+cap) -> policy -> controller (under the power cap's duty limit) -> Worker, and what the log lines say. The lines are
+written through lines.py's LineGate, the power cap learns through powercap.py's PowerWatch, the energy is counted by
+energy.py's EnergyMeter."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from forge_load.control.powercap import CapChange, PowerCap, PowerWatch
 from forge_load.control.quantity import UTILIZATION, Quantity
 from forge_load.control.status import GpuStatus
 from forge_load.control.worker import IDLE_PLAN, Worker
-from forge_load.operators.hold_watch import FillerHolds, coalesce
-from forge_load.operators.pause import Pauses, shown_time
+from forge_load.steering.filler_status import StatusWriter
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard
+from forge_load.steering.pause import Pauses, PauseSwitch
 
 
 @dataclass
@@ -44,41 +46,43 @@ class Timing:
     stale_after_s: float = 2.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class Steering:
-    """What steers the loop from outside, and who it tells: `pauses` says when not to run at all; `holds` when a hold
-    names this GPU (and takes the acknowledgement); `power_cap` limits the duty (FORGE_MAX_POWER_W); `heartbeat` is
-    called about once a second while the loop steps; `on_transition` is told after every change of state (the
-    process title follows it)."""
+@dataclass(frozen=True)
+class Controls:
+    """What ties a GPU's filler to the rest of the process, passed down from main() to the loop as one: what steers
+    it from outside (the signals' pause switch, SIGUSR1 and SIGUSR2; the holds kept in this process, the kubelet's:
+    both feed each GPU's Reasons) and who is told what it does (a change of state: the process title; each second:
+    the heartbeat)."""
 
-    pauses: Pauses | None = None
-    holds: FillerHolds | None = None
-    power_cap: PowerCap | None = None
-    heartbeat: Callable[[], None] | None = None
+    switch: PauseSwitch | None = None
     on_transition: Callable[[], None] | None = None
+    board: HoldBoard | None = None
+    heartbeat: Callable[[], None] | None = None
 
 
-NO_STEERING = Steering()
+NO_CONTROLS = Controls()
 
 
 class Filler:
-    """The loop's parts (monitor, worker, controller, policy), the gate its lines go through, its timing, and what
-    steers it from outside; `quantity` is what the target is a target of."""
+    """The loop's parts (monitor, worker, controller, policy, whose Reasons say what keeps the GPU from being
+    filled), the gate its lines go through, its timing, and who it tells (`controls`: its heartbeat and its changes
+    of state; `report`: this GPU's status file, which `forge-load status` reads); `quantity` is what the target is
+    a target of."""
 
     def __init__(self, monitor: Monitor, worker: Worker, controller: Controller, policy: Policy, lines: LineGate,
-                 timing: Timing, steering: Steering = NO_STEERING, quantity: Quantity = UTILIZATION) -> None:
+                 timing: Timing, controls: Controls = NO_CONTROLS, quantity: Quantity = UTILIZATION,
+                 report: StatusWriter | None = None) -> None:
         self.monitor = monitor
+        self.report = report
+        self.reason: str | None = None  # the last change's reason
         self.quantity = quantity
         self.worker = worker
         self.controller = controller
         self.policy = policy
         self.lines = lines
         self.timing = timing
-        self.pauses = steering.pauses
-        self.holds = steering.holds
-        self.power_cap = steering.power_cap
-        self.heartbeat = steering.heartbeat
-        self.on_transition = steering.on_transition
+        self.reasons = policy.reasons
+        self.heartbeat = controls.heartbeat
+        self.on_transition = controls.on_transition
         self.power_watch = PowerWatch(self.power_cap, worker.busy_log) if self.power_cap is not None else None
         self.yields = 0
         self.yielding_s = 0.0
@@ -90,11 +94,6 @@ class Filler:
         self._last_beat_s = float("-inf")
         self._yield_since_s: float | None = None
         self._draining = False  # a yield's (or a pause's) last kernels are still running
-        self._pause_generation = -1  # the pauses are asked at the first step, before anything is launched
-        self._pause_reason: str | None = None
-        self.holds_begun = 0
-        self._holds_checked = False  # asked at the first step, before anything is launched; then every reading
-        self._holds_generation = 0  # and at once when the in-process holds change (HoldBoard)
         # Energy: the device's, over the time between two readings that began while we were filling.
         self.energy = EnergyMeter()  # the device's energy while we fill
         controller.start(timing.start_s)
@@ -103,18 +102,33 @@ class Filler:
     def state(self) -> State:
         return self.policy.state
 
+    @property
+    def pauses(self) -> Pauses | None:
+        return self.reasons.pauses
+
+    @property
+    def holds(self) -> FillerHolds | None:
+        return self.reasons.holds
+
+    @property
+    def power_cap(self) -> PowerCap | None:
+        return self.reasons.power_cap
+
+    @property
+    def holds_begun(self) -> int:
+        return self.reasons.holds_begun
+
     def step(self, now_s: float) -> float:
         """React to a new reading, drive the Worker, log; returns when to step again."""
         if self.monitor.failure is not None:
             raise self.monitor.failure
         reading = self.monitor.take()
         fresh = reading is not None and reading.seq != self._seq
-        if self.holds is not None and (fresh or not self._holds_checked
-                                       or self.holds.generation != self._holds_generation):
-            if fresh and reading is not None and reading.reason is not None:
+        if self.reasons.holds_due(fresh):
+            if fresh and reading is not None and reading.reason is not None and self.holds is not None:
                 self.holds.foreign_seen(now_s)  # a held GPU at work is not idle: no age-out
             self._check_holds(now_s)
-        if self.pauses is not None and (fresh or self.pauses.generation != self._pause_generation):
+        if self.reasons.pauses_due(fresh):
             self._check_pauses(now_s)
         if reading is not None and fresh:
             self._seq = reading.seq
@@ -130,6 +144,10 @@ class Filler:
             problem = self.holds.acknowledge(now_s, self.policy.state.value, self.drained)
             if problem is not None:
                 self.lines.emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
+        if self.report is not None:
+            held_by = self.holds.watch.holders if self.holds is not None else ()
+            if self.report.due(self.policy.state.value, held_by):
+                self._report(now_s, held_by)
         if now_s >= self._next_status_s:
             self._status(now_s)
         if now_s >= self.lines.due_s:
@@ -143,6 +161,12 @@ class Filler:
                                            or (self.pauses is not None and self.pauses.pause_file is not None))
         ack_due_s = self.holds.ack_due_s if self.holds is not None else float("inf")
         return min(due_s, self._next_status_s, self.lines.due_s, ack_due_s)
+
+    def _report(self, now_s: float, held_by: tuple[str, ...]) -> None:
+        assert self.report is not None
+        status = self.status(now_s)
+        self.report.write(status.state, held_by, status.target, status.util_ratio, status.own_ratio, status.power_w,
+                          self.reason)
 
     def _react(self, now_s: float, reading: Reading) -> None:
         self.last = reading
@@ -164,7 +188,7 @@ class Filler:
     def _plan(self, now_s: float, reading: Reading | None) -> None:
         """The controller's plan for the Worker, under the power cap's duty limit; without a reading (an unpause
         between polls), from what the controller already knows."""
-        limit = self.power_cap.duty_limit if self.power_cap is not None else 1.0
+        limit = self.reasons.duty_limit
         samples = self.quantity.samples(reading) if reading is not None else []
         window_s = reading.window_s if reading is not None else self.monitor.window_s
         plan = self.controller.update(self.policy.current_target, samples, window_s, self.worker.launch_s,
@@ -178,16 +202,10 @@ class Filler:
 
     def _check_pauses(self, now_s: float) -> None:
         """A pause begins (or its reasons change) or ends: as fast as a yield, and logged like one."""
-        assert self.pauses is not None
-        self._pause_generation = self.pauses.generation
-        verdict = self.pauses.check()
-        if verdict.reason is not None and verdict.reason != self._pause_reason:
-            self._pause_reason = verdict.reason
-            self._apply(now_s, self.policy.pause(now_s, verdict.reason))
-        elif verdict.reason is None and self._pause_reason is not None:
-            self._pause_reason = None
-            self._apply(now_s, self.policy.unpause(now_s, verdict.ended or "no reason to pause left"))
-            if self.policy.state in FILLING_STATES:
+        change = self.reasons.look_pauses()
+        if change is not None:
+            self._apply(now_s, self.policy.changed(change.event, now_s, change.reason))
+            if change.event == "unpause" and self.policy.state in FILLING_STATES:
                 self._plan(now_s, None)  # at once, not at the next poll
 
     @property
@@ -198,36 +216,19 @@ class Filler:
     def _check_holds(self, now_s: float) -> None:
         """Holds begin or end: a `hold` line per holder (the first one holds the GPU, as fast as a yield) and a
         `release` line per holder gone (the last one lets it fill again); each problem once."""
-        assert self.holds is not None
-        self._holds_checked = True
-        self._holds_generation = self.holds.generation
-        changes, problems = self.holds.check(now_s)
-        for problem in problems:
+        look = self.reasons.look_holds(now_s)
+        for problem in look.problems:
             self.lines.emit(now_s, "hold_warning", {**self.fields(now_s), "reason": problem})
-        changes = coalesce(changes)  # many holders at once: one line, with their count
-        releases = [c for c in changes if c.event == "release"]
-        for change in changes:
-            extra: dict[str, object] = {"holder": change.holder}
-            if change.count > 1:
-                extra["count"] = change.count
-            if change.event == "hold":
-                self.holds_begun += change.count
-                if change.until_unix_s is not None:
-                    extra["until"] = shown_time(change.until_unix_s)
-                reason = change.reason or f"held by {change.holder}"
-                if not self.policy.held:
-                    self._apply(now_s, self.policy.hold(now_s, reason), extra=extra)
-                    continue
-            else:
-                reason = change.reason
-                if self.policy.held and not self.holds.held and change is releases[-1]:
-                    self._apply(now_s, self.policy.release(now_s, reason), extra=extra)
-                    if self.policy.state in FILLING_STATES:
-                        self._plan(now_s, None)  # at once, not at the next poll
-                    continue
+        for line in look.lines:
+            extra: dict[str, object] = {"holder": line.holder, **line.more}
+            if line.turns:
+                self._apply(now_s, self.policy.changed(line.event, now_s, line.reason), extra=extra)
+                if line.event == "release" and self.policy.state in FILLING_STATES:
+                    self._plan(now_s, None)  # at once, not at the next poll
+                continue
             fields = self.fields(now_s)
-            fields.update(reason=reason, **extra)
-            self.lines.emit(now_s, change.event, fields)
+            fields.update(reason=line.reason, **extra)
+            self.lines.emit(now_s, line.event, fields)
 
     def _apply(self, now_s: float, transition: Transition | None, reading: Reading | None = None,
                extra: dict[str, object] | None = None) -> None:
@@ -249,6 +250,7 @@ class Filler:
         extra = dict(extra or {})
         if reading is not None and reading.signals:
             extra["signals"] = ",".join(reading.signals)
+        self.reason = transition.reason
         fields = self.fields(now_s)
         fields.update(reason=transition.reason, **extra)
         self.lines.emit(now_s, transition.event, fields)

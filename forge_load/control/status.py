@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from forge_load.control.probe import DeviceInfo
+from forge_load.control.reasons import State
 
-# Every state a GPU's slot can report; exactly one holds at a time.
-STATES = ("starting", "filling", "yielding", "boosted", "paused", "held", "stopped", "failed")
+# Every state a GPU's slot can report; exactly one holds at a time: a filler's (reasons.State) while it runs.
+STARTING, STOPPED, FAILED = "starting", "stopped", "failed"
+STATES = (STARTING, *(state.value for state in State), STOPPED, FAILED)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""`python -m forge_load.fleet ...`: `forge-load fleet ...` without the console script."""
+"""`python -m forge_load.fleet ...`: `forge-load fleet ...` without the console script, kept at this address (the
+one import above its layer, declared in pyproject.toml's layers contract)."""
 
-from forge_load.fleet.command import main
+from forge_load.commands.fleet import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,13 +1,12 @@
 """The Docker engine, through the Python docker SDK: connected to here, the SDK imported (here and in the other
 modules) only inside the functions that use the engine, so `forge-load fleet --help` and a bad flag work on a host
-without the SDK, and a command that needs it says so in one line. The errors every command reports in one line,
-and how they are said.
+without the SDK, and a command that needs it says so in one line. The errors every command reports in one line
+(said by forge_load.log.say).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 
@@ -26,12 +25,15 @@ def connect() -> Any:
         from docker.errors import DockerException
     except ImportError as error:
         raise FleetError(f"the Python docker SDK is missing ({error}): pip install docker") from error
-    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
+    host = os.environ.get("DOCKER_HOST")
+    where = f"{host} (DOCKER_HOST)" if host else "unix:///var/run/docker.sock (the default: DOCKER_HOST is not set)"
     try:
         client = docker.from_env(timeout=30)
     except (DockerException, ValueError) as error:  # ValueError: a DOCKER_HOST urllib cannot parse
-        raise FleetError(f"cannot reach the Docker engine at {where}: DOCKER_HOST is not usable "
-                         f"({short(error)})") from error
+        # The SDK asks the engine its API version here: with no DOCKER_HOST, the default socket is what failed.
+        why = ("it is not usable" if host
+               else "is the engine running, and may this user use its socket?")
+        raise FleetError(f"cannot reach the Docker engine at {where}: {why} ({short(error)})") from error
     try:
         client.ping()
     except (DockerException, OSError) as error:
@@ -77,10 +79,3 @@ def refusal(error: Exception) -> str | None:
 def short(error: Exception) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
-
-
-def say(text: str) -> None:
-    """One line on stderr, every control character escaped (values from the command line and the engine
-    must not be able to forge output)."""
-    shown = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
-    print(shown, file=sys.stderr, flush=True)

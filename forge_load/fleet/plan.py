@@ -16,7 +16,7 @@ from typing import Any
 from forge_load.config.load import load_config, unknown_variables
 from forge_load.config.values import ConfigError
 from forge_load.fleet.engine import FleetError, SettingsError
-from forge_load.operators.holds import DEFAULT_HOLD_DIR
+from forge_load.steering.holds import DEFAULT_HOLD_DIR
 
 __all__ = ["DEFAULT_HOLD_DIR"]  # the default of `up --hold-dir` and `watch --hold-dir`
 

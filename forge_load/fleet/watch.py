@@ -1,12 +1,11 @@
 """`forge-load fleet watch` (docs/docker-watch.md): follows the engine's container events and holds
-(forge_load.operators.holds) the GPUs of every container that asks for them, from its `create` until it dies or
+(forge_load.steering.holds) the GPUs of every container that asks for them, from its `create` until it dies or
 is removed, so that the fillers step aside before the container's process starts. What is held when is decided
-by forge_load.operators.dockerwatch (pure); this is its loop over the engine.
+by forge_load.steering.dockerwatch (pure); this is its loop over the engine.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -15,12 +14,13 @@ import threading
 import time
 from typing import Any
 
+from forge_load.exits import EXIT_OK
 from forge_load.fleet import engine
-from forge_load.fleet.engine import FleetError, SettingsError, short
+from forge_load.fleet.engine import FleetError, short
 from forge_load.fleet.events import EventSplitter
-from forge_load.operators.dockerwatch import EVENTS, DockerHolds, Seen, not_held_because
-from forge_load.operators.holds import HoldError, read_small
-from forge_load.service import holdcmd
+from forge_load.log import escape_controls
+from forge_load.steering.dockerwatch import EVENTS, DockerHolds, Seen, not_held_because
+from forge_load.steering.holds import HoldError, read_small
 
 ENGINE_RETRY_S = (1.0, 2.0, 5.0, 10.0)
 EXPIRE_EVERY_S = 1.0
@@ -53,7 +53,7 @@ def short_json(value: object) -> str:
 
 
 class Watch:
-    """The event loop of `watch`: the engine's container events into forge_load.operators.dockerwatch.DockerHolds.
+    """The event loop of `watch`: the engine's container events into forge_load.steering.dockerwatch.DockerHolds.
 
     On `create` the labels in the event say whether the container is ours or a monitor; the engine's files say
     what GPUs it asks for at once. Where they cannot be read, an inspect runs on a thread of its own (it can
@@ -160,26 +160,18 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def cmd_watch(args: argparse.Namespace, out: Any) -> int:
-    try:
-        hold_dir = holdcmd.hold_dir_of(args.hold_dir, os.environ)
-    except holdcmd.BadInput as error:
-        raise SettingsError(str(error)) from None
-    if not 0 < args.created_hold <= 86400:
-        raise SettingsError(f"--created-hold={args.created_hold!r}: expected seconds above 0, at most 86400")
-    uuids = holdcmd.host_uuids()
-    if not uuids:
-        raise FleetError("neither NVML nor /proc/driver/nvidia/gpus shows a GPU on this host: nothing to hold")
+def run(hold_dir: str, uuids: list[str], created_hold_s: float, out: Any) -> int:
+    """Hold the GPUs of this host (`uuids`) that containers ask for, in `hold_dir`, until SIGINT or SIGTERM (exit
+    0); the command (forge_load/commands/fleet.py) has checked what it was given."""
 
     def log(line: str) -> None:
-        shown = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in line)
         try:
-            print(f"t={time.time():.3f} {shown}", file=out, flush=True)
+            print(f"t={time.time():.3f} {escape_controls(line)}", file=out, flush=True)
         except (OSError, ValueError):
             pass
 
-    holds_ = DockerHolds(hold_dir, uuids, log, args.created_hold)
-    log(f"event=watch hold_dir={hold_dir} gpus={','.join(uuids)} created_hold_s={args.created_hold:g}")
+    holds_ = DockerHolds(hold_dir, uuids, log, created_hold_s)
+    log(f"event=watch hold_dir={hold_dir} gpus={','.join(uuids)} created_hold_s={created_hold_s:g}")
     stop = threading.Event()
     watch: Watch | None = None
     failures = 0
@@ -221,6 +213,6 @@ def cmd_watch(args: argparse.Namespace, out: Any) -> int:
                 time.sleep(wait_s)
     except KeyboardInterrupt:  # SIGINT, or SIGTERM (docker stop)
         log("event=stop holds stay as they are: the next `watch` reconciles them with what runs")
-        return 0
+        return EXIT_OK
     finally:
         stop.set()

@@ -29,7 +29,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Protocol
 
-from forge_load.config.sim import SimConfig
+from forge_load.config.sim import SimConfig, sim_uuid
 from forge_load.control.probe import Activity, DeviceInfo, GpuFailedError, GpuProcess, UtilSample
 from forge_load.control.worker import Completed
 
@@ -127,7 +127,7 @@ class SimGpu:
         self._energy_lock = threading.Lock()
         self._energy_j = 0.0
         self._energy_t_s = clock.now()
-        self.info = DeviceInfo(index=index, uuid=f"GPU-51a00000-0000-4000-8000-{config.seed:06d}{index:06d}",
+        self.info = DeviceInfo(index=index, uuid=sim_uuid(config.seed, index),
                                name=f"Simulated GPU ({config.sms} SMs)", memory_total_mib=81559.0,
                                driver_version="simulated", mig_enabled=False)
 

@@ -22,29 +22,19 @@ from typing import TextIO, cast
 from forge_load.config.load import load_config, unknown_variables
 from forge_load.config.settings import Config
 from forge_load.config.values import ConfigError, url_host
+from forge_load.control.filler import Controls
 from forge_load.control.probe import NoGpuError
 from forge_load.control.status import GpuSlots
-from forge_load.log import EventLog, LogStream, escape_controls, internal_error
-from forge_load.operators.hold_watch import HoldBoard
-from forge_load.operators.pause import PauseSwitch
+from forge_load.exits import EXIT_CONFIG, EXIT_INTERNAL, EXIT_LOG_LOST, EXIT_NO_GPU, EXIT_OK
+from forge_load.log import EventLog, LogStream, escape_controls, internal_error, say, to_devnull
 from forge_load.service import health, http_server
 from forge_load.service.gpu_threads import run_gpus
-from forge_load.service.runtime import (
-    EXIT_CONFIG,
-    EXIT_INTERNAL,
-    EXIT_LOG_LOST,
-    EXIT_NO_GPU,
-    EXIT_OK,
-    Controls,
-    StopEvent,
-    request_stop,
-    say,
-    stop_reason,
-    to_devnull,
-)
+from forge_load.service.runtime import StopEvent, request_stop, stop_reason
 from forge_load.service.title import ProcessTitle
 from forge_load.service.title import describe as describe_title
 from forge_load.service.unix_signals import StopSignals
+from forge_load.steering.hold_watch import HoldBoard
+from forge_load.steering.pause import PauseSwitch
 
 # The open files the filler needs at least: a GPU's CUDA start took 16 on the virtual GPU (numba's sources, the
 # libraries); the rest is room for the driver's device files, the pause file, the heartbeat and the metrics server.
@@ -100,6 +90,11 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
     holder = beat.claim()
+    if holder is not None and not config.simulate and (missing := no_gpu()) is not None:
+        # No GPU here at all: that, not the other filler, is why this one cannot run (exit 3, as without it). Asked
+        # only now: NVML's start is dear, and without a conflict the GPU's own opening says the same.
+        say(f"forge-load: no usable GPU: {missing}")
+        return EXIT_NO_GPU
     if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/service/health.py)
         same = (f"the heartbeat {escape_controls(str(path))} of the same GPUs ({health.heartbeat_name(config)})"
                 if private else f"FORGE_HEARTBEAT_FILE={escape_controls(str(path))}")
@@ -152,6 +147,16 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
         if server is not None:
             server.close()
     return _log_checked(code, log_stream, out)
+
+
+def no_gpu() -> str | None:
+    """Why this host has no GPU for a filler (no NVML, or NVML shows none); None when it has one."""
+    from forge_load.gpu import nvml
+
+    try:
+        return None if nvml.device_uuids() else "NVML shows no GPU on this host"
+    except NoGpuError as error:
+        return str(error)
 
 
 def start_kubelet(config: Config, log: EventLog, stop: threading.Event) -> HoldBoard | None:

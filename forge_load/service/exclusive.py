@@ -29,18 +29,17 @@ from typing import Protocol, TextIO
 
 from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
-from forge_load.control.status import GpuStatus
+from forge_load.control.reasons import Reasons, State, Verdict
+from forge_load.control.status import STOPPED, GpuStatus
 from forge_load.log import EventLog
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, coalesce, jobs_announced
-from forge_load.operators.pause import Pauses, shown_time
 from forge_load.service.runtime import stop_reason
+from forge_load.steering.filler_status import StatusWriter
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard, jobs_announced
+from forge_load.steering.pause import Pauses
 
 CHILD_MODULE = "forge_load.service.exclusive_child"  # its main
 END_WAIT_S = 5.0  # a child not gone this long after SIGTERM is killed (its context goes either way)
 ENDING_POLL_S = 0.01  # while a child ends: the acknowledgement follows its exit within this
-
-# The states the supervisor reports (/metrics, the process title, the acknowledgement).
-FILLING, HELD, PAUSED, YIELDING = "filling", "held", "paused", "yielding"
 
 
 def prohibited_error(info: DeviceInfo) -> NoGpuError:
@@ -120,7 +119,8 @@ def child_config(config: Config, info: DeviceInfo) -> Config:
 
 class Supervisor:
     """One exclusive-mode GPU: starts the child while nothing stands in the way, ends it when something does, and
-    acknowledges the holds. Stepped by the caller with its clock (the holds read the wall clock they were given), so
+    acknowledges the holds. What stands in the way is Reasons' verdict, as for any filler (control/reasons.py): the
+    child is its actuator. Stepped by the caller with its clock (the holds read the wall clock they were given), so
     tests run it in virtual time."""
 
     def __init__(self, info: DeviceInfo, probe: Probe, child: Child, holds: FillerHolds, log: EventLog,
@@ -132,20 +132,18 @@ class Supervisor:
         self.child = child
         self.holds = holds
         self.watch = holds.watch
-        self.holds_begun = 0
+        self.reasons = Reasons(resume_after_s, pauses, holds)
         self.log = log
-        self.pauses = pauses
-        self.resume_after_s = resume_after_s
         self.foreign_mem_mib = foreign_mem_mib
         self.start_s = start_s
         self.baseline_mib = probe.memory_used_mib() or 0.0  # before any context of ours
         self.child_pid: int | None = None
         self.ending_since_s: float | None = None  # asked to end at; None while running unasked or not running
         self.our_pids: set[int] = set()
-        self.busy_until_s = -math.inf  # a foreign process, or the child's own yield: wait until then
-        self.why_not: str | None = None  # why no child may run now (None: it may)
-        self.blocked_state = FILLING  # the state that reason stands for: held, paused or yielding
+        self.verdict = Verdict(State.FILLING, None)  # at the last step: whether a child may run, and why not
+        self.stopping = False  # close(): the filler stops
         self.yields = 0
+        self.report: StatusWriter | None = None  # the status file `forge-load status` reads (supervise() sets it)
 
     @property
     def running(self) -> bool:
@@ -153,7 +151,11 @@ class Supervisor:
 
     @property
     def state(self) -> str:
-        return FILLING if self.why_not is None else self.blocked_state
+        return STOPPED if self.stopping else self.verdict.state.value
+
+    @property
+    def holds_begun(self) -> int:
+        return self.reasons.holds_begun
 
     def _t(self, now_s: float) -> float:
         return now_s - self.start_s
@@ -173,34 +175,20 @@ class Supervisor:
     def step(self, now_s: float) -> float:
         """Act on the holds, the pauses and NVML now; returns when to step again."""
         state_before = self.state
-        changes, problems = self.holds.check(now_s)
-        for problem in problems:
+        look = self.reasons.look_holds(now_s)
+        for problem in look.problems:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
-        for change in coalesce(changes):  # many holders at once: one line, with their count
-            reason = change.reason or (f"held by {change.holder}" if change.event == "hold" else "")
-            fields: dict[str, object] = {"holder": change.holder, "reason": reason}
-            if change.count > 1:
-                fields["count"] = change.count
-            if change.until_unix_s is not None:
-                fields["until"] = shown_time(change.until_unix_s)
-            self.holds_begun += change.count if change.event == "hold" else 0
-            self.log.emit(change.event, t=self._t(now_s), **fields)
+        for line in look.lines:  # as the filler's, without its fields: the supervisor has no shares to show
+            self.log.emit(line.event, t=self._t(now_s), holder=line.holder, reason=line.reason, **line.more)
         self._reap(now_s)  # first: a child that ended by itself counts in what follows
-        pause = self.pauses.check().reason if self.pauses is not None else None
+        if self.reasons.pauses_due(fresh=True):  # at every step: the supervisor has no readings to wait for
+            self.reasons.look_pauses()
         foreign = self._foreign()
         if foreign is not None:
             self.watch.foreign_seen(now_s)
-            self.busy_until_s = max(self.busy_until_s, now_s + self.resume_after_s)
-        why: str | None = None
-        if self.watch.held:
-            self.blocked_state, why = HELD, f"held by {','.join(self.watch.holders) or 'the fail-safe'}"
-        elif pause is not None:
-            self.blocked_state, why = PAUSED, f"paused: {pause}"
-        elif foreign is not None:
-            self.blocked_state, why = YIELDING, f"foreign job: {foreign}"
-        elif now_s < self.busy_until_s:
-            self.blocked_state, why = YIELDING, f"no foreign job for {self.resume_after_s:g} s first"
-        self.why_not = why
+            self.reasons.foreign_seen(now_s)
+        self.verdict = self.reasons.verdict(now_s, foreign)
+        why = self.verdict.reason
         if self.running and why is not None and self.ending_since_s is None:
             self._end(now_s, why)
         elif self.running and self.ending_since_s is not None and now_s - self.ending_since_s > END_WAIT_S:
@@ -233,7 +221,7 @@ class Supervisor:
                       reason="asked to end" if asked else "the child ended by itself")
         if not asked:  # it yielded, or its GPU failed: not again before a quiet while
             self.yields += 1
-            self.busy_until_s = max(self.busy_until_s, now_s + self.resume_after_s)
+            self.reasons.wait_quiet(now_s)
         self.child_pid = None
         self.ending_since_s = None
 
@@ -242,12 +230,16 @@ class Supervisor:
         problem = self.holds.acknowledge(now_s, self.state, drained=not self.running)
         if problem is not None:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
+        held_by = self.watch.holders
+        if self.report is not None and self.report.due(self.state, held_by):
+            # the shares and the power are the child's, in its log lines: the state and why are the supervisor's
+            self.report.write(self.state, held_by, reason=self.verdict.reason)
 
     def close(self, now_s: float, wait: Callable[[float], None], clock: Callable[[], float]) -> None:
         """End the child (if any) and wait for it; killed after END_WAIT_S."""
-        self.why_not, self.blocked_state = "the filler stops", "stopped"
+        self.stopping = True
         if self.running and self.ending_since_s is None:
-            self._end(now_s, self.why_not)
+            self._end(now_s, "the filler stops")
         while self.running:
             now = clock()
             if self.ending_since_s is not None and now - self.ending_since_s > END_WAIT_S:
@@ -287,13 +279,13 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
                  reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
                         f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled "
                         "until the directory appears")
-        idle = supervisor_status(PAUSED)
+        idle = supervisor_status(State.PAUSED.value)
         attach(lambda: idle)
         while not stop.is_set() and time.monotonic() < end_s and not jobs_announced(hold_dir, board):
             beat()
             stop.wait(min(1.0, max(end_s - time.monotonic(), 0.0)))
         if stop.is_set() or time.monotonic() >= end_s:
-            log.emit("stop", state=PAUSED, reason=_stop_reason(stop, end_s))
+            log.emit("stop", state=State.PAUSED.value, reason=_stop_reason(stop, end_s))
             return
     log.emit("exclusive", compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
@@ -302,6 +294,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out)
     sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
                      on_change)
+    sup.report = StatusWriter(hold_dir, info.uuid, info.index, os.getpid())
     attach(sup.status)
     try:
         while not stop.is_set() and time.monotonic() < end_s:
@@ -311,6 +304,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
             wake.clear()
     finally:
         sup.close(time.monotonic(), time.sleep, time.monotonic)
+        sup.report.close()
         sup.holds.close()  # as any filler that stops: `hold --wait` need not wait for the acknowledgement to age
         log.emit("stop", state=sup.state, reason=_stop_reason(stop, end_s), yields=sup.yields)
 

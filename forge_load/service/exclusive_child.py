@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from forge_load.config.settings import Config
+from forge_load.control.filler import Controls
 from forge_load.control.policy import FILLING_STATES
 from forge_load.control.status import GpuSlot
 from forge_load.gpu.backend import Backend, NvidiaBackend
-from forge_load.log import internal_error
-from forge_load.operators import holds as disk
-from forge_load.operators.hold_watch import HoldWatch
+from forge_load.log import internal_error, say
 from forge_load.service import gpu_threads, runtime
 from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
+from forge_load.steering import holds as disk
+from forge_load.steering.hold_watch import HoldWatch
 
 HOLDS_POLL_S = 0.1  # the child's own look at the holds, as often as the supervisor's
 # The supervisor ends the child at its next step (0.1 s) after a hold appears; only a hold it has let stand this long
@@ -123,7 +124,7 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     if hold_dir and disk.configured(hold_dir):
         _lock_fd, why_not = take_context_lock(hold_dir, config.gpu or "", stop)  # kept open: it goes with the process
         if why_not is not None:
-            runtime.say(f"forge-load: exclusive-mode child: {why_not}: `forge-load hold --wait` sees this child only "
+            say(f"forge-load: exclusive-mode child: {why_not}: `forge-load hold --wait` sees this child only "
                         "through the supervisor's acknowledgement")
         threading.Thread(target=watch_holds, args=(hold_dir, config.gpu or "", aged_out, stop, wake), name="holds",
                          daemon=True).start()
@@ -140,7 +141,7 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
 
     slot = GpuSlot(config.gpu)
     gpu_threads.run_gpu(config, backend or NvidiaBackend(), slot, out, stop, wake,
-                        runtime.Controls(on_transition=not_filling), on_start=on_start, supervise=False)
+                        Controls(on_transition=not_filling), on_start=on_start, supervise=False)
     return slot.exit_code if slot.status == "failed" else 0
 
 

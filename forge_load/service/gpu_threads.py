@@ -10,26 +10,20 @@ from collections.abc import Callable
 from typing import TextIO, cast
 
 from forge_load.config.settings import Config
+from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
 from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
+from forge_load.exits import EXIT_CONFIG, EXIT_GPU_FAILED, EXIT_INTERNAL, EXIT_NO_GPU, EXIT_OK
 from forge_load.gpu.backend import Backend, backend_for
-from forge_load.log import EventLog, LogStream, internal_error
+from forge_load.log import EventLog, LogStream, internal_error, say
 from forge_load.service.exclusive import supervise as run_exclusive
 from forge_load.service.loop import run_loop
 from forge_load.service.runtime import (
     DRAIN_LIMIT_S,
-    EXIT_CONFIG,
-    EXIT_GPU_FAILED,
-    EXIT_INTERNAL,
-    EXIT_NO_GPU,
-    EXIT_OK,
-    NO_CONTROLS,
-    Controls,
     GpuTakenError,
     Runtime,
     StopEvent,
     pauses_for,
-    say,
     stop_reason,
 )
 
@@ -108,8 +102,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
                       on_change=controls.on_transition, board=controls.board)
 
     try:
-        run_loop(config, backend, stream, stop, wake, dataclasses.replace(controls, heartbeat=beat, on_start=attach),
-                 exclusive=exclusive if supervise else None)
+        run_loop(config, backend, stream, stop, wake, dataclasses.replace(controls, heartbeat=beat),
+                 exclusive=exclusive if supervise else None, on_start=attach)
         slot.stopped()
         return
     except NoGpuError as error:

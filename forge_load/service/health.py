@@ -1,15 +1,15 @@
-"""Liveness from outside the process: the run loop touches a heartbeat file, and `python -m forge_load.health`
-exits 0 while it is fresh (with the metrics server on: while the filler's own /health says so), 1 otherwise.
-
-The health command reads its settings through forge_load.config, as the filler does: the same variables, the
-same checks, the same refusals (a bad value makes it exit 1 with that one line; Docker reserves exit 2).
+"""Liveness from outside the process: the run loop touches a heartbeat file, and check() judges it for the health
+command (`forge-load health`, `python -m forge_load.health`: forge_load/commands/health.py), which exits 0 while it
+is fresh (with the metrics server on: while the filler's own /health says so), 1 otherwise.
 
 The heartbeat is written without trusting what is at its path: opened without following a symbolic link,
 without blocking on a FIFO, and written only when what was opened is a regular file of our own with no other
 name (a hard link could point at someone else's file). Anything else is refused: the filler warns once on
 stderr and the health check reports unhealthy, saying why. The default path is in a directory of our own,
-/tmp/forge_load-<uid>/ (mode 0700, created at need), which is refused too when it is a link, someone else's, or
-open to others: on a shared host no other user can make the filler write anywhere else, or look healthy.
+$TMPDIR/forge_load-<uid>/ (/tmp without TMPDIR; mode 0700, created at need), which is refused too when it is a
+link, someone else's, or open to others: on a shared host no other user can make the filler write anywhere else, or
+look healthy. In a systemd unit it is the unit's runtime directory ($RUNTIME_DIRECTORY, outside the unit's private
+/tmp), where an operator's `forge-load health` with the filler's settings finds it (check_unit).
 
 One heartbeat, one filler: the default file is named after the GPUs the settings select (heartbeat-gpu0,
 heartbeat-gpus-0,1, heartbeat-sim-gpu0, ...), so the health check given a filler's settings judges that filler and
@@ -24,25 +24,20 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import http.client
-import ipaddress
 import os
 import re
 import stat
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from forge_load.config.load import load_config
 from forge_load.config.settings import Config
-from forge_load.config.values import ConfigError, url_host
 from forge_load.log import escape_controls
 
 DEFAULT_BASE = Path("/tmp")
+UNIT_RUNTIME_DIR = Path("/run/forge-load")  # deploy/systemd/forge-load.service's RuntimeDirectory=forge-load
 FILE_NAME = "heartbeat"
-EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1  # Docker's HEALTHCHECK: 0 healthy, 1 unhealthy, 2 reserved
 
 
 def heartbeat_name(config: Config) -> str:
@@ -62,10 +57,32 @@ def heartbeat_name(config: Config) -> str:
     return f"{FILE_NAME}-{key}"
 
 
-def default_heartbeat_path(base: Path = DEFAULT_BASE, uid: int | None = None, config: Config | None = None) -> Path:
-    """/tmp/forge_load-<uid>/heartbeat-<GPUs>: per user and per filler, so that a filler and the health check
-    given its settings (same user) agree, and no other filler of the user answers for it."""
-    return base / f"forge_load-{os.geteuid() if uid is None else uid}" / heartbeat_name(config or Config())
+def temp_base() -> Path:
+    """$TMPDIR where it is an absolute path (as mktemp reads it), else /tmp."""
+    tmpdir = os.environ.get("TMPDIR", "")
+    return Path(tmpdir) if tmpdir.startswith("/") else DEFAULT_BASE
+
+
+def runtime_directory() -> Path | None:
+    """The service's own directory that systemd made and named in $RUNTIME_DIRECTORY (RuntimeDirectory=: the
+    first, where it names several); None outside such a unit."""
+    first = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return Path(first) if first.startswith("/") else None
+
+
+def state_dir(base: Path | None = None, uid: int | None = None) -> Path:
+    """Where the heartbeat and the GPU locks are by default: a systemd unit's runtime directory
+    ($RUNTIME_DIRECTORY, outside its private /tmp, so the operator's `forge-load health` finds it), else
+    $TMPDIR/forge_load-<uid> (/tmp without TMPDIR), a directory of this user's own."""
+    if base is None and uid is None and (runtime := runtime_directory()) is not None:
+        return runtime
+    return (base or temp_base()) / f"forge_load-{os.geteuid() if uid is None else uid}"
+
+
+def default_heartbeat_path(base: Path | None = None, uid: int | None = None, config: Config | None = None) -> Path:
+    """<state_dir>/heartbeat-<GPUs>: per user and per filler, so that a filler and the health check given its
+    settings (same user) agree, and no other filler of the user answers for it."""
+    return state_dir(base, uid) / heartbeat_name(config or Config())
 
 
 def heartbeat_location(config: Config) -> tuple[Path, bool]:
@@ -197,8 +214,8 @@ class Heartbeat:
                     os.unlink(self.path)
             except OSError:
                 pass
-            if self._claim_fd is not None:  # the lock file stays: removing it would race the next filler's claim
-                os.close(self._claim_fd)
+            if self._claim_fd is not None:
+                release_lock(self._claim_fd, self.path.with_name(self.path.name + ".lock"))
                 self._claim_fd = None
 
 
@@ -208,26 +225,36 @@ def claim_lock(lock: Path, mode: int = 0o600) -> tuple[int | None, str | None]:
 
     (fd, None): held by this process now; (None, pid): held by another process, by the PID it wrote ("?" when
     unreadable); (None, None): it cannot be held here (not a regular file of ours, or not writable): nothing is
-    claimed, and nothing refused for it. The file is left in place: removing it would race the next claim."""
+    claimed, and nothing refused for it. Its holder removes the file when it lets go (release_lock): a lock taken
+    on a file that was removed meanwhile is no lock, so it is taken again on the file now at the path."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(lock, flags, mode)
-    except OSError:
-        return None, None
-    try:
-        if _file_problem(os.fstat(fd), lock):
+    for _ in range(100):  # each retry means another filler let go just now: a few at most
+        try:
+            fd = os.open(lock, flags, mode)
+        except OSError:
+            return None, None
+        try:
+            if _file_problem(os.fstat(fd), lock):
+                os.close(fd)
+                return None, None
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            except OSError:
+                holder = ""
+            os.close(fd)
+            return None, holder if holder.isdigit() else "?"
+        except OSError:
             os.close(fd)
             return None, None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
         try:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                break
         except OSError:
-            holder = ""
-        os.close(fd)
-        return None, holder if holder.isdigit() else "?"
-    except OSError:
-        os.close(fd)
+            pass
+        os.close(fd)  # removed (or replaced) by its last holder between our open and our flock: again
+    else:
         return None, None
     with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
@@ -235,13 +262,27 @@ def claim_lock(lock: Path, mode: int = 0o600) -> tuple[int | None, str | None]:
     return fd, None
 
 
-def claim_gpu(uuid: str, base: Path = DEFAULT_BASE) -> tuple[int | None, str | None]:
+def release_lock(fd: int, lock: Path) -> None:
+    """Let go of a lock claim_lock gave: the file is removed first, while still held (so that no lock file is left
+    behind: `gpu-<UUID>.lock` piled up by the dozen), then the descriptor closed. A claim that opened the file just
+    before its removal sees that it locked a removed file, and claims again."""
+    with contextlib.suppress(OSError):
+        if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            os.unlink(lock)
+    os.close(fd)
+
+
+def gpu_lock_path(uuid: str, base: Path | None = None) -> Path:
+    return state_dir(base) / f"gpu-{re.sub(r'[^A-Za-z0-9._-]', '_', uuid)}.lock"
+
+
+def claim_gpu(uuid: str, base: Path | None = None) -> tuple[int | None, str | None]:
     """Hold a GPU for this filler among the user's fillers on this host (claim_lock on gpu-<UUID>.lock in the
     user's private directory), whatever names it in the settings: an index, a UUID, FORGE_GPUS."""
-    directory = default_heartbeat_path(base).parent
-    if _private_dir_problem(directory, create=True):
+    lock = gpu_lock_path(uuid, base)
+    if _private_dir_problem(lock.parent, create=True):
         return None, None  # a planted directory: the heartbeat warns about it
-    return claim_lock(directory / f"gpu-{re.sub(r'[^A-Za-z0-9._-]', '_', uuid)}.lock")
+    return claim_lock(lock)
 
 
 def check(path: Path, max_age_s: float, private_dir: bool = False) -> tuple[bool, str]:
@@ -261,71 +302,37 @@ def check(path: Path, max_age_s: float, private_dir: bool = False) -> tuple[bool
     return True, f"heartbeat {age_s:.1f} s old"
 
 
-def health_address(config: Config) -> tuple[str, int] | None:
-    """Where the filler's /health answers, when its metrics server is on at a known port: its listen address,
-    or loopback when it listens on every address (0.0.0.0 or ::)."""
-    if not config.metrics_port:  # off, or 0 (any free port): the port is not known here
+def unit_heartbeat(path: Path, unit_dir: Path) -> Path | None:
+    """The deploy unit's heartbeat of the same name (deploy/systemd: RuntimeDirectory=forge-load), where the
+    filler runs as that unit and the caller, outside it, finds no heartbeat of its own; None otherwise."""
+    if runtime_directory() is not None or os.path.lexists(path):
         return None
-    ip = ipaddress.ip_address(config.metrics_addr)
-    if ip.is_unspecified:
-        return ("127.0.0.1" if ip.version == 4 else "::1"), config.metrics_port
-    return config.metrics_addr, config.metrics_port
+    candidate = unit_dir / path.name
+    return candidate if os.path.lexists(candidate) else None
 
 
-def check_server(host: str, port: int, timeout_s: float = 4.0) -> tuple[bool, str]:
-    where = f"http://{url_host(host)}:{port}/health"
-    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+def unit_heartbeats(unit_dir: Path) -> list[str]:
+    """The heartbeats in the deploy unit's runtime directory (a hint for a caller that named other GPUs)."""
     try:
-        connection.request("GET", "/health")
-        response = connection.getresponse()
-        body = response.read(64 * 1024).decode(errors="replace").strip()
-    except (OSError, http.client.HTTPException) as error:
-        return False, f"{where}: {error}"
-    finally:
-        connection.close()
-    return response.status == 200, body or f"{where}: HTTP {response.status}"
+        names = sorted(name for name in os.listdir(unit_dir)
+                       if name.startswith(FILE_NAME + "-") and not name.endswith(".lock"))
+    except OSError:
+        return []
+    return [escape_controls(name) for name in names[:8]]
 
 
-HELP = """\
-usage: python -m forge_load.health [FORGE-LOAD SETTINGS...]   (or: forge-load health ...)
-
-Says whether the forge-load filler these settings name is alive: for Docker's HEALTHCHECK, Kubernetes probes
-and operators. It takes the filler's own settings (the same FORGE_* variables and flags, checked the same way;
-see forge-load --help), so give it those of the filler to judge.
-
-What it checks:
-  - with FORGE_METRICS_PORT set (not 0): that filler's /health, at FORGE_METRICS_ADDR (0.0.0.0 means
-    127.0.0.1, :: means ::1), which judges every GPU's loop; it prints the answer (a verdict, a line per GPU);
-  - otherwise: the heartbeat file that filler's loop touches about once a second (FORGE_HEARTBEAT_FILE, by
-    default /tmp/forge_load-<uid>/heartbeat-<the GPUs it fills>), which must be a regular file of this user's
-    and younger than FORGE_HEALTH_MAX_AGE seconds (default 30); it prints its age, or what is wrong.
-
-Exit codes: 0 healthy; 1 unhealthy, or a setting the filler would refuse (said in one line). Never 2, which
-Docker reserves.
-"""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in args or "--help" in args:
-        print(HELP, end="")
-        return EXIT_HEALTHY
+def check_unit(path: Path, max_age_s: float) -> tuple[bool, str]:
+    """check() on a heartbeat that a service's own user wrote in its runtime directory: trusted as that user's when
+    the file and the directory are that user's (or ours) and nobody else may write the directory."""
     try:
-        config = load_config(args)
-    except ConfigError as error:
-        print(f"forge_load.health: {escape_controls(str(error))}", file=sys.stderr)
-        return EXIT_UNHEALTHY
-    address = health_address(config)
-    if address is not None:
-        # With the metrics server on, /health knows every GPU's loop; the file only says one is alive.
-        ok, message = check_server(*address)
-    else:
-        path, private = heartbeat_location(config)
-        ok, message = check(path, config.health_max_age_s, private_dir=private)
-    # The body from /health is a verdict line, then one line per GPU: Docker keeps it all.
-    print("\n".join(escape_controls(line) for line in message.splitlines()) or "unhealthy")
-    return EXIT_HEALTHY if ok else EXIT_UNHEALTHY
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        dir_st, st = os.lstat(path.parent), os.lstat(path)
+    except OSError as error:
+        return False, f"cannot read the heartbeat at {_shown(path)}: {error.strerror}"
+    if not stat.S_ISDIR(dir_st.st_mode) or dir_st.st_mode & 0o022 or dir_st.st_uid not in (st.st_uid, 0):
+        return False, f"no heartbeat: {_shown(path.parent)} is not a directory that only the unit's user may write"
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        return False, f"no heartbeat: {_shown(path)} is not a regular file with one name"
+    age_s = time.time() - st.st_mtime
+    if age_s > max_age_s:
+        return False, f"heartbeat {_shown(path)} {age_s:.0f} s old (limit {max_age_s:g} s)"
+    return True, f"heartbeat {_shown(path)} {age_s:.1f} s old (the systemd unit's)"

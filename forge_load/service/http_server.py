@@ -21,6 +21,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer,
 
 from forge_load.config.values import ConfigError
 from forge_load.control.status import GpuSlots
+from forge_load.log import say
 from forge_load.service.metrics import make_registry
 
 # How often the accept loop looks for a shutdown request: close() returns within this.
@@ -217,7 +218,7 @@ class _Server(ThreadingMixIn, WSGIServer):
             if error.errno in HOST_ERRNOS:
                 if self._host_error is None:
                     self._host_error = error.strerror or str(error)
-                    _say(f"forge-load: warning: metrics: cannot accept a connection ({self._host_error}): trying "
+                    say(f"forge-load: warning: metrics: cannot accept a connection ({self._host_error}): trying "
                          f"again every {ACCEPT_BACKOFF_S:g} s, said once")
                 self._closed.wait(ACCEPT_BACKOFF_S)
             raise  # socketserver drops this round and polls again
@@ -304,12 +305,7 @@ class _Server6(_Server):
 def _report(error: BaseException | None) -> None:
     """One stderr line for a bug while answering; a client that went away or timed out is not worth one."""
     if error is not None and not isinstance(error, OSError):
-        _say(f"forge-load: metrics: error answering a request: {type(error).__name__}: {str(error)!r}")
-
-
-def _say(line: str) -> None:
-    with contextlib.suppress(OSError, ValueError):  # a closed stderr is no reason to stop serving
-        print(line, file=sys.stderr, flush=True)
+        say(f"forge-load: metrics: error answering a request: {type(error).__name__}: {str(error)!r}")
 
 
 class _ServerHandler(ServerHandler):

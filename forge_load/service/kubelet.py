@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_load.log import internal_error
-from forge_load.operators.hold_watch import HoldBoard
-from forge_load.operators.holds import GPU_UUID_RE, Hold, canonical_gpu_uuid, valid_holder
+from forge_load.steering.hold_watch import HoldBoard
+from forge_load.steering.holds import GPU_UUID_RE, Hold, canonical_gpu_uuid, valid_holder
 
 POLL_S = 0.25  # List every quarter second: a quarter of the 0.5-s goal, a few calls a second the kubelet allows
 BACKOFF_MAX_S = 8.0  # after failures, List at least this often: a restarted kubelet is found again soon

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
 from forge_load.config.settings import Config
+from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.probe import ComputeMode, Probe
 from forge_load.gpu.backend import Backend, SimBackend
 from forge_load.gpu.clocks import VirtualLoopClock
@@ -21,8 +21,6 @@ from forge_load.service import health
 from forge_load.service.exclusive import prohibited_error
 from forge_load.service.runtime import (
     DRAIN_LIMIT_S,
-    NO_CONTROLS,
-    Controls,
     GpuTakenError,
     Runtime,
     log_start,
@@ -33,24 +31,27 @@ from forge_load.service.runtime import (
 
 
 def run_loop(config: Config, backend: Backend, stream: TextIO, stop: threading.Event, wake: threading.Event,
-             controls: Controls = NO_CONTROLS, exclusive: Callable[[Probe], None] | None = None) -> Runtime | None:
+             controls: Controls = NO_CONTROLS, exclusive: Callable[[Probe], None] | None = None,
+             on_start: Callable[[Runtime], None] | None = None) -> Runtime | None:
     """Fill the GPU `config.gpu` names until `stop` or the duration; the runtime it ran (None: it was handed on).
 
     A GPU in an exclusive compute mode is handed to `exclusive` (docs/exclusive.md) with its probe, before any
-    context exists; without it (the exclusive mode's own child) it is filled here as any other."""
+    context exists; without it (the exclusive mode's own child) it is filled here as any other. `on_start` is told
+    of the filler once it is built, before its start line (tools and tests look inside)."""
     # A pause signal is acted on at once, not at the next poll, and so is a hold the kubelet gave.
     listened = [source for source in (controls.switch, controls.board) if source is not None]
     for source in listened:
         source.listeners.add(wake.set)
     try:
-        return _run(config, backend, stream, stop, wake, controls, exclusive)
+        return _run(config, backend, stream, stop, wake, controls, exclusive, on_start)
     finally:
         for source in listened:
             source.listeners.remove(wake.set)
 
 
 def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event, wake: threading.Event,
-         controls: Controls, exclusive: Callable[[Probe], None] | None) -> Runtime | None:
+         controls: Controls, exclusive: Callable[[Probe], None] | None,
+         on_start: Callable[[Runtime], None] | None) -> Runtime | None:
     probe = backend.open_probe(config.gpu)
     mode = probe.info.compute_mode
     if mode is ComputeMode.PROHIBITED or (exclusive is not None and mode.exclusive):
@@ -76,8 +77,8 @@ def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event
                     f"user (pid {holder}): two fillers on one GPU only yield to each other; stop that one, or leave "
                     "this GPU out of FORGE_GPU/FORGE_GPUS")
         rt = open_runtime(config, backend, probe, clock, stream, controls)
-        if controls.on_start is not None:
-            controls.on_start(rt)
+        if on_start is not None:
+            on_start(rt)
         log_start(rt, backend.start_fields(probe.info))
         clock.start_monitor(rt.monitor, stop, wake)
         end_s = rt.start_s + config.duration_s if config.duration_s > 0 else float("inf")
@@ -106,10 +107,12 @@ def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event
         with contextlib.suppress(Exception):
             if rt is not None:
                 rt.launcher.close()
+        if rt is not None and rt.filler.report is not None:
+            rt.filler.report.close()  # a failed GPU's too: `forge-load status` shows no filler that has ended
         with contextlib.suppress(Exception):
             probe.close()
         if claim_fd is not None:
-            os.close(claim_fd)
+            health.release_lock(claim_fd, health.gpu_lock_path(probe.info.uuid))
 
 
 # --- the simulated GPU's shorthands ----------------------------------------------------------------------------
@@ -122,10 +125,8 @@ class SimRun:
     backend: SimBackend  # the one that opened the GPU (its start fields)
 
 
-def _sim_controls(controls: Controls, heartbeat: Callable[[], None] | None,
-                  on_start: Callable[[Runtime], None] | None) -> Controls:
-    return dataclasses.replace(controls, heartbeat=heartbeat or controls.heartbeat,
-                               on_start=on_start or controls.on_start)
+def _sim_controls(controls: Controls, heartbeat: Callable[[], None] | None) -> Controls:
+    return dataclasses.replace(controls, heartbeat=heartbeat or controls.heartbeat)
 
 
 def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None] | None = None,
@@ -135,7 +136,7 @@ def open_simulated(config: Config, stream: TextIO, heartbeat: Callable[[], None]
     backend = SimBackend(config.sim, keep_history, wall_start_s)
     probe = backend.open_probe(config.gpu)
     clock = backend.open_clock(probe)
-    rt = open_runtime(config, backend, probe, clock, stream, _sim_controls(controls, heartbeat, None))
+    rt = open_runtime(config, backend, probe, clock, stream, _sim_controls(controls, heartbeat))
     return SimRun(rt, probe.gpu, clock.clock, backend)
 
 
@@ -151,7 +152,7 @@ def run_simulated(config: Config, stream: TextIO, stop: threading.Event | None =
     """
     backend = SimBackend(config.sim, keep_history, wall_start_s)
     rt = run_loop(config, backend, stream, stop or threading.Event(), threading.Event(),
-                  _sim_controls(controls, heartbeat, on_start))
+                  _sim_controls(controls, heartbeat), on_start=on_start)
     # a simulated GPU is never in an exclusive compute mode: it is always run here
     assert rt is not None and isinstance(rt.probe, SimProbe) and isinstance(rt.clock, VirtualLoopClock)
     return SimRun(rt, rt.probe.gpu, rt.clock.clock, backend)

@@ -1,11 +1,9 @@
 """One GPU's filler wired from the config (build, open_runtime), its start and stop lines, and what every layer of
-the service shares: the exit codes, the stop request and its reason, a line on stderr."""
+the service shares: the stop request and its reason (the exit codes: forge_load/exits.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,43 +15,28 @@ from forge_load.config.settings import Config, describe
 from forge_load.control.controller import make_controller
 from forge_load.control.detectors import Thresholds
 from forge_load.control.energy import EnergyMeter
-from forge_load.control.filler import Filler, Steering, Timing, line_fields
+from forge_load.control.filler import NO_CONTROLS, Controls, Filler, Timing, line_fields
 from forge_load.control.lines import LineGate
 from forge_load.control.monitor import Monitor
 from forge_load.control.policy import Policy
 from forge_load.control.powercap import PowerCap
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.quantity import NEEDS_GPM, QUANTITIES
+from forge_load.control.reasons import Reasons
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
 from forge_load.gpu.clocks import LoopClock
-from forge_load.log import EventLog, escape_controls
-from forge_load.operators.hold_watch import FillerHolds, HoldBoard, jobs_announced
-from forge_load.operators.pause import Pauses, PauseSwitch
-from forge_load.operators.schedule import local_zone
+from forge_load.log import EventLog, say
+from forge_load.steering.filler_status import StatusWriter
+from forge_load.steering.hold_watch import FillerHolds, jobs_announced
+from forge_load.steering.pause import Pauses
+from forge_load.steering.schedule import local_zone
 
-EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_NO_GPU, EXIT_GPU_FAILED, EXIT_LOG_LOST = 0, 1, 2, 3, 4, 5
 DRAIN_LIMIT_S = 0.5
 
 
 class GpuTakenError(Exception):
     """Another filler of this user on this host fills the GPU already: this one leaves it (exit 2)."""
-
-
-@dataclass(frozen=True)
-class Controls:
-    """What ties a GPU's filler to the rest of the process, passed down as one: what steers it from outside (the
-    signals' pause switch, SIGUSR1 and SIGUSR2; the holds kept in this process, the kubelet's) and who is told what
-    it does (a change of state: the process title; each second: the heartbeat; its start: tools and tests)."""
-
-    switch: PauseSwitch | None = None
-    on_transition: Callable[[], None] | None = None
-    board: HoldBoard | None = None
-    heartbeat: Callable[[], None] | None = None
-    on_start: Callable[[Runtime], None] | None = None
-
-
-NO_CONTROLS = Controls()
 
 
 @dataclass
@@ -85,22 +68,24 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
                       own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
                       poll_interval_s=config.poll_interval_s, start_s=start_s)
     worker = Worker(launcher, busy_log)
-    policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
-                    config.boost_after_s, now_s=start_s)
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
-                   static={"gpu": probe.info.index, "uuid": probe.info.uuid})
+                   static={"gpu": probe.info.index, "uuid": probe.info.uuid}, wall_clock=wall_clock)
     power_cap = PowerCap(config.max_power_w, probe.power_limit_w()) if config.max_power_w is not None else None
     pauses = pauses_for(config, controls, wall_clock)
     holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
     if config.hold_dir:
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
                             controls.board)
+    reasons = Reasons(config.resume_after_s, pauses, holds, power_cap)
+    policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
+                    config.boost_after_s, now_s=start_s, reasons=reasons)
     timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
-    steering = Steering(pauses=pauses, holds=holds, power_cap=power_cap, heartbeat=controls.heartbeat,
-                        on_transition=controls.on_transition)
+    # The status file beside the holds (`forge-load status`); the exclusive mode's child has none: its parent writes it.
+    report = (StatusWriter(config.hold_dir, probe.info.uuid, probe.info.index, os.getpid(), config.simulate)
+              if config.hold_dir else None)
     quantity = QUANTITIES[config.metric]
     filler = Filler(monitor, worker, make_controller(config.controller, quantity), policy, LineGate(log, start_s),
-                    timing, steering, quantity=quantity)
+                    timing, controls, quantity=quantity, report=report)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, clock)
 
 
@@ -117,6 +102,12 @@ def metric_refusal(metric: str, info: DeviceInfo) -> str:
     return (f"FORGE_METRIC={metric} needs NVML's GPM, which GPU {info.index} ({info.uuid}, {info.name}) does not "
             "offer (GPM needs compute capability 9.0, Hopper, or newer, and a driver with it; before that only "
             "DCGM's profiling module measures SM activity): use FORGE_METRIC=utilization on this GPU")
+
+
+# The start line's fields a person reads first (gpu and uuid come with every line), in this order; in key=value the
+# rest goes on a `settings` line after it (docs/operating.md, Reading the log). `signals` stays here: checks read it.
+START_ESSENTIALS = ("state", "target", "gpu_mem_mib", "gpu_name", "controller", "metric", "resume_after_s",
+                    "signals", "wall_time", "version", "simulated")
 
 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
@@ -152,7 +143,14 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
     fields["signals"] = ",".join(seeing)  # the foreign-job signals that work on this GPU
-    rt.log.emit("start", t=0.0, **fields)
+    first = {name: fields[name] for name in START_ESSENTIALS if name in fields}
+    others = {name: value for name, value in fields.items() if name not in first}
+    if rt.log.fmt == "json":
+        rt.log.emit("start", t=0.0, **first, **others)  # machines read it: one line, every field
+    else:
+        # People read it: what runs where, and how, on one short line; every other setting on the next.
+        rt.log.emit("start", t=0.0, **first)
+        rt.log.emit("settings", t=0.0, **others)
     if blind:
         rest = (f"foreign jobs are seen only by {','.join(seeing)}" if seeing
                 else "no foreign job can be seen on this GPU: the filler steps aside only for jobs announced by holds")
@@ -167,6 +165,8 @@ def log_stop(rt: Runtime, now_s: float, reason: str) -> None:
                 energy_j=round(status.energy_j, 1), energy_source=rt.filler.energy.source)
     if rt.filler.holds is not None:
         rt.filler.holds.close()
+    if rt.filler.report is not None:
+        rt.filler.report.close()
 
 
 def open_runtime(config: Config, backend: Backend, probe: Probe, clock: LoopClock, stream: TextIO,
@@ -203,19 +203,3 @@ def request_stop(stop: StopEvent, wake: threading.Event, reason: str) -> None:
     """Stop every filler, and wake the thread that waits for them."""
     stop.request(reason)
     wake.set()
-
-
-def say(text: str) -> None:
-    """One line on stderr, escaped; a closed stderr is no reason to fail."""
-    try:
-        print(escape_controls(text), file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        to_devnull(sys.stderr)
-
-
-def to_devnull(stream: TextIO) -> None:
-    """Point a broken standard stream at /dev/null, so that the interpreter's last flush cannot fail."""
-    with contextlib.suppress(Exception):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
-        os.close(devnull)

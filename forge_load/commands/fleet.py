@@ -17,26 +17,31 @@ configuration code, so a value the filler would refuse never reaches a container
 ever; a FORGE_ variable the filler does not know gets a one-line warning (a typo, most likely).
 
 `watch` holds the GPUs of every container that asks for them, from its `create` until it dies or is removed
-(watch.py, docs/docker-watch.md).
+(forge_load/fleet/watch.py, docs/docker-watch.md). What each container should be is forge_load/fleet/plan.py's;
+up, down, status and logs against the engine are forge_load/fleet/containers.py's.
 
 The Docker engine is the one DOCKER_HOST names (else the default socket); the docker SDK is imported only by a
-command that needs the engine. Exit codes: 0 done; 1 an error, said in one line (engine unreachable or
-DOCKER_HOST malformed, the docker SDK missing, image missing, no such GPU, a container of our name that is not
-ours, ...); 2 bad usage, or a setting the filler would refuse (one line); 130 interrupted (Ctrl-C).
+command that needs the engine. Exit codes (forge_load/exits.py): 0 done; 1 an error, said in one line (engine
+unreachable or DOCKER_HOST malformed, the docker SDK missing, image missing, no such GPU, a container of our name
+that is not ours, ...); 2 bad usage, or a setting the filler would refuse (one line); 130 interrupted (Ctrl-C).
 scripts/forge_fleet.py runs this too, under its old name.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from forge_load.fleet.commands import cmd_down, cmd_logs, cmd_status, cmd_up
-from forge_load.fleet.engine import FleetError, SettingsError, refusal, say
+from forge_load.commands import host_gpus, shared
+from forge_load.exits import EXIT_FLEET_FAILED, EXIT_FLEET_USAGE, EXIT_INTERRUPTED
+from forge_load.fleet import watch
+from forge_load.fleet.containers import cmd_down, cmd_logs, cmd_status, cmd_up
+from forge_load.fleet.engine import FleetError, SettingsError, refusal
 from forge_load.fleet.plan import DEFAULT_HOLD_DIR, DEFAULT_IMAGE, DEFAULT_PREFIX
-from forge_load.fleet.watch import cmd_watch
+from forge_load.log import say
 
 PROG = "forge-load fleet"
 DESCRIPTION = "one forge_load container per GPU on this host, through the Docker engine"
@@ -88,14 +93,29 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     logs.add_argument("--tail", type=int, default=-1, help="only the last N lines")
     logs.set_defaults(func=cmd_logs)
 
-    watch = sub.add_parser("watch", help="hold the GPUs of every container that asks for them, from its create "
+    watching = sub.add_parser("watch", help="hold the GPUs of every container that asks for them, from its create "
                                          "until it dies (docs/docker-watch.md)")
-    watch.add_argument("--hold-dir", default=None,
+    watching.add_argument("--hold-dir", default=None,
                        help=f"the hold directory (default FORGE_HOLD_DIR, else {DEFAULT_HOLD_DIR})")
-    watch.add_argument("--created-hold", type=float, default=60.0, metavar="SECONDS",
+    watching.add_argument("--created-hold", type=float, default=60.0, metavar="SECONDS",
                        help="how long a container created and not started is held for (default 60)")
-    watch.set_defaults(func=cmd_watch)
+    watching.set_defaults(func=cmd_watch)
     return parser
+
+
+def cmd_watch(args: argparse.Namespace, out: Any) -> int:
+    """`watch`: its settings checked and the host's GPUs found here, with the other commands'; the loop over the
+    engine is forge_load/fleet/watch.py's."""
+    try:
+        hold_dir = shared.hold_dir_of(args.hold_dir, os.environ)
+    except shared.BadInput as error:
+        raise SettingsError(str(error)) from None
+    if not 0 < args.created_hold <= 86400:
+        raise SettingsError(f"--created-hold={args.created_hold!r}: expected seconds above 0, at most 86400")
+    uuids = host_gpus.host_uuids()
+    if not uuids:
+        raise FleetError("neither NVML nor /proc/driver/nvidia/gpus shows a GPU on this host: nothing to hold")
+    return watch.run(hold_dir, uuids, args.created_hold, out)
 
 
 def main(argv: Sequence[str] | None = None, out: Any = None, prog: str = PROG) -> int:
@@ -104,20 +124,20 @@ def main(argv: Sequence[str] | None = None, out: Any = None, prog: str = PROG) -
         args = build_parser(prog).parse_args(argv)
         if getattr(args, "count", 1) < 1:
             say(f"{tool}: --count must be at least 1")
-            return 2
+            return EXIT_FLEET_USAGE
         return int(args.func(args, out or sys.stdout))
     except KeyboardInterrupt:
         say(f"{tool}: interrupted; containers already created or changed stay as they are")
-        return 130
+        return EXIT_INTERRUPTED
     except SettingsError as error:
         say(f"{tool}: {error}")
-        return 2
+        return EXIT_FLEET_USAGE
     except FleetError as error:
         say(f"{tool}: {error}")
-        return 1
+        return EXIT_FLEET_FAILED
     except Exception as error:
         line = refusal(error)
         if line is None:
             raise
         say(f"{tool}: {line}")
-        return 1
+        return EXIT_FLEET_FAILED

@@ -1,5 +1,6 @@
-"""`forge-load fleet up|down|status|logs`: one forge_load container per GPU, started, brought up to date, listed
-and removed through the Docker engine (what each container should be: plan.py).
+"""The containers of `forge-load fleet up|down|status|logs` (the command: forge_load/commands/fleet.py): one
+forge_load container per GPU, started, brought up to date, listed and removed through the Docker engine (what each
+container should be: plan.py).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import re
 import time
 from typing import Any
 
+from forge_load.exits import EXIT_OK
 from forge_load.fleet import engine
-from forge_load.fleet.engine import FleetError, find_container, require_image, say, short
+from forge_load.fleet.engine import FleetError, find_container, require_image, short
 from forge_load.fleet.plan import (
     DEFAULT_HOLD_DIR,
     FILLER_GID,
@@ -31,6 +33,7 @@ from forge_load.fleet.plan import (
     run_kwargs,
     select_gpus,
 )
+from forge_load.log import say
 
 
 def ours(client: Any, prefix: str) -> list[Any]:
@@ -98,7 +101,7 @@ def cmd_up(args: argparse.Namespace, out: Any) -> int:
                 container.start()
         done = {"create": "created", "recreate": "recreated", "start": "started", "keep": "unchanged"}[action]
         print(f"gpu {gpu.index:<3} {spec['name']:<24} {done:<10} {container.short_id}", file=out)
-    return 0
+    return EXIT_OK
 
 
 def cmd_down(args: argparse.Namespace, out: Any) -> int:
@@ -119,7 +122,7 @@ def cmd_down(args: argparse.Namespace, out: Any) -> int:
         container.remove(force=True)
         print(f"gpu {container.labels.get(LABEL_GPU_INDEX, '?'):<3} {container.name:<24} removed    "
               f"(exit code {code}, stopped in {took_s:.1f} s)", file=out)
-    return 0
+    return EXIT_OK
 
 
 def last_status_line(container: Any) -> str:
@@ -165,12 +168,12 @@ def cmd_status(args: argparse.Namespace, out: Any) -> int:
             pass
     if not rows:
         print(f"no forge_load containers (start them with: {args.prog} up)", file=out)
-        return 0
+        return EXIT_OK
     rows.sort(key=lambda r: int(r[0]) if r[0].isdigit() else 1 << 30)
     print(f"{'GPU':<4} {'CONTAINER':<24} {'STATE':<12} {'HEALTH':<10} LAST STATUS", file=out)
     for gpu, name, status, health, line in rows:
         print(f"{gpu:<4} {name:<24} {status:<12} {health:<10} {line}", file=out)
-    return 0
+    return EXIT_OK
 
 
 def cmd_logs(args: argparse.Namespace, out: Any) -> int:
@@ -182,11 +185,11 @@ def cmd_logs(args: argparse.Namespace, out: Any) -> int:
     tail: Any = args.tail if args.tail >= 0 else "all"
     if not args.follow:
         out.write(container.logs(tail=tail).decode(errors="replace"))
-        return 0
+        return EXIT_OK
     try:
         for chunk in container.logs(stream=True, follow=True, tail=tail):
             out.write(chunk.decode(errors="replace"))
             out.flush()
     except KeyboardInterrupt:
         pass
-    return 0
+    return EXIT_OK

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 
-from forge_load.operators.listeners import Listeners
-from forge_load.operators.schedule import ActiveHours, from_unix, to_unix
+from forge_load.steering.listeners import Listeners
+from forge_load.steering.schedule import ActiveHours, from_unix, to_unix
 
 PAUSE_FILE_MAX_BYTES = 256
 _UNIX_TIME_RE = re.compile(r"[0-9]+(?:\.[0-9]*)?", re.ASCII)

@@ -1,9 +1,10 @@
 """`forge-load hold|release|holds`: place, remove and list holds (docs/holds.md). Nothing of CUDA or numba is
 imported here, so a Slurm prolog stays fast; an index is resolved through NVML (pynvml) or, without it, the
-driver's /proc/driver/nvidia/gpus/*/information.
+driver's /proc/driver/nvidia/gpus/*/information (shared.py).
 
-Exit codes: 0 done; 1 `hold --wait` passed before every named GPU's filler acknowledged (the hold stays);
-2 bad input (one line naming the flag, the value and what is accepted) or a hold directory that cannot be used.
+Exit codes (forge_load/exits.py): 0 done; 1 `hold --wait` passed before every named GPU's filler acknowledged (the
+hold stays); 2 bad input (one line naming the flag, the value and what is accepted) or a hold directory that cannot
+be used.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
-from forge_load.log import escape_controls
-from forge_load.operators import holds
-from forge_load.operators.holds import Hold, HoldError
+from forge_load.commands.host_gpus import PROC_GPUS, host_uuids
+from forge_load.commands.shared import BadInput, bad, hold_dir_of, seconds, shown
+from forge_load.config.cmdline import ArgParser, UsageError
+from forge_load.config.sim import SIM_UUID_PREFIX
+from forge_load.exits import EXIT_BAD_INPUT, EXIT_NOT_ACKNOWLEDGED, EXIT_OK
+from forge_load.log import escape_controls, say
+from forge_load.steering import holds
+from forge_load.steering.holds import Hold, HoldError
 
-EXIT_OK, EXIT_NOT_ACKNOWLEDGED, EXIT_BAD_INPUT = 0, 1, 2
 COMMANDS = ("hold", "release", "holds")
-PROC_GPUS = "/proc/driver/nvidia/gpus"
 MAX_REASON_CHARS = holds.MAX_REASON_CHARS
 # The last second a calendar shows (9999-12-31T23:59:59Z): `holds` can show every --until it accepts.
 MAX_UNTIL_UNIX_S = 253402300799.0
@@ -32,61 +34,7 @@ WAIT_POLL_S = 0.02
 _UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class BadInput(Exception):
-    """One line for the operator; exit 2."""
-
-
-def _shown(raw: str) -> str:
-    text = escape_controls(raw)
-    return repr(text if len(text) <= 80 else text[:80] + "...")
-
-
-def _bad(flag: str, raw: str, accepted: str) -> BadInput:
-    return BadInput(f"{flag}={_shown(raw)}: expected {accepted}")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise BadInput(message)
-
-
 # --- the GPUs ------------------------------------------------------------------------------------------
-
-def proc_uuids(root: str = PROC_GPUS) -> list[str]:
-    """The GPUs' UUIDs from the driver's /proc files, in NVML's default order (by PCI bus id: the directories are
-    named after it); [] without the driver."""
-    try:
-        buses = sorted(os.listdir(root))
-    except OSError:
-        return []
-    uuids: list[str] = []
-    for bus in buses:
-        try:
-            with open(os.path.join(root, bus, "information"), encoding="utf-8", errors="replace") as file:
-                text = file.read(65536)
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "GPU UUID" and holds.valid_gpu_uuid(value.strip()):
-                uuids.append(value.strip())
-    return uuids
-
-
-def host_uuids() -> list[str]:
-    """Every GPU of the host, in NVML's index order: NVML's answer, or the driver's /proc files without it."""
-    try:
-        from forge_load.control.probe import NoGpuError
-        from forge_load.gpu.nvml import device_uuids  # pynvml only
-
-        try:
-            return device_uuids()
-        except NoGpuError:
-            pass
-    except ImportError:
-        pass
-    return proc_uuids()
-
 
 def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) -> tuple[list[str], str | None]:
     """`--gpu`: comma-separated indices or UUIDs, or `all`; UUIDs in the order given, each once, and a line
@@ -96,13 +44,14 @@ def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) 
     accepted = "all, or comma-separated GPU indices or UUIDs (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
     names = [n.strip() for n in raw.split(",")]
     if not raw.strip() or any(not n for n in names):
-        raise _bad("--gpu", raw, accepted)
+        raise bad("--gpu", raw, accepted)
     host: list[str] | None = None
     if names == ["all"] or any(n.isdigit() for n in names):
         host = uuids_of_host()
         if not host:
-            raise BadInput(f"--gpu={_shown(raw)}: neither NVML nor {PROC_GPUS} shows a GPU on this host, so an "
-                           "index (or all) cannot be resolved: name the GPUs by UUID")
+            raise BadInput(f"--gpu={shown(raw)}: neither NVML nor {PROC_GPUS} shows a GPU on this host, so an "
+                           "index (or all) cannot be resolved: name the GPUs by UUID (a simulated GPU's: uuid= on its "
+                           "filler's start line, or forge-load status)")
     if names == ["all"]:
         assert host is not None
         return host, None
@@ -119,15 +68,15 @@ def resolve_gpus(raw: str, uuids_of_host: Callable[[], list[str]] = host_uuids) 
         elif holds.valid_gpu_uuid(name):
             uuid = holds.canonical_gpu_uuid(name)  # GPU-5FD4... is the GPU NVML calls GPU-5fd4...
         else:
-            raise _bad("--gpu", raw, accepted)
+            raise bad("--gpu", raw, accepted)
         if uuid not in out:
             out.append(uuid)
     assert host is not None or not unknown
     which = (f"index {', '.join(map(str, unknown))} is not a GPU of this host (0 to {len(host) - 1})"
              if host is not None and unknown else "")
     if not out:
-        raise BadInput(f"--gpu={_shown(raw)}: {which}")
-    return out, (f"--gpu={_shown(raw)}: {which}" if which else None)
+        raise BadInput(f"--gpu={shown(raw)}: {which}")
+    return out, (f"--gpu={shown(raw)}: {which}" if which else None)
 
 
 # --- values ------------------------------------------------------------------------------------------------
@@ -142,37 +91,30 @@ def parse_until(raw: str, now_unix_s: float) -> float:
     if unit in _UNITS_S and text[:-1].replace(".", "", 1).isascii() and text[:-1].replace(".", "", 1).isdigit():
         until_s = now_unix_s + float(text[:-1]) * _UNITS_S[unit]
     else:
-        from forge_load.operators.pause import parse_until as parse_time
+        from forge_load.steering.pause import parse_until as parse_time
 
         try:
             parsed = parse_time(text)
         except (ValueError, OverflowError, OSError):
-            raise _bad("--until", raw, accepted) from None
+            raise bad("--until", raw, accepted) from None
         if parsed is None:
-            raise _bad("--until", raw, accepted)
+            raise bad("--until", raw, accepted)
         until_s = parsed
     if not math.isfinite(until_s) or until_s <= now_unix_s:
-        raise BadInput(f"--until={_shown(raw)}: that time has passed; expected {accepted}")
+        raise BadInput(f"--until={shown(raw)}: that time has passed; expected {accepted}")
     if until_s > MAX_UNTIL_UNIX_S:
-        raise BadInput(f"--until={_shown(raw)}: after 9999-12-31T23:59:59Z; expected {accepted}, up to that "
+        raise BadInput(f"--until={shown(raw)}: after 9999-12-31T23:59:59Z; expected {accepted}, up to that "
                        "time (leave --until out for a hold until it is released)")
     return until_s
 
 
 def parse_wait(raw: str) -> float:
-    accepted = f"seconds from 0 to {MAX_WAIT_S:g}"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise _bad("--wait", raw, accepted) from None
-    if not raw.strip().replace(".", "", 1).isascii() or not 0 <= value <= MAX_WAIT_S:
-        raise _bad("--wait", raw, accepted)
-    return value
+    return seconds("--wait", raw, 0.0, MAX_WAIT_S)
 
 
 def check_holder(raw: str) -> str:
     if not holds.valid_holder(raw):
-        raise _bad("--holder", raw, "1 to 64 of A-Z a-z 0-9 _ . -, not starting with . or - (such as slurm-42)")
+        raise bad("--holder", raw, "1 to 64 of A-Z a-z 0-9 _ . -, not starting with . or - (such as slurm-42)")
     return raw
 
 
@@ -183,26 +125,16 @@ def check_reason(raw: str) -> str:
     except UnicodeEncodeError:
         text = False
     if len(raw) > MAX_REASON_CHARS or escape_controls(raw) != raw or not text:
-        raise _bad("--reason", raw, f"at most {MAX_REASON_CHARS} characters of UTF-8 text without control characters")
+        raise bad("--reason", raw, f"at most {MAX_REASON_CHARS} characters of UTF-8 text without control characters")
     return raw
-
-
-def hold_dir_of(raw: str | None, env: dict[str, str] | os._Environ[str]) -> str:
-    if raw is not None:
-        flag, value = "--hold-dir", raw
-    elif "FORGE_HOLD_DIR" in env:
-        flag, value = "FORGE_HOLD_DIR", env["FORGE_HOLD_DIR"]
-    else:
-        return holds.DEFAULT_HOLD_DIR
-    if not value.startswith("/") or escape_controls(value) != value:
-        raise _bad(flag, value, "an absolute path, such as /run/forge-load/holds")
-    return value
 
 
 # --- the commands ------------------------------------------------------------------------------------------
 
-def _parser(command: str) -> _Parser:
-    parser = _Parser(prog=f"forge-load {command}", add_help=True)
+def build_parser(prog: str) -> ArgParser:
+    """`prog` is `forge-load hold`, `forge-load release` or `forge-load holds`: its last word says which."""
+    command = prog.rsplit(" ", 1)[-1]
+    parser = ArgParser(prog=prog, add_help=True)
     parser.add_argument("--hold-dir", default=None, help=f"default FORGE_HOLD_DIR or {holds.DEFAULT_HOLD_DIR}")
     if command in ("hold", "release"):
         parser.add_argument("--gpu", required=command == "hold",
@@ -226,13 +158,19 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     until_s = parse_until(args.until, now_s) if args.until is not None else None
     wait_s = parse_wait(args.wait) if args.wait is not None else None
     gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
+    simulated = [uuid for uuid in gpus if uuid.upper().startswith(SIM_UUID_PREFIX.upper())]
+    if simulated and getattr(args, "host_wide", False):
+        # Every simulated filler of a seed has these UUIDs: held host-wide, other users' simulations would stop too.
+        raise BadInput(f"--gpu={shown(args.gpu)}: {simulated[0]} is a simulated GPU's (forge-load --simulate; the "
+                       f"same UUID for every simulated filler of that seed on this host): not held in the host-wide "
+                       f"{hold_dir}; give --hold-dir, the simulated filler's own")
     try:
         made_dir = holds.ensure_dir(hold_dir)
         placed_s, placed_boot = time.time(), holds.boot_stamp()  # the boot clock judges; no wall-clock step moves it
         for uuid in gpus:
             holds.place(hold_dir, Hold(uuid, holder, reason, placed_s, until_s))
     except HoldError as error:
-        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+        raise BadInput(f"--hold-dir={shown(hold_dir)}: {error}") from None
     if unresolved is not None:
         say(f"forge-load hold: {unresolved}: not held; the others are")
     if wait_s is None:
@@ -277,7 +215,7 @@ def cmd_release(args: argparse.Namespace, hold_dir: str, out: Callable[[str], No
         try:
             listing = holds.list_dir(hold_dir)
         except HoldError as error:
-            raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+            raise BadInput(f"--hold-dir={shown(hold_dir)}: {error}") from None
         gpus = sorted(uuid for uuid, holders in listing.holds.items() if holder in holders)
     else:
         gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
@@ -288,7 +226,7 @@ def cmd_release(args: argparse.Namespace, hold_dir: str, out: Callable[[str], No
             if holds.release(hold_dir, uuid, holder):
                 out(f"{uuid} released by {holder}")
     except HoldError as error:
-        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+        raise BadInput(f"--hold-dir={shown(hold_dir)}: {error}") from None
     return EXIT_OK
 
 
@@ -303,10 +241,13 @@ def _when(t_s: float | None) -> str:
 
 
 def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]) -> int:
+    if not os.path.isdir(hold_dir):  # a typo must not read as "no holds"
+        what = "not a directory" if os.path.lexists(hold_dir) else "no such directory"
+        raise BadInput(f"--hold-dir={shown(hold_dir)}: {what}; expected the hold directory (made by the first hold)")
     try:
         found, problems = holds.all_holds(hold_dir)
     except HoldError as error:
-        raise BadInput(f"--hold-dir={_shown(hold_dir)}: {error}") from None
+        raise BadInput(f"--hold-dir={shown(hold_dir)}: {error}") from None
     now_s, now_boot = time.time(), holds.boot_stamp()
     acks = {uuid: holds.read_ack(hold_dir, uuid) for uuid in {h.gpu_uuid for h in found}}
 
@@ -339,13 +280,6 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
     return EXIT_OK
 
 
-def say(text: str) -> None:
-    try:
-        print(escape_controls(text), file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
 def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = None,
          uuids_of_host: Callable[[], list[str]] = host_uuids) -> int:
     """`argv` starts with the command's name."""
@@ -355,16 +289,31 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
         print(escape_controls(line), flush=True)
 
     try:
-        args = _parser(command).parse_args(rest)
-        hold_dir = hold_dir_of(args.hold_dir, os.environ if env is None else env)
+        args = build_parser(f"forge-load {command}").parse_args(rest)
+        environ = os.environ if env is None else env
+        hold_dir = hold_dir_of(args.hold_dir, environ)
+        args.host_wide = args.hold_dir is None and "FORGE_HOLD_DIR" not in environ  # the default directory
         if command == "hold":
             return cmd_hold(args, hold_dir, out, uuids_of_host)
         if command == "release":
             return cmd_release(args, hold_dir, out, uuids_of_host)
         return cmd_holds(args, hold_dir, out)
-    except BadInput as error:
+    except (BadInput, UsageError) as error:
         say(f"forge-load {command}: {error}")
         return EXIT_BAD_INPUT
     except OSError as error:  # stdout closed, and the like
         say(f"forge-load {command}: {error.strerror or error}")
         return EXIT_BAD_INPUT
+
+
+# The dispatcher's entry points (forge_load/cli.py): the arguments after the command's name.
+def main_hold(argv: Sequence[str]) -> int:
+    return main(["hold", *argv])
+
+
+def main_release(argv: Sequence[str]) -> int:
+    return main(["release", *argv])
+
+
+def main_holds(argv: Sequence[str]) -> int:
+    return main(["holds", *argv])

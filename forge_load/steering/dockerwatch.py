@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from forge_load.operators import holds
-from forge_load.operators.holds import Hold, HoldError
+from forge_load.steering import holds
+from forge_load.steering.holds import Hold, HoldError
 
 HOLDER_PREFIX = "docker-"
 LABEL_ROLE = "io.forge_load.role"  # the image and `forge-load fleet up` set gpu-filler on our own fillers
@@ -188,7 +188,7 @@ class Seen:
 
 
 class DockerHolds:
-    """The holds of the containers on one engine, kept in `hold_dir` through forge_load.operators.holds.
+    """The holds of the containers on one engine, kept in `hold_dir` through forge_load.steering.holds.
 
     `log(line)` gets one line per hold (all GPUs of one container) and per release, and one per problem.
     What a container asks for is the caller's to look up (`learn`): from the engine's own files, or an inspect."""

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from forge_load.operators import holds as disk
-from forge_load.operators.holds import (
+from forge_load.steering import holds as disk
+from forge_load.steering.holds import (
     ACK_REFRESH_S,
     DEFAULT_IDLE_AGE_OUT_S,
     Ack,
@@ -22,7 +22,7 @@ from forge_load.operators.holds import (
     HoldsView,
     ack_name,
 )
-from forge_load.operators.listeners import Listeners
+from forge_load.steering.listeners import Listeners
 
 FAIL_SAFE_HOLDER = "-"  # no holder's name (HOLDER_RE): the GPU held because its holds cannot be counted or read
 

@@ -1,1 +1,0 @@
-"""The operators' controls: holds on disk, the reasons to pause, the active hours."""

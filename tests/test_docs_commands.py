@@ -1,0 +1,48 @@
+"""The commands the docs give a new user, as they would type them (issue 27's traps): the image they build is the
+one the DaemonSet names; `kubectl logs -l ... -f` follows more than 5 pods; no `sudo forge-load` that sudo's
+secure_path cannot find; the Slurm node's install pinned and with the metrics extra (FORGE_METRICS_PORT needs it)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from forge_load import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def command_lines(pattern: str) -> list[tuple[str, str]]:
+    return [(path.relative_to(ROOT).as_posix(), line) for path in DOCS for line in path.read_text().splitlines()
+            if re.search(pattern, line)]
+
+
+def test_the_image_built_is_the_one_the_daemonset_and_fleet_name() -> None:
+    daemonset = (ROOT / "deploy" / "kubernetes" / "20-daemonset.yaml").read_text()
+    (image,) = re.findall(r"^\s+image: (\S+)", daemonset, re.M)
+    assert image == f"forge-load:{__version__}"
+    builds = command_lines(r"^docker build .*-t forge-load[ :]")
+    assert builds, "no docker build of the filler's image found"
+    for where, line in builds:
+        tags = re.findall(r"-t (\S+)", line)
+        assert f"forge-load:{__version__}" in tags and "forge-load:latest" in tags, (where, line)
+
+
+def test_kubectl_logs_following_a_label_raises_the_stream_limit() -> None:
+    follows = command_lines(r"^\s*kubectl .*logs .*-l .*(-f|--follow)\b")
+    assert follows
+    for where, line in follows:
+        assert re.search(r"--max-log-requests[ =]\d+", line), (where, line)
+
+
+def test_no_bare_sudo_forge_load() -> None:
+    # sudo's secure_path holds /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin, not the venv's bin.
+    assert command_lines(r"^\s*(\S+ )?sudo forge-load\b") == []
+
+
+def test_the_slurm_nodes_install_is_pinned_and_has_the_metrics_extra() -> None:
+    installs = [line for where, line in command_lines(r"/opt/forge-load/bin/pip install") if where == "docs/slurm.md"]
+    assert installs
+    for line in installs:
+        assert "-r requirements.txt" in line and "'.[metrics]'" in line, line
