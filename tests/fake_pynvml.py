@@ -66,6 +66,7 @@ class FakeNvml:
         "nvmlDeviceGetHandleByIndex",
         "nvmlDeviceGetHandleByUUID",
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetMaxMigDeviceCount",
         "nvmlDeviceGetMigDeviceHandleByIndex",
         "nvmlDeviceGetIndex",
         "nvmlDeviceGetName",
@@ -193,6 +194,9 @@ class FakeNvml:
             if handle in device.migs:
                 return device
         raise pynvml.NVMLError_InvalidArgument()  # not a MIG device
+
+    def _nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeDevice) -> int:
+        return 7 if handle.mig_mode else 0  # an H100's most; zero where MIG is off
 
     def _nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeDevice, index: int) -> FakeDevice:
         if not 0 <= index < len(handle.migs):

@@ -92,6 +92,9 @@ def test_mig_and_index_ids_map_to_their_gpu_through_nvml() -> None:
     watch = client(board, lines, resolve)
     board.replace(watch.holds_of([Assignment("ml", "m", "main", "nvidia.com/mig-1g.10gb", f"{MIG_A1}::1")], 5.0))
     assert held(board, GPU_A, MIG_A1, GPU_B) == {GPU_A: ["k8s-ml_m_main"], MIG_A1: ["k8s-ml_m_main"], GPU_B: []}
+    # A filler on the sibling MIG device is not held: a MIG device's assignment holds that MIG device (and the
+    # whole GPU, where no filler runs while it is in MIG mode), not its neighbours (issue 29).
+    assert held(board, mig_a0.uuid) == {mig_a0.uuid: []}
     assert lines == [f"device id {MIG_A1} (nvidia.com/mig-1g.10gb) is {MIG_A1}, {GPU_A}"]
 
 

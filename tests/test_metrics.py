@@ -3,6 +3,7 @@ among several while the others go on filling."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -131,7 +132,8 @@ def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) 
 def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     gpu_slots, slot, rt = simulated_slots("--duration 30 --resume-after 5 --sim-foreign 8-12 --max-power-w 650")
     values = sample_values(scrape(gpu_slots))
-    assert set(values) == set(metrics.METRICS), set(values) ^ set(metrics.METRICS)
+    only_mig = {"forge_load_mig_info"}  # for MIG devices only: test_a_mig_device_has_dcgm_exporters_mig_labels
+    assert set(values) == set(metrics.METRICS) - only_mig, set(values) ^ (set(metrics.METRICS) - only_mig)
     gpu_labels = {"gpu": "0", "UUID": slot.uuid}
     assert slot.uuid.startswith("GPU-")
     extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "hostname"}}
@@ -235,6 +237,16 @@ def test_our_registry_is_our_own() -> None:
     ours = generate_latest(metrics.make_registry(gpu_slots)).decode()
     assert "process_cpu_seconds_total" not in ours and "python_gc" not in ours
     assert "forge_load_" not in generate_latest(REGISTRY).decode()
+
+
+def test_a_mig_device_has_dcgm_exporters_mig_labels() -> None:
+    gpu_slots, slot, _ = simulated_slots("--duration 1")
+    assert slot.info is not None
+    slot.info = dataclasses.replace(slot.info, uuid="MIG-0000", gpu_instance=4, mig_profile="2g.20gb",
+                                    gpu_uuid=slot.uuid)
+    values = sample_values(scrape(gpu_slots))
+    assert values["forge_load_mig_info"] == [({"gpu": "0", "UUID": slot.uuid, "GPU_I_ID": "4",
+                                               "GPU_I_PROFILE": "2g.20gb", "gpu_uuid": slot.uuid}, 1.0)]
 
 
 def test_exposition_lines_look_like_dcgm_exporters() -> None:

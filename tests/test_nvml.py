@@ -109,12 +109,19 @@ def test_old_pynvml_bytes_are_decoded() -> None:
     assert (info.name, info.uuid, info.driver_version) == ("NVIDIA H100 80GB HBM3", UUID_A, "550.54.15")
 
 
-def test_mig_mode_enabled_is_reported() -> None:
-    fake = FakeNvml([FakeDevice(uuid=UUID_A, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE)])
-    info = NvmlProbe("0", nvml=fake.module).info
-    assert info.mig_enabled is True
-    note = NvidiaBackend().start_fields(info).get("note")
-    assert note is not None and "NVML utilization is not supported on MIG instances" in note
+def test_a_gpu_in_mig_mode_is_refused_in_one_line_naming_its_mig_devices() -> None:
+    # CUDA runs only on MIG devices there, one per process (docs/design.md §12): the whole GPU is no CUDA device.
+    migs = [FakeDevice(uuid="MIG-11111111-2222-3333-4444-55555555555" + str(k)) for k in range(2)]
+    fake = FakeNvml([FakeDevice(uuid=UUID_A, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE, migs=migs)])
+    with pytest.raises(NoGpuError) as caught:
+        NvmlProbe("0", nvml=fake.module)
+    text = str(caught.value)
+    assert "\n" not in text and f"GPU 0 ({UUID_A}) is in MIG mode" in text
+    assert text.endswith(f"its MIG devices: {migs[0].uuid}, {migs[1].uuid}")
+    assert fake.init_count == fake.shutdown_count  # NVML left as found
+    empty = FakeNvml([FakeDevice(uuid=UUID_A, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE)])
+    with pytest.raises(NoGpuError, match="none is made yet"):
+        NvmlProbe("0", nvml=empty.module)
 
 
 def test_mig_mode_disabled_or_unsupported_is_not_mig() -> None:

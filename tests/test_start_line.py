@@ -11,7 +11,7 @@ from forge_load.config.load import load_config
 from forge_load.service.loop import run_simulated
 
 ESSENTIALS = ["t", "event", "state", "target", "gpu_mem_mib", "gpu", "uuid", "gpu_name", "controller",
-              "resume_after_s", "signals", "wall_time", "version", "simulated"]
+              "metric", "resume_after_s", "signals", "wall_time", "version", "simulated"]
 
 
 def lines(*argv: str, fmt: str = "text") -> list[str]:

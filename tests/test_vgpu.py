@@ -698,8 +698,10 @@ def test_cli_runs_a_command_on_a_fresh_gpu_and_records_its_kernels(tmp_path: Pat
                            sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 7, proc.stderr
     lines = [json.loads(line) for line in record.read_text().splitlines()]
-    assert len(lines) == 2 and set(lines[0]) == {"pid", "device", "start", "end", "submit", "waited", "pidns"}
+    assert len(lines) == 2 and set(lines[0]) == {"pid", "device", "start", "end", "submit", "waited", "pidns",
+                                                 "grid", "block", "mig"}
     kernels = [Kernel(**line) for line in lines]
+    assert (kernels[1].grid, kernels[1].block, kernels[1].mig) == (PER_WAVE * 200, 256, None)
     assert kernels[0].device == 0 and abs(kernels[0].start - time.time()) < 60  # Unix seconds
     assert kernels[1].end - kernels[1].start == pytest.approx(0.02 + OVERHEAD_S, abs=STAMP_S)
 

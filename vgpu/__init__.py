@@ -28,7 +28,8 @@ from typing import Any
 
 from vgpu.build import OLD_DRIVER_DIR, BuildError, build
 
-__all__ = ["STATE_ENV", "BuildError", "Context", "Kernel", "VirtualGpu", "VgpuError", "build"]
+__all__ = ["STATE_ENV", "BuildError", "Context", "Kernel", "MigDevice", "VirtualGpu", "VgpuError", "build",
+           "parse_cc"]
 
 STATE_ENV = "VGPU_STATE"
 WINDOW_MIN_S, WINDOW_MAX_S = 1 / 6, 1.0
@@ -36,6 +37,7 @@ MAX_GPUS = 8  # VGPU_MAX_GPUS in src/state.h
 NVML_COST_MAX_MS = 10000.0  # the most a call may cost (src/state.c, nvml_cost)
 # NVML's and CUDA's compute modes the virtual GPU models (EXCLUSIVE_THREAD is gone from both: "Support Removed")
 COMPUTE_MODES = ("default", "prohibited", "exclusive_process")
+MIG_MAX, MIG_TOTAL_MAX = 7, 16  # VGPU_MIG_SLOTS and VGPU_MAX_MIG in src/state.h
 
 
 class VgpuError(Exception):
@@ -55,6 +57,9 @@ class Kernel:
     submit: float
     waited: float
     pidns: int = 0
+    grid: int = 0  # blocks
+    block: int = 0  # threads per block
+    mig: int | None = None  # the GPU instance ID of the MIG device it ran on; None on a whole GPU
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,28 @@ class Context:
     device: int
     open: bool
     mib: float
+    mig: int | None = None  # the GPU instance ID where the context is on a MIG device
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device of the virtual GPU: its UUID (MIG-...), GPU and compute instance IDs, profile, SMs, memory."""
+
+    gpu: int
+    uuid: str
+    gi: int
+    ci: int
+    profile: str
+    sms: int
+    total_mib: float
+
+
+def parse_cc(cc: str) -> tuple[int, int]:
+    """A compute capability "MAJOR.MINOR" (e.g. "8.6") as (8, 6); VgpuError naming the value otherwise."""
+    major, sep, minor = str(cc).partition(".")
+    if not (sep and major.isdigit() and minor.isdigit() and 1 <= int(major) <= 99 and len(minor) == 1):
+        raise VgpuError(f"cc={cc!r}: expected a compute capability MAJOR.MINOR, e.g. 8.6")
+    return int(major), int(minor)
 
 
 def _pairs(name: str, pairs: Sequence[tuple[int, float]], gpus: int, integer: bool) -> str:
@@ -104,7 +131,7 @@ class VirtualGpu:
                  wave_s: float = 1e-4, overhead_s: float = 8e-6, latency_s: float = 5e-6,
                  history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
                  nvml_cost: Mapping[str, float] | None = None,
-                 compute_mode: str = "default", cc: str = "9.0", cuda_version: int = 12090,
+                 compute_mode: str = "default", cc: str = "9.0", cuda_version: int = 12090, mig: int = 0,
                  lib_dir: str | os.PathLike[str] | None = None) -> None:
         if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
             raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
@@ -120,6 +147,11 @@ class VirtualGpu:
         if not (isinstance(cuda_version, int) and 11000 <= cuda_version <= 99990 and cuda_version % 10 == 0):
             raise VgpuError(f"cuda_version={cuda_version!r}: expected the driver's CUDA version as "
                             "cuDriverGetVersion gives it, 1000 x major + 10 x minor, e.g. 12020 for 12.2")
+        if not (isinstance(mig, int) and 0 <= mig <= MIG_MAX and gpus * mig <= MIG_TOTAL_MAX):
+            raise VgpuError(f"mig={mig!r}: expected 0 (MIG off) to {MIG_MAX} MIG devices per GPU, "
+                            f"at most {MIG_TOTAL_MAX} in all ({gpus} GPUs)")
+        if mig and (cc_major, cc_minor) < (8, 0):
+            raise VgpuError(f"mig={mig}: MIG needs compute capability 8.0 or newer, not {cc}")
         for name in not_supported:
             if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
                 raise VgpuError(f"not_supported: {name!r} is not an NVML function name (nvml...)")
@@ -133,7 +165,7 @@ class VirtualGpu:
             "hide_processes": int(bool(hide_processes)), "context_mib": context_mib, "reserved_mib": reserved_mib,
             "total_mib": total_mib, "wave_s": repr(float(wave_s)), "overhead_s": repr(float(overhead_s)),
             "latency_s": repr(float(latency_s)), "history_s": history_s, "compute_mode": compute_mode,
-            "cc_major": cc_major, "cc_minor": cc_minor, "cuda_version": cuda_version,
+            "cc_major": cc_major, "cc_minor": cc_minor, "cuda_version": cuda_version, "mig": mig,
         }
         if fail_gpu:
             config["fail_gpu"] = _pairs("fail_gpu", fail_gpu, gpus, integer=False)
@@ -232,7 +264,7 @@ class VirtualGpu:
         for p in self.show()["processes"]:
             for c in p["contexts"]:
                 out.append(Context(pid=p["pid"], pidns=p["pidns"], comm=p["comm"], device=c["device"],
-                                   open=c["open"], mib=c["mib"]))
+                                   open=c["open"], mib=c["mib"], mig=c.get("mig")))
         return out
 
     def memory_used_mib(self, device: int = 0) -> float:
@@ -241,3 +273,9 @@ class VirtualGpu:
 
     def uuids(self) -> list[str]:
         return [d["uuid"] for d in self.show()["devices"]]
+
+    def mig_devices(self) -> list[MigDevice]:
+        """Every MIG device, GPU by GPU, in the order nvmlDeviceGetMigDeviceHandleByIndex gives them."""
+        return [MigDevice(gpu=d["index"], uuid=m["uuid"], gi=m["gi"], ci=m["ci"], profile=m["profile"], sms=m["sms"],
+                          total_mib=m["total_mib"])
+                for d in self.show()["devices"] for m in d["mig"]]

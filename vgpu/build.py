@@ -90,16 +90,16 @@ def _compile(cc: str, hdrs: dict[str, Path], out: Path) -> None:
           str(SRC / "cuda.c"), str(gen / "cuda_procs.inc")])
     cuda_inc = str(hdrs["cuda.h"].parent)
     nvml_inc = str(hdrs["nvml.h"].parent)
-    state = str(SRC / "state.c")
+    state = [str(SRC / name) for name in ("state.c", "mig.c", "gpm.c")]  # the shared state, MIG devices, GPM
     link = ["-Wl,-z,defs", "-lpthread"]
     _run([cc, *CFLAGS, f"-I{SRC}", f"-I{gen}", f"-I{cuda_inc}", "-Wl,-soname,libcuda.so.1",
-          str(SRC / "cuda.c"), state, "-o", str(out / "libcuda.so.1"), *link])
+          str(SRC / "cuda.c"), *state, "-o", str(out / "libcuda.so.1"), *link])
     for variant, extra in (("", []), (OLD_DRIVER_DIR, ["-DVGPU_OLD_DRIVER"])):
         target = out / variant
         target.mkdir(exist_ok=True)
         _run([cc, *CFLAGS, *extra, f"-I{SRC}", f"-I{nvml_inc}", "-Wl,-soname,libnvidia-ml.so.1",
-              str(SRC / "nvml.c"), state, "-o", str(target / "libnvidia-ml.so.1"), *link])
-    _run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{SRC}", str(SRC / "vgpuctl.c"), state,
+              str(SRC / "nvml.c"), *state, "-o", str(target / "libnvidia-ml.so.1"), *link])
+    _run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{SRC}", str(SRC / "vgpuctl.c"), *state,
           "-o", str(out / "vgpuctl"), *link])
     # The unversioned names too: some loaders try libcuda.so first, and must find ours before a system one.
     for name in ("libcuda.so", "libnvidia-ml.so"):

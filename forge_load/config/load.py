@@ -127,10 +127,23 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
             f"{show_number(max(DEFAULT_BOOST_TARGET, config.target_ratio))})"
         )
     _check_gpu_choice(given)
+    _check_metric(config, given)
     _check_sim_devices(config.sim, given)
     _check_sim_jobs(config.sim, given)
     config = _check_time_zone(config, given, env)
     return _check_health_max_age(config, given)
+
+
+def _check_metric(config: Config, given: Mapping[str, _Given]) -> None:
+    """The legacy law is the original tool's, which knows NVML utilization only."""
+    metric = given.get("metric")
+    if metric is not None and config.metric != "utilization" and config.controller == "legacy":
+        controller = given.get("controller")
+        raise ConfigError(
+            f"{metric.name}={show_value(metric.raw)} is not valid with "
+            f"{controller.name if controller else BY_KEY['controller'].env}=legacy: expected utilization, the only "
+            "metric the legacy law holds (or the pi controller for sm_activity and gr_activity)"
+        )
 
 
 def _check_time_zone(config: Config, given: Mapping[str, _Given], env: Mapping[str, str]) -> Config:

@@ -45,6 +45,7 @@ class Config:
     log_format: str = "text"
     duration_s: float = 0.0
     controller: str = "pi"
+    metric: str = "utilization"  # what the target is a target of (control/quantity.py)
     poll_interval_s: float = 0.1
     foreign_mem_mib: float = 64.0
     foreign_util_ratio: float = 0.1
@@ -67,6 +68,7 @@ class Config:
 
 MAX_FOREIGN_SAMPLES = 100  # the Monitor keeps this many judged sample windows for the signals
 CONTROLLER_NAMES = ("pi", "legacy")  # controller.make_controller makes each of these
+METRIC_NAMES = ("utilization", "sm_activity", "gr_activity")  # quantity.QUANTITIES holds each of these
 
 # Boost target used when none is given; a target above it means "no boost" rather than an error.
 DEFAULT_BOOST_TARGET = 0.6
@@ -114,6 +116,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("controller", "FORGE_CONTROLLER", "--controller", partial(choice_value, choices=CONTROLLER_NAMES),
             "pi or legacy; default pi",
             logged="controller"),
+    Setting("metric", "FORGE_METRIC", "--metric", partial(choice_value, choices=METRIC_NAMES),
+            "what the target is a target of: utilization (NVML's), sm_activity (GPM SM_UTIL) or gr_activity "
+            "(GPM GRAPHICS_UTIL); the GPM ones need compute capability 9.0 or newer; default utilization",
+            logged="metric"),
     Setting("poll_interval_s", "FORGE_POLL_INTERVAL", "--poll-interval",
             partial(seconds_value, low=0.01, high=1.0), "seconds between GPU polls, 0.01 to 1; default 0.1",
             logged="poll_interval_s"),

@@ -28,13 +28,27 @@ from forge_load.control.detectors import (
     Signal,
     Thresholds,
 )
-from forge_load.control.probe import GpuProcess, Probe, UtilSample
+from forge_load.control.probe import Activity, GpuProcess, Probe, UtilSample
 from forge_load.control.sampling import SampleReader
 from forge_load.control.worker import BusyLog
 
 PROCESS_REFRESH_MIN_S = 1.0  # the process lists at least this often after something changed
 PROCESS_REFRESH_MAX_S = 4.0  # ... and the gap doubles up to this while memory and the lists stay still
 SLOW_READ_S = 1.0  # power and temperature: NVML refreshes them about once a second
+# GPM: NVML asks for samples more than 100 ms apart (docs/design.md §12); a poll grid of 0.1 s meets it every other
+# poll. A sample pair's readings are 5 a second, about NVML's utilization windows' rate.
+ACTIVITY_EVERY_S = 0.19
+
+
+@dataclass(frozen=True)
+class ActivityShare:
+    """GPM's readings over the span that ended at `t_s`, and our own busy share of that span (CUDA events)."""
+
+    t_s: float
+    span_s: float
+    sm_ratio: float
+    gr_ratio: float
+    own_ratio: float
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class Reading:
     temperature_c: float | None = None
     energy_j: float | None = None  # the board's energy counter, where NVML offers one
     power_t_s: float | None = None  # when power and temperature were read (about once a second)
+    activity: tuple[ActivityShare, ...] = ()  # GPM's, new since the previous reading (where the GPU has GPM)
 
     @property
     def foreign(self) -> bool:
@@ -85,6 +100,9 @@ class Monitor:
         self._next_due_s: float | None = None
         self._samples = SampleReader(probe)
         self._pending: list[UtilSample] = []
+        self._activity_pending: list[Activity] = []
+        self._activity_due_s = float("-inf")
+        self._unread_activity: list[ActivityShare] = []
         self._recent: deque[ShareSample] = deque(maxlen=RECENT_SAMPLES)
         # The process lists are re-read when memory moved by half of what the memory signal fires on (a new
         # context moves it by hundreds of MiB), so both signals still see a new job at the same poll.
@@ -118,7 +136,7 @@ class Monitor:
             why_blind["process"] = "NVML answers no process-list query on this GPU (not supported)"
         if self._memory_offered is False:
             why_blind["memory"] = "NVML reports no device memory in use on this GPU (not supported)"
-        if self._samples.blind:
+        if self._samples.blind and not self.probe.info.gpm:  # GPM's GRAPHICS_UTIL stands in for it (_poll)
             why_blind["utilization"] = "NVML reports no utilization on this GPU (not supported, as on MIG)"
         names = [name for name, _ in self.signals if name in why_blind or name != "process"
                  or self.thresholds.use_process_list]
@@ -135,8 +153,10 @@ class Monitor:
             latest = self._latest
             if latest is None or (self._taken is not None and self._taken.seq == latest.seq):
                 return self._taken if latest is not None else None
-            self._taken = dataclasses.replace(latest, samples=tuple(self._unread))
+            self._taken = dataclasses.replace(latest, samples=tuple(self._unread),
+                                              activity=tuple(self._unread_activity))
             self._unread = []
+            self._unread_activity = []
             return self._taken
 
     def step(self, now_s: float) -> float:
@@ -145,6 +165,7 @@ class Monitor:
         with self._lock:
             previous, self._latest = self._latest, reading
             self._unread.extend(reading.samples)
+            self._unread_activity.extend(reading.activity)
         self.woke = (self.wake_every_reading or previous is None or reading.signals != previous.signals
                      or reading.foreign != previous.foreign)
         if self.on_reading is not None and self.woke:
@@ -170,6 +191,11 @@ class Monitor:
         self._seq += 1
         samples = self._new_samples(now_s)
         shares = self._split(samples)
+        activity = self._new_activity(now_s)
+        if self._samples.blind:
+            # Where NVML has no utilization (MIG), GPM's GRAPHICS_UTIL less our own share is the utilization
+            # signal's input: the time any kernel ran, as NVML's utilization counts it.
+            self._recent.extend(ShareSample(a.t_s, a.gr_ratio, a.own_ratio) for a in activity)
         used_mib = self.probe.memory_used_mib()
         processes = self._read_processes(now_s, used_mib)
         self._processes_offered = processes is not None
@@ -211,6 +237,7 @@ class Monitor:
             foreign_pids=foreign_pids, signals=tuple(name for name, _ in fired),
             reason="; ".join(reason for _, reason in fired) or None,
             power_w=power_w, temperature_c=temperature_c, energy_j=energy_j, power_t_s=self._power_t_s,
+            activity=tuple(activity),
         )
 
     def _read_processes(self, now_s: float, used_mib: float | None) -> list[GpuProcess] | None:
@@ -239,6 +266,22 @@ class Monitor:
         ready = [s for s in self._pending if s.t_s <= ready_until_s]
         self._pending = self._pending[len(ready):]
         return [s for s in ready if s.t_s - self.window_s >= self.start_s]
+
+    def _new_activity(self, now_s: float) -> list[ActivityShare]:
+        """GPM's readings whose span is wholly after our start and whose kernels of ours are all timed."""
+        if not self.probe.info.gpm:
+            return []
+        if now_s >= self._activity_due_s:
+            self._activity_due_s = now_s + ACTIVITY_EVERY_S
+            got = self.probe.activity()
+            if got is not None:
+                self._activity_pending.append(got)
+        ready_until_s = self.busy_log.complete_until_s
+        ready = [a for a in self._activity_pending if a.t_s <= ready_until_s]
+        self._activity_pending = self._activity_pending[len(ready):]
+        return [ActivityShare(a.t_s, a.span_s, a.sm_ratio, a.gr_ratio,
+                              min(self.busy_log.busy_s(a.t_s - a.span_s, a.t_s) / a.span_s, 1.0))
+                for a in ready if a.t_s - a.span_s >= self.start_s and a.span_s > 0]
 
     def _split(self, samples: list[UtilSample]) -> list[ShareSample]:
         window_s = self.window_s

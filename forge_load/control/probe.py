@@ -42,6 +42,12 @@ class DeviceInfo:
     driver_version: str
     mig_enabled: bool
     compute_mode: ComputeMode = ComputeMode.DEFAULT  # read once, when the GPU is opened
+    gpm: bool = False  # NVML's GPM is there (Hopper and newer): activity() answers (docs/design.md §12)
+    # A MIG device's GPU instance ID, its profile ("2g.20gb") and its GPU's UUID: dcgm-exporter's GPU_I_ID,
+    # GPU_I_PROFILE and UUID for it. None / "" for a whole GPU.
+    gpu_instance: int | None = None
+    mig_profile: str = ""
+    gpu_uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,17 @@ class UtilSample:
 
     t_s: float
     ratio: float
+
+
+@dataclass(frozen=True)
+class Activity:
+    """GPM's readings over the `span_s` seconds that ended at `t_s` (the probe's clock): the share of the SMs
+    with a warp on them (SM_UTIL), and of the time any kernel ran (GRAPHICS_UTIL), as ratios."""
+
+    t_s: float
+    span_s: float
+    sm_ratio: float
+    gr_ratio: float
 
 
 @dataclass(frozen=True)
@@ -86,5 +103,8 @@ class Probe(Protocol):
         """The board's enforced power limit."""
 
     def temperature_c(self) -> float | None: ...
+
+    def activity(self) -> Activity | None:
+        """GPM since the previous call (the first call only starts it: None); None where info.gpm is False."""
 
     def close(self) -> None: ...

@@ -1,8 +1,9 @@
-"""The quantity the filler holds at its target: today NVML's device utilization, a ratio (docs/design.md §1).
+"""The quantity the filler holds at its target (FORGE_METRIC): NVML's device utilization (docs/design.md §1), or GPM's
+SM or graphics activity (§12), each a ratio.
 
 The policy, the controller and the status speak of "the target" in this quantity's unit, never of a ratio; the
 filler feeds the controller the samples this quantity reads from each Monitor reading. A target in another
-quantity (SM activity, board power) is a new Quantity here, with its samples, its feed-forward duty and its
+quantity (board power, say) is a new Quantity here, with its samples, its feed-forward duty and its
 units, plus the setting that chooses it (config/settings.py) and, where NVML offers it, the reading it comes from
 (monitor.py, nvml.py, sim.py).
 """
@@ -34,3 +35,22 @@ def _utilization_samples(reading: Reading) -> list[UtilSample]:
 
 # NVML counts a window busy for the time any kernel ran (§1): the duty is the utilization we add.
 UTILIZATION = Quantity("utilization", "ratio", _utilization_samples, duty_for=lambda target: target, per_duty=1.0)
+
+
+def _sm_samples(reading: Reading) -> list[UtilSample]:
+    return [UtilSample(a.t_s, a.sm_ratio) for a in reading.activity]
+
+
+def _gr_samples(reading: Reading) -> list[UtilSample]:
+    return [UtilSample(a.t_s, a.gr_ratio) for a in reading.activity]
+
+
+# GPM's SM_UTIL (docs/design.md §12): our kernels are full waves over every SM, so SM activity follows our busy
+# share, less the tails of last waves; the controller's integral learns that bias as it does NVML's.
+SM_ACTIVITY = Quantity("sm_activity", "ratio", _sm_samples, duty_for=lambda target: target, per_duty=1.0)
+# GPM's GRAPHICS_UTIL: the time any kernel ran, as NVML's utilization counts it, and there on MIG devices too.
+GR_ACTIVITY = Quantity("gr_activity", "ratio", _gr_samples, duty_for=lambda target: target, per_duty=1.0)
+
+# FORGE_METRIC's names (config/settings.py METRIC_NAMES) -> the quantity; the GPM ones need GPM on the device.
+QUANTITIES: dict[str, Quantity] = {q.name: q for q in (UTILIZATION, SM_ACTIVITY, GR_ACTIVITY)}
+NEEDS_GPM = frozenset({SM_ACTIVITY.name, GR_ACTIVITY.name})

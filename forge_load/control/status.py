@@ -53,6 +53,7 @@ class GpuSlot:
         self.index: int | None = int(requested) if requested.isdigit() else None
         self.uuid = "" if requested.isdigit() else requested
         self.model = ""
+        self.info: DeviceInfo | None = None  # once the GPU is open
         self.status = "starting"  # starting -> running -> stopped | failed
         self.reason: str | None = None
         self.exit_code = 0
@@ -63,6 +64,7 @@ class GpuSlot:
         """The GPU is open and its filler built (gpu_threads.gpu_selectors named each GPU once)."""
         self._snapshot = snapshot
         self.index, self.uuid, self.model = info.index, info.uuid, info.name
+        self.info = info
         self.status = "running"
 
     def snapshot(self) -> GpuStatus | None:

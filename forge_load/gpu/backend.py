@@ -9,6 +9,8 @@ itself (service/loop.py) is one for both.
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
 from typing import Protocol
 
 from forge_load.config.settings import Config
@@ -22,6 +24,18 @@ MIG_NOTE: str = (
     "NVML utilization is not supported on MIG instances: forge_load cannot measure this GPU's "
     "utilization, and foreign-job detection falls back to processes and memory"
 )
+MIG_GPM_NOTE: str = (
+    "NVML utilization is not supported on MIG instances: GPM's GRAPHICS_UTIL (the time any kernel ran) "
+    "stands in for it in the utilization signal (docs/design.md §12)"
+)
+
+
+def show_cuda_the_mig_device(uuid: str, environ: MutableMapping[str, str]) -> None:
+    """A CUDA process sees one MIG device only, the first CUDA_VISIBLE_DEVICES names (docs/design.md §12): where the
+    variable is unset, name this MIG device in it before CUDA starts. A value already there is the operator's (or
+    the container's), and is left alone: the launcher then says what CUDA sees if it is not this device."""
+    if uuid.startswith("MIG-") and "CUDA_VISIBLE_DEVICES" not in environ:
+        environ["CUDA_VISIBLE_DEVICES"] = uuid
 
 
 class Backend(Protocol):
@@ -63,13 +77,19 @@ class NvidiaBackend:
     def open_launcher(self, probe: Probe) -> Launcher:
         from forge_load.gpu import launcher
 
+        show_cuda_the_mig_device(probe.info.uuid, os.environ)
         return launcher.CudaLauncher(probe.info.uuid)
 
     def open_clock(self, probe: Probe) -> WallLoopClock:
         return WallLoopClock()
 
     def start_fields(self, info: DeviceInfo) -> dict[str, object]:
-        return {"note": f"GPU {info.index} ({info.uuid}): {MIG_NOTE}"} if info.mig_enabled else {}
+        if not info.mig_enabled:
+            return {}
+        fields: dict[str, object] = {}
+        if info.gpu_instance is not None:  # dcgm-exporter's GPU_I_ID and GPU_I_PROFILE, and the GPU's UUID
+            fields = {"gpu_instance": info.gpu_instance, "mig_profile": info.mig_profile, "gpu_uuid": info.gpu_uuid}
+        return {**fields, "note": f"GPU {info.index} ({info.uuid}): {MIG_GPM_NOTE if info.gpm else MIG_NOTE}"}
 
 
 class SimBackend:

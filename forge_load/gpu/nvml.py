@@ -20,7 +20,15 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from forge_load.control.probe import ComputeMode, DeviceInfo, GpuFailedError, GpuProcess, NoGpuError, UtilSample
+from forge_load.control.probe import (
+    Activity,
+    ComputeMode,
+    DeviceInfo,
+    GpuFailedError,
+    GpuProcess,
+    NoGpuError,
+    UtilSample,
+)
 from forge_load.gpu.nvml_values import MIB, StampClock, boot_clock, merge_processes, sample_value
 
 INIT_HINT: str = (
@@ -189,7 +197,30 @@ def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
         driver_version=driver,
         mig_enabled=mig_enabled,
         compute_mode=_compute_mode(nvml, handle),
+        gpm=_gpm_supported(nvml, handle),
+        **(_mig_identity(nvml, handle, name) if uuid.startswith("MIG-") else {}),
     )
+
+
+def _mig_identity(nvml: ModuleType, handle: Any, name: str) -> dict[str, Any]:
+    """A MIG device's GPU instance ID, profile and GPU UUID, as far as NVML says (docs/design.md §12). The
+    profile is the end of its name ("NVIDIA H100 80GB HBM3 MIG 2g.20gb"), as nvidia-smi -L shows it."""
+    out: dict[str, Any] = {"mig_profile": name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""}
+    with contextlib.suppress(_Unavailable, NoGpuError):
+        out["gpu_instance"] = int(_call(nvml, "nvmlDeviceGetGpuInstanceId", handle, fail=_setup_fail))
+    with contextlib.suppress(_Unavailable, NoGpuError):
+        parent = _call(nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle, fail=_setup_fail)
+        out["gpu_uuid"] = _device_uuid(nvml, parent)
+    return out
+
+
+def _gpm_supported(nvml: ModuleType, handle: Any) -> bool:
+    """Whether NVML's GPM answers for this GPU or MIG device (Hopper and newer, docs/design.md §12)."""
+    try:
+        support = _call(nvml, "nvmlGpmQueryDeviceSupport", handle, fail=_setup_fail)
+    except (_Unavailable, NoGpuError):
+        return False  # an older driver or pynvml, or a GPU before Hopper
+    return bool(support.isSupportedDevice)
 
 
 # nvmlComputeMode_t (nvml.h): 0 default, 1 exclusive thread ("Support Removed"), 2 prohibited, 3 exclusive process
@@ -222,6 +253,30 @@ def _index_of(nvml: ModuleType, handle: Any, uuid: str, count: int) -> int:
         if _device_uuid(nvml, candidate) == uuid:
             return index
     return -1
+
+
+def _mig_device_uuids(nvml: ModuleType, handle: Any) -> list[str]:
+    """The UUIDs of a GPU's MIG devices (none where MIG is off or NVML does not say)."""
+    try:
+        slots = int(_call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle, fail=_setup_fail))
+    except (_Unavailable, NoGpuError):
+        return []
+    uuids = []
+    for slot in range(slots):
+        try:
+            mig = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot, fail=_setup_fail, not_found=None)
+        except (_Unavailable, NoGpuError):
+            continue
+        if mig is not None:  # NOT_FOUND: no MIG device in that slot
+            uuids.append(_device_uuid(nvml, mig))
+    return uuids
+
+
+def _mig_mode_refusal(index: int, uuid: str, migs: list[str]) -> NoGpuError:
+    """A GPU in MIG mode runs CUDA only on its MIG devices, and a process sees one of them (docs/design.md §12)."""
+    which = ", ".join(migs) if migs else "none is made yet (nvidia-smi mig -cgi ... -C)"
+    return NoGpuError(f"GPU {index} ({uuid}) is in MIG mode: CUDA runs only on its MIG devices, one per process, so "
+                      f"start one filler per MIG device with FORGE_GPU set to its UUID; its MIG devices: {which}")
 
 
 def _visible(nvml: ModuleType, count: int) -> str:
@@ -316,12 +371,23 @@ class NvmlProbe:
     ) -> None:
         self._nvml: ModuleType = _load_nvml(nvml)
         self._stamps = StampClock(wall_clock, mono_clock, boot_clock)
+        self._mono_clock = mono_clock
+        self._gpm_previous: tuple[Any, float] | None = None  # the last GPM sample and when it was taken
         self._last_stamp_us = -1
         self._close_lock = threading.Lock()
         self._closed = False
         _nvml_init(self._nvml)
         try:
             self._handle, self.info = self._open(str(gpu).strip())
+            if self.info.mig_enabled and not self.info.uuid.startswith("MIG-"):
+                raise _mig_mode_refusal(self.info.index, self.info.uuid, _mig_device_uuids(self._nvml, self._handle))
+            # Power, energy, the power limit and temperature are the board's, which a MIG device shares with its
+            # GPU's other MIG devices (docs/design.md §12): they are read from the GPU's handle.
+            self._board = self._handle
+            if self.info.uuid.startswith("MIG-"):
+                with contextlib.suppress(_Unavailable, NoGpuError):
+                    self._board = _call(self._nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self._handle,
+                                        fail=_setup_fail)
         except BaseException:
             _nvml_shutdown(self._nvml)  # balance nvmlInit's reference count
             self._closed = True
@@ -458,29 +524,71 @@ class NvmlProbe:
         return merge_processes((compute or []), (graphics or []))
 
     def power_w(self) -> float | None:
-        milliwatts = self._query("nvmlDeviceGetPowerUsage", self._handle)
+        milliwatts = self._query("nvmlDeviceGetPowerUsage", self._board)
         return None if milliwatts is None else float(milliwatts) / 1000.0
 
     def energy_j(self) -> float | None:
         # Volta and newer: the board's energy since the driver loaded, in mJ (docs/design.md §9).
-        millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._handle)
+        millijoules = self._query("nvmlDeviceGetTotalEnergyConsumption", self._board)
         return None if millijoules is None else int(millijoules) / 1000.0
 
     def power_limit_w(self) -> float | None:
-        milliwatts = self._query("nvmlDeviceGetEnforcedPowerLimit", self._handle)
+        milliwatts = self._query("nvmlDeviceGetEnforcedPowerLimit", self._board)
         return None if milliwatts is None else float(milliwatts) / 1000.0
 
     def temperature_c(self) -> float | None:
         celsius = self._query(
-            "nvmlDeviceGetTemperature", self._handle, getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)
+            "nvmlDeviceGetTemperature", self._board, getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)
         )
         return None if celsius is None else float(celsius)
+
+    def activity(self) -> Activity | None:
+        """GPM's SM_UTIL and GRAPHICS_UTIL since the previous call (docs/design.md §12); the caller keeps its
+        calls 0.1 s or more apart, as NVML asks. None at the first call, where there is no GPM, or where a
+        metric did not answer."""
+        if not self.info.gpm:
+            return None
+        lib = self._nvml
+        sample = self._query("nvmlGpmSampleAlloc")
+        if sample is None:
+            return None
+        taken_s = self._mono_clock()
+        try:  # nvml.h 13.4: nvmlGpmSampleGet takes a GPU's handle or a MIG device's
+            if self._query("nvmlGpmSampleGet", self._handle, sample) is None:
+                raise _Unavailable("nvmlGpmSampleGet")
+        except BaseException:
+            self._query("nvmlGpmSampleFree", sample)
+            raise
+        previous, self._gpm_previous = self._gpm_previous, (sample, taken_s)
+        if previous is None:
+            return None
+        before, before_s = previous
+        try:
+            get = lib.c_nvmlGpmMetricsGet_t()
+            get.version = lib.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = 2
+            get.sample1, get.sample2 = before, sample
+            get.metrics[0].metricId = lib.NVML_GPM_METRIC_SM_UTIL
+            get.metrics[1].metricId = lib.NVML_GPM_METRIC_GRAPHICS_UTIL
+            if self._query("nvmlGpmMetricsGet", get) is None:
+                return None
+            # each metric answers for itself: the call can succeed while one of them did not
+            if get.metrics[0].nvmlReturn != 0 or get.metrics[1].nvmlReturn != 0:
+                return None
+            return Activity(taken_s, taken_s - before_s, min(max(get.metrics[0].value / 100.0, 0.0), 1.0),
+                            min(max(get.metrics[1].value / 100.0, 0.0), 1.0))
+        finally:
+            self._query("nvmlGpmSampleFree", before)
 
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
+        if self._gpm_previous is not None:
+            with contextlib.suppress(Exception):
+                _call(self._nvml, "nvmlGpmSampleFree", self._gpm_previous[0], fail=self._fail)
+            self._gpm_previous = None
         _nvml_shutdown(self._nvml)
 
     def __enter__(self) -> NvmlProbe:

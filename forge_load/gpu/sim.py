@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from forge_load.config.sim import SimConfig, sim_uuid
-from forge_load.control.probe import DeviceInfo, GpuFailedError, GpuProcess, UtilSample
+from forge_load.control.probe import Activity, DeviceInfo, GpuFailedError, GpuProcess, UtilSample
 from forge_load.control.worker import Completed
 
 RESIDENT_BLOCKS_PER_SM = 8  # 256-thread blocks, 2048 threads per SM
@@ -283,6 +283,9 @@ class SimProbe:
     def temperature_c(self) -> float | None:
         power_w = self.power_w() or IDLE_POWER_W
         return 30.0 + 40.0 * (power_w - IDLE_POWER_W) / (MAX_POWER_W - IDLE_POWER_W)
+
+    def activity(self) -> Activity | None:
+        return None  # the simulated GPU has no GPM (info.gpm is False)
 
     def close(self) -> None:
         pass

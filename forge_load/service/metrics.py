@@ -27,6 +27,8 @@ GPU_LABELS = ["gpu", "UUID"]
 METRICS: dict[str, tuple[str, str]] = {
     "forge_load_build_info": ("gauge", "Always 1; labels: version, python_version, simulated"),
     "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, hostname (the node)"),
+    "forge_load_mig_info": ("gauge", "Always 1 per MIG device filled; labels gpu, UUID (the MIG device's), "
+                                     "GPU_I_ID, GPU_I_PROFILE and gpu_uuid (its GPU's: dcgm-exporter's UUID for it)"),
     "forge_load_up": ("gauge", "1 while this GPU's filler loop is alive and fresh (what /health checks), else 0"),
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
     "forge_load_target_ratio": ("gauge", "Utilization the filler holds now: the target, the boost target "
@@ -73,6 +75,7 @@ class FillerCollector:
                                   labels=["version", "python_version", "simulated"])
         build.add_metric([__version__, platform.python_version(), str(self.gpu_slots.simulated).lower()], 1.0)
         info = family("forge_load_gpu_info", ["modelName", "hostname"])
+        mig = family("forge_load_mig_info", ["GPU_I_ID", "GPU_I_PROFILE", "gpu_uuid"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
         own, foreign = family("forge_load_own_utilization_ratio"), family("forge_load_foreign_utilization_ratio")
@@ -93,6 +96,8 @@ class FillerCollector:
             if snapshot is None:
                 continue
             info.add_metric([*labels, slot.model, self.hostname], 1.0)
+            if slot.info is not None and slot.info.gpu_instance is not None:
+                mig.add_metric([*labels, str(slot.info.gpu_instance), slot.info.mig_profile, slot.info.gpu_uuid], 1.0)
             yields.add_metric(labels, float(snapshot.yields))
             yielding.add_metric(labels, snapshot.yielding_s)
             busy.add_metric(labels, snapshot.own_busy_s)
@@ -114,7 +119,7 @@ class FillerCollector:
                 cap.add_metric(labels, snapshot.power_cap_w)
             capped.add_metric(labels, 1.0 if snapshot.power_capped else 0.0)
             held.add_metric(labels, float(snapshot.holds))
-        yield from (build, info, up, state, target, util, own, foreign, multiplier, memory, yields, yielding, busy,
+        yield from (build, info, mig, up, state, target, util, own, foreign, multiplier, memory, yields, yielding, busy,
                     power, cap, capped, energy, held, begun)
 
 

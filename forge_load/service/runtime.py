@@ -21,6 +21,7 @@ from forge_load.control.monitor import Monitor
 from forge_load.control.policy import Policy
 from forge_load.control.powercap import PowerCap
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
+from forge_load.control.quantity import NEEDS_GPM, QUANTITIES
 from forge_load.control.reasons import Reasons
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
@@ -82,8 +83,9 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     # The status file beside the holds (`forge-load status`); the exclusive mode's child has none: its parent writes it.
     report = (StatusWriter(config.hold_dir, probe.info.uuid, probe.info.index, os.getpid(), config.simulate)
               if config.hold_dir else None)
-    filler = Filler(monitor, worker, make_controller(config.controller), policy, LineGate(log, start_s), timing,
-                    controls, report=report)
+    quantity = QUANTITIES[config.metric]
+    filler = Filler(monitor, worker, make_controller(config.controller, quantity), policy, LineGate(log, start_s),
+                    timing, controls, quantity=quantity, report=report)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, clock)
 
 
@@ -95,10 +97,17 @@ def pauses_for(config: Config, controls: Controls, wall_clock: Callable[[], floa
                   on_host_error=lambda why: say(f"forge-load: warning: {why}"))
 
 
+def metric_refusal(metric: str, info: DeviceInfo) -> str:
+    """Why a GPM metric cannot be held on this GPU: one line (exit 3)."""
+    return (f"FORGE_METRIC={metric} needs NVML's GPM, which GPU {info.index} ({info.uuid}, {info.name}) does not "
+            "offer (GPM needs compute capability 9.0, Hopper, or newer, and a driver with it; before that only "
+            "DCGM's profiling module measures SM activity): use FORGE_METRIC=utilization on this GPU")
+
+
 # The start line's fields a person reads first (gpu and uuid come with every line), in this order; in key=value the
 # rest goes on a `settings` line after it (docs/operating.md, Reading the log). `signals` stays here: checks read it.
-START_ESSENTIALS = ("state", "target", "gpu_mem_mib", "gpu_name", "controller", "resume_after_s", "signals",
-                    "wall_time", "version", "simulated")
+START_ESSENTIALS = ("state", "target", "gpu_mem_mib", "gpu_name", "controller", "metric", "resume_after_s",
+                    "signals", "wall_time", "version", "simulated")
 
 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
@@ -107,6 +116,8 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
+    if rt.config.metric in NEEDS_GPM and not rt.info.gpm:
+        raise NoGpuError(metric_refusal(rt.config.metric, rt.info))
     if rt.config.max_power_w is not None and (reading is None or reading.power_w is None):
         raise NoGpuError(f"GPU {rt.info.index} ({rt.info.uuid}) reports no board power through NVML, so "
                          f"FORGE_MAX_POWER_W={rt.config.max_power_w:g} cannot be held: unset it for this GPU")

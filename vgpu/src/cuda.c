@@ -114,8 +114,8 @@ static vgpu_view g_view;
 static int g_attached;    /* the state is mapped */
 static int g_initialized; /* cuInit succeeded */
 static int g_nvisible;
-static int g_visible[VGPU_MAX_GPUS]; /* CUDA ordinal -> device index */
-static vctx g_primary[VGPU_MAX_GPUS];
+static int g_visible[VGPU_MAX_DEVS]; /* CUDA ordinal -> device index (a MIG device's: mig.c) */
+static vctx g_primary[VGPU_MAX_DEVS];
 static __thread vctx *t_stack[32];
 static __thread int t_depth;
 
@@ -160,6 +160,32 @@ static vevent *event_of(CUevent he) {
     return e != NULL && e->magic == MAGIC_EVENT ? e : NULL;
 }
 
+/* GPUs in MIG mode (docs/design.md, MIG): a CUDA process enumerates one MIG device only, the first that
+ * CUDA_VISIBLE_DEVICES names by MIG-<uuid> (a unique prefix will do), or without the variable the first MIG device
+ * of the first GPU; a GPU-<uuid> or an ordinal of a GPU in MIG mode names no CUDA device. */
+static int parse_visible_mig(const char *env, const int *base, int nbase) {
+    const vgpu_state *st = g_view.st;
+    int dev = -1;
+    if (env == NULL) {
+        if (nbase > 0) dev = vgpu_mig_device(st, base[0], 0);
+    } else {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", env);
+        char *save = NULL, *tok = strtok_r(buf, ",", &save);
+        while (tok != NULL && *tok == ' ') tok++;
+        if (tok != NULL && strncmp(tok, "MIG-", 4) == 0) {
+            char *end = tok + strlen(tok);
+            while (end > tok && end[-1] == ' ') *--end = '\0';
+            dev = vgpu_mig_by_uuid(st, tok, 1);
+            int in_container = 0;
+            for (int i = 0; dev >= 0 && i < nbase; i++) in_container |= base[i] == st->dev[dev].parent;
+            if (!in_container) dev = -1;
+        }
+    }
+    if (dev >= 0) g_visible[g_nvisible++] = dev;
+    return g_nvisible;
+}
+
 static int parse_visible(void) {
     const vgpu_state *st = g_view.st;
     /* A container (NVIDIA_VISIBLE_DEVICES) has only its devices; CUDA orders and numbers those. */
@@ -176,6 +202,7 @@ static int parse_visible(void) {
     }
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     g_nvisible = 0;
+    if (st->mig > 0) return parse_visible_mig(env, base, nbase);
     if (env == NULL) {
         for (int i = 0; i < nbase; i++) g_visible[g_nvisible++] = base[i];
         return g_nvisible;
@@ -311,7 +338,7 @@ CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
     if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0) return CUDA_ERROR_INVALID_DEVICE;
     if (bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *bytes = g_view.st->total_bytes;
+    *bytes = g_view.st->dev[d].total_bytes;
     return CUDA_SUCCESS;
 }
 
@@ -356,7 +383,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; break;
     case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; break;
     case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = st->sms; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = st->dev[d].sms; break;
     case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
@@ -450,7 +477,7 @@ static CUresult open_primary(vctx *ctx) {
         /* refused by the compute mode */
     } else if (slot < 0) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;  /* more processes than the virtual GPU keeps track of */
-    } else if (vgpu_used_bytes(st, ctx->dev) + st->context_bytes > st->total_bytes - st->reserved_bytes) {
+    } else if (vgpu_used_bytes(st, ctx->dev) + st->context_bytes > vgpu_usable_bytes(st, ctx->dev)) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         st->proc[slot].ctx_open[ctx->dev] = 1;
@@ -667,7 +694,7 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
     uint64_t used = vgpu_used_bytes(st, c->dev);
     vgpu_unlock(&g_view);
     valloc_t *a = NULL;
-    if (used + bytesize > st->total_bytes - st->reserved_bytes ||
+    if (used + bytesize > vgpu_usable_bytes(st, c->dev) ||
         posix_memalign((void **)&a, ALLOC_HEADER, ALLOC_HEADER + bytesize) != 0) {
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -715,8 +742,8 @@ CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total) {
     uint64_t used = vgpu_used_bytes(st, c->dev);
     vgpu_unlock(&g_view);
     pthread_mutex_unlock(&g_mu);
-    if (free_bytes) *free_bytes = st->total_bytes - st->reserved_bytes - used;
-    if (total) *total = st->total_bytes;
+    if (free_bytes) *free_bytes = vgpu_usable_bytes(st, c->dev) - used;
+    if (total) *total = st->dev[c->dev].total_bytes;
     return CUDA_SUCCESS;
 }
 
@@ -1161,7 +1188,7 @@ static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstre
     uint64_t resident = (uint64_t)st->threads_per_sm / threads;
     if (resident > (uint64_t)st->max_blocks_per_sm) resident = (uint64_t)st->max_blocks_per_sm;
     if (resident == 0) resident = 1;
-    uint64_t per_wave = resident * (uint64_t)st->sms;
+    uint64_t per_wave = resident * (uint64_t)st->dev[c->dev].sms;
     int64_t waves = (int64_t)((grid + per_wave - 1) / per_wave);
     int64_t duration = st->overhead_ns + waves * st->wave_ns;
 
@@ -1175,15 +1202,21 @@ static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstre
     int64_t ready = now + st->latency_ns;
     if (s->tail_ns > ready) ready = s->tail_ns;
     int64_t start, end;
-    char line[256];
+    char line[320];
     vgpu_lock(&g_view);
     vgpu_queue_kernel(&g_view, c->dev, now, ready, duration, &start, &end);
+    vgpu_gpm_record(st, c->dev, start, end, grid, threads);
     double off = (double)st->unix_offset_ns;
+    /* device: the GPU's NVML index; mig: the GPU instance ID of the MIG device it ran on, or null */
+    const vgpu_device *kd = &st->dev[c->dev];
+    char mig[16] = "null";
+    if (kd->parent >= 0) snprintf(mig, sizeof mig, "%d", kd->gi_id);
     int n = snprintf(line, sizeof line,
                      "{\"pid\":%d,\"device\":%d,\"start\":%.6f,\"end\":%.6f,\"submit\":%.6f,\"waited\":%.6f,"
-                     "\"pidns\":%llu}\n",
-                     (int)getpid(), c->dev, ((double)start + off) / 1e9, ((double)end + off) / 1e9,
-                     ((double)now + off) / 1e9, (double)(start - ready) / 1e9, (unsigned long long)g_view.pidns);
+                     "\"pidns\":%llu,\"grid\":%llu,\"block\":%llu,\"mig\":%s}\n",
+                     (int)getpid(), kd->parent >= 0 ? kd->parent : c->dev, ((double)start + off) / 1e9,
+                     ((double)end + off) / 1e9, ((double)now + off) / 1e9, (double)(start - ready) / 1e9,
+                     (unsigned long long)g_view.pidns, (unsigned long long)grid, (unsigned long long)threads, mig);
     if (g_view.kernels_fd >= 0 && write(g_view.kernels_fd, line, (size_t)n) < 0) {
         /* the record is for tests; the launch itself stands */
     }

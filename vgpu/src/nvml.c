@@ -15,13 +15,19 @@
  * - power: idle + (max - idle) x the busy share of the last second; energy: the integral of the
  *   instantaneous power (idle, or max while a kernel runs) since the state was created;
  * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED;
- * - the compute mode is the configured one (cuda.c enforces it).
+ * - the compute mode is the configured one (cuda.c enforces it);
+ * - MIG (mig.c): a GPU in MIG mode answers NOT_SUPPORTED for utilization, and so does each of its MIG devices,
+ *   which also answer NOT_SUPPORTED for power, energy and temperature (those are the GPU's); a MIG device's memory
+ *   and processes are its own, the GPU's are the sum of its MIG devices' (as a privileged caller sees them);
+ * - GPM (gpm.c) on compute capability 9.0 and newer: SM_UTIL, SM_OCCUPANCY and GRAPHICS_UTIL between two samples,
+ *   computed from the kernels that ran; any other metric answers NOT_SUPPORTED in its own nvmlReturn.
  */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include <nvml.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -38,6 +44,7 @@
 #define CUDA_DRIVER_VERSION 12090
 #endif
 #define DEVICE_MAGIC 0x4c4d564eu
+#define SAMPLE_MAGIC 0x4d504756u
 
 typedef struct {
     uint32_t magic;
@@ -48,7 +55,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static vgpu_view g_view;
 static int g_attached;
 static int g_init_count;
-static vdev g_devs[VGPU_MAX_GPUS];       /* by host index */
+static vdev g_devs[VGPU_MAX_DEVS];       /* by host index; MIG devices after the GPUs (mig.c) */
 static int g_cont[VGPU_MAX_GPUS];       /* NVML index -> host index: the devices NVIDIA_VISIBLE_DEVICES gives */
 static int g_ncont;
 static int g_calls_row = -1; /* this process's row of NVML call counters (-1: none yet or none left) */
@@ -102,7 +109,7 @@ static nvmlReturn_t init(void) {
             goto out;
         }
         g_attached = 1;
-        for (int i = 0; i < VGPU_MAX_GPUS; i++) {
+        for (int i = 0; i < VGPU_MAX_DEVS; i++) {
             g_devs[i].magic = DEVICE_MAGIC;
             g_devs[i].index = i;
         }
@@ -180,8 +187,11 @@ static int refused(const char *fn) {
 static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, int *index) {
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     const vdev *d = (const vdev *)device;
-    if (d == NULL || d < g_devs || d >= g_devs + VGPU_MAX_GPUS || d->magic != DEVICE_MAGIC ||
-        d->index >= g_view.st->gpus || nvml_index(d->index) < 0)
+    if (d == NULL || d < g_devs || d >= g_devs + VGPU_MAX_DEVS || d->magic != DEVICE_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_device *vd = &g_view.st->dev[d->index];
+    int gpu = vd->parent >= 0 ? vd->parent : d->index;  /* a MIG device is in the view with its GPU */
+    if (gpu >= g_view.st->gpus || (d->index >= VGPU_MAX_GPUS && vd->parent < 0) || nvml_index(gpu) < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (vgpu_lost(&g_view, d->index, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
     if (refused(fn)) return NVML_ERROR_NOT_SUPPORTED;
@@ -291,6 +301,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
         vgpu_uuid_string(g_view.st->dev[g_cont[i]].uuid, s);
         if (strcasecmp(s, uuid) == 0) return handle_of_host(g_cont[i], device);
     }
+    int mig = vgpu_mig_by_uuid(g_view.st, uuid, 0);  /* a MIG device's UUID names its handle */
+    if (mig >= 0 && nvml_index(g_view.st->dev[mig].parent) >= 0) return handle_of_host(mig, device);
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -309,6 +321,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvml
 nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     ENTER(device);
     if (index == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;  /* a MIG device has no NVML index */
     *index = (unsigned int)nvml_index(dev_);
     return NVML_SUCCESS;
 }
@@ -328,7 +341,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned
 nvmlReturn_t DECLDIR nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     ENTER(device);
     char s[48];
-    vgpu_uuid_string(g_view.st->dev[dev_].uuid, s);
+    if (vgpu_is_mig(g_view.st, dev_))
+        vgpu_mig_uuid_string(g_view.st->dev[dev_].uuid, s);
+    else
+        vgpu_uuid_string(g_view.st->dev[dev_].uuid, s);
     return copy_text(uuid, length, s);
 }
 
@@ -358,8 +374,75 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int
 nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
     ENTER(device);
     if (currentMode == NULL || pendingMode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *currentMode = NVML_DEVICE_MIG_DISABLE;
-    *pendingMode = NVML_DEVICE_MIG_DISABLE;
+    if (vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int mode = vgpu_mig_mode(g_view.st, dev_) ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    *currentMode = mode;
+    *pendingMode = mode;
+    return NVML_SUCCESS;
+}
+
+/* --- MIG ----------------------------------------------------------------------------------------------- */
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    ENTER(device);
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = vgpu_mig_mode(g_view.st, dev_) ? VGPU_MIG_SLOTS : 0;  /* zero where MIG is not enabled */
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                         nvmlDevice_t *migDevice) {
+    ENTER(device);
+    if (migDevice == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!vgpu_mig_mode(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;
+    if (index >= VGPU_MIG_SLOTS) return NVML_ERROR_INVALID_ARGUMENT;
+    int mig = vgpu_mig_device(g_view.st, dev_, (int)index);
+    if (mig < 0) return NVML_ERROR_NOT_FOUND;  /* a slot with no MIG device in it */
+    *migDevice = (nvmlDevice_t)&g_devs[mig];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    ENTER(migDevice);
+    if (device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;
+    *device = (nvmlDevice_t)&g_devs[g_view.st->dev[dev_].parent];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    ENTER(device);
+    if (isMigDevice == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = (unsigned int)vgpu_is_mig(g_view.st, dev_);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ENTER(device);
+    if (id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;
+    *id = (unsigned int)g_view.st->dev[dev_].gi_id;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ENTER(device);
+    if (id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;
+    *id = (unsigned int)g_view.st->dev[dev_].ci_id;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    ENTER(device);
+    if (attributes == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;  /* "only supports MIG device handles" */
+    const vgpu_device *d = &g_view.st->dev[dev_];
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = (unsigned int)d->sms;
+    attributes->gpuInstanceSliceCount = (unsigned int)(7 / g_view.st->mig);
+    attributes->computeInstanceSliceCount = attributes->gpuInstanceSliceCount;
+    attributes->memorySizeMB = d->total_bytes >> 20;
     return NVML_SUCCESS;
 }
 
@@ -393,10 +476,11 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *
     ENTER(device);
     if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     const vgpu_state *st = g_view.st;
-    uint64_t used = used_bytes(dev_) + st->reserved_bytes;  /* v1 counts the reserved memory as used */
-    memory->total = st->total_bytes;
+    uint64_t total = st->dev[dev_].total_bytes;
+    uint64_t used = used_bytes(dev_) + vgpu_reserved_bytes(st, dev_);  /* v1 counts the reserved memory as used */
+    memory->total = total;
     memory->used = used;
-    memory->free = st->total_bytes - used;
+    memory->free = total - used;
     return NVML_SUCCESS;
 }
 
@@ -407,15 +491,18 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     const vgpu_state *st = g_view.st;
     uint64_t used = used_bytes(dev_);
-    memory->total = st->total_bytes;
-    memory->reserved = st->reserved_bytes;
+    memory->total = st->dev[dev_].total_bytes;
+    memory->reserved = vgpu_reserved_bytes(st, dev_);
     memory->used = used;
-    memory->free = st->total_bytes - st->reserved_bytes - used;
+    memory->free = vgpu_usable_bytes(st, dev_) - used;
     return NVML_SUCCESS;
 }
 #endif
 
 /* --- utilization --------------------------------------------------------------------------------------- */
+
+/* NVML has no utilization for a MIG device, nor for a GPU in MIG mode (nvidia-smi shows N/A there). */
+static int no_utilization(int dev) { return vgpu_is_mig(g_view.st, dev) || vgpu_mig_mode(g_view.st, dev); }
 
 static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
@@ -429,6 +516,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_
                                           unsigned long long lastSeenTimeStamp, nvmlValueType_t *sampleValType,
                                           unsigned int *sampleCount, nvmlSample_t *samples) {
     ENTER(device);
+    if (no_utilization(dev_)) return NVML_ERROR_NOT_SUPPORTED;
     if (sampleValType == NULL || sampleCount == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (type != NVML_GPU_UTILIZATION_SAMPLES) return NVML_ERROR_NOT_SUPPORTED;
     if (samples != NULL && *sampleCount == 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -467,6 +555,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_
 
 nvmlReturn_t DECLDIR nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
     ENTER(device);
+    if (no_utilization(dev_)) return NVML_ERROR_NOT_SUPPORTED;
     if (utilization == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     const vgpu_state *st = g_view.st;
     int64_t w = st->window_ns, phase = st->dev[dev_].phase_ns;
@@ -482,19 +571,33 @@ nvmlReturn_t DECLDIR nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtil
 
 /* --- processes ----------------------------------------------------------------------------------------- */
 
-/* Under the lock: the processes with a context or memory on `dev` that this caller may see. */
-static unsigned int visible_processes(int dev, unsigned int pids[VGPU_MAX_PROCS], uint64_t bytes[VGPU_MAX_PROCS]) {
+#define MAX_LISTED (VGPU_MAX_PROCS * (VGPU_MIG_SLOTS + 1))
+
+/* Under the lock: the processes with a context or memory on `dev` that this caller may see (a GPU in MIG mode:
+ * those of its MIG devices, one entry per MIG device, with its GPU and compute instance; else 0xFFFFFFFF). */
+static unsigned int visible_processes(int dev, unsigned int pids[], uint64_t bytes[], unsigned int gi[],
+                                      unsigned int ci[]) {
     const vgpu_state *st = g_view.st;
     int32_t me = (int32_t)getpid();
     unsigned int n = 0;
-    for (int s = 0; s < VGPU_MAX_PROCS; s++) {
-        const vgpu_proc *p = &st->proc[s];
-        if (!p->in_use || (!p->ctx_open[dev] && p->alloc_bytes[dev] == 0)) continue;
-        if (p->pidns != g_view.pidns) continue;           /* another PID namespace: not listed */
-        if (st->hide_processes && p->pid != me) continue;  /* a container without --pid=host */
-        pids[n] = (unsigned int)p->pid;
-        bytes[n] = vgpu_proc_bytes(st, s, dev);
-        n++;
+    int devs[VGPU_MIG_SLOTS + 1], ndevs = 0;
+    if (vgpu_mig_mode(st, dev))
+        for (int k = 0; k < st->dev[dev].mig; k++) devs[ndevs++] = vgpu_mig_device(st, dev, k);
+    else
+        devs[ndevs++] = dev;
+    for (int j = 0; j < ndevs; j++) {
+        int d = devs[j];
+        for (int s = 0; s < VGPU_MAX_PROCS; s++) {
+            const vgpu_proc *p = &st->proc[s];
+            if (!p->in_use || (!p->ctx_open[d] && p->alloc_bytes[d] == 0)) continue;
+            if (p->pidns != g_view.pidns) continue;           /* another PID namespace: not listed */
+            if (st->hide_processes && p->pid != me) continue;  /* a container without --pid=host */
+            pids[n] = (unsigned int)p->pid;
+            bytes[n] = vgpu_proc_bytes(st, s, d);
+            gi[n] = vgpu_is_mig(st, d) ? (unsigned int)st->dev[d].gi_id : 0xFFFFFFFFu;
+            ci[n] = vgpu_is_mig(st, d) ? (unsigned int)st->dev[d].ci_id : 0xFFFFFFFFu;
+            n++;
+        }
     }
     return n;
 }
@@ -502,14 +605,14 @@ static unsigned int visible_processes(int dev, unsigned int pids[VGPU_MAX_PROCS]
 static nvmlReturn_t processes(int dev, unsigned int *infoCount, nvmlProcessInfo_v2_t *v2, nvmlProcessInfo_v1_t *v1,
                               int graphics) {
     if (infoCount == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned int pids[VGPU_MAX_PROCS];
-    uint64_t bytes[VGPU_MAX_PROCS];
+    unsigned int pids[MAX_LISTED], gi[MAX_LISTED], ci[MAX_LISTED];
+    uint64_t bytes[MAX_LISTED];
     unsigned int n = 0;
     if (!graphics) {  /* compute contexts only: nothing here draws */
         pthread_mutex_lock(&g_mu);
         vgpu_lock(&g_view);
         vgpu_reap(&g_view);
-        n = visible_processes(dev, pids, bytes);
+        n = visible_processes(dev, pids, bytes, gi, ci);
         vgpu_unlock(&g_view);
         pthread_mutex_unlock(&g_mu);
     }
@@ -522,8 +625,8 @@ static nvmlReturn_t processes(int dev, unsigned int *infoCount, nvmlProcessInfo_
         if (v2 != NULL) {
             v2[i].pid = pids[i];
             v2[i].usedGpuMemory = bytes[i];
-            v2[i].gpuInstanceId = 0xFFFFFFFFu;
-            v2[i].computeInstanceId = 0xFFFFFFFFu;
+            v2[i].gpuInstanceId = gi[i];
+            v2[i].computeInstanceId = ci[i];
         } else {
             v1[i].pid = pids[i];
             v1[i].usedGpuMemory = bytes[i];
@@ -573,34 +676,48 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, 
 
 /* --- power and temperature ----------------------------------------------------------------------------- */
 
+/* Under the lock: busy nanoseconds of `dev` in [a, b); a GPU in MIG mode: its MIG devices', weighted by SMs
+ * (the board draws by how much of it works). */
+static double busy_ns(int dev, int64_t a, int64_t b) {
+    const vgpu_state *st = g_view.st;
+    if (!vgpu_mig_mode(st, dev)) return (double)vgpu_busy_ns(st, dev, a, b);
+    double busy = 0;
+    for (int k = 0; k < st->dev[dev].mig; k++) {
+        int i = vgpu_mig_device(st, dev, k);
+        busy += (double)vgpu_busy_ns(st, i, a, b) * st->dev[i].sms / st->dev[dev].sms;
+    }
+    return busy;
+}
+
 static unsigned int power_mw(int dev) {
     const vgpu_state *st = g_view.st;
     int64_t now = vgpu_now_ns();
     pthread_mutex_lock(&g_mu);
     vgpu_lock(&g_view);
-    int64_t busy = vgpu_busy_ns(st, dev, now - 1000000000, now);
+    double busy = busy_ns(dev, now - 1000000000, now);
     vgpu_unlock(&g_view);
     pthread_mutex_unlock(&g_mu);
-    double u = (double)busy / 1e9;
+    double u = busy / 1e9;
     return (unsigned int)(st->idle_power_mw + (st->max_power_mw - st->idle_power_mw) * u + 0.5);
 }
 
+/* Power, energy, temperature and the power limits are the board's: a MIG device has none of its own. */
+#define BOARD_ONLY()                                                                \
+    do {                                                                            \
+        if (vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;          \
+    } while (0)
+
 nvmlReturn_t DECLDIR nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     ENTER(device);
+    BOARD_ONLY();
     if (power == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *power = power_mw(dev_);
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
-    ENTER(device);
-    if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    const vgpu_state *st = g_view.st;
-    const vgpu_device *d = &st->dev[dev_];
-    int64_t now = vgpu_now_ns();
-    pthread_mutex_lock(&g_mu);
-    vgpu_lock(&g_view);
-    /* busy time so far = everything queued minus what is still ahead of now */
+/* Under the lock: busy time so far = everything queued minus what is still ahead of now. */
+static int64_t busy_so_far(int dev, int64_t now) {
+    const vgpu_device *d = &g_view.st->dev[dev];
     int64_t ahead = 0;
     uint64_t hi = d->ring_count, lo = hi > VGPU_RING ? hi - VGPU_RING : 0;
     for (uint64_t i = hi; i > lo; i--) {
@@ -608,17 +725,37 @@ nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, un
         if (iv->end_ns <= now) break;
         ahead += iv->end_ns - (iv->start_ns > now ? iv->start_ns : now);
     }
-    int64_t busy = d->busy_queued_ns - ahead;
+    return d->busy_queued_ns - ahead;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
+    ENTER(device);
+    BOARD_ONLY();
+    if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_state *st = g_view.st;
+    int64_t now = vgpu_now_ns();
+    pthread_mutex_lock(&g_mu);
+    vgpu_lock(&g_view);
+    double busy = 0;
+    if (!vgpu_mig_mode(st, dev_)) {
+        busy = (double)busy_so_far(dev_, now);
+    } else {
+        for (int k = 0; k < st->dev[dev_].mig; k++) {
+            int i = vgpu_mig_device(st, dev_, k);
+            busy += (double)busy_so_far(i, now) * st->dev[i].sms / st->dev[dev_].sms;
+        }
+    }
     vgpu_unlock(&g_view);
     pthread_mutex_unlock(&g_mu);
     double seconds = (double)(now - st->created_ns) / 1e9;
-    double mj = st->idle_power_mw * seconds + (double)(st->max_power_mw - st->idle_power_mw) * ((double)busy / 1e9);
+    double mj = st->idle_power_mw * seconds + (double)(st->max_power_mw - st->idle_power_mw) * (busy / 1e9);
     *energy = (unsigned long long)(mj + 0.5);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit) {
     ENTER(device);
+    BOARD_ONLY();
     if (limit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *limit = (unsigned int)g_view.st->max_power_mw;
     return NVML_SUCCESS;
@@ -626,6 +763,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsi
 
 nvmlReturn_t DECLDIR nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
     ENTER(device);
+    BOARD_ONLY();
     if (limit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *limit = (unsigned int)g_view.st->max_power_mw;
     return NVML_SUCCESS;
@@ -634,6 +772,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsign
 nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int *minLimit,
                                                                   unsigned int *maxLimit) {
     ENTER(device);
+    BOARD_ONLY();
     if (minLimit == NULL || maxLimit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *minLimit = (unsigned int)g_view.st->idle_power_mw * 3;
     *maxLimit = (unsigned int)g_view.st->max_power_mw;
@@ -643,10 +782,116 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t d
 nvmlReturn_t DECLDIR nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
                                               unsigned int *temp) {
     ENTER(device);
+    BOARD_ONLY();
     if (temp == NULL || sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
     const vgpu_state *st = g_view.st;
     double span = (double)(st->max_power_mw - st->idle_power_mw);
     double share = span > 0 ? ((double)power_mw(dev_) - st->idle_power_mw) / span : 0.0;
     *temp = (unsigned int)(30.0 + 40.0 * share + 0.5);
+    return NVML_SUCCESS;
+}
+
+/* --- GPM ----------------------------------------------------------------------------------------------- */
+
+/* What nvmlGpmSampleAlloc hands out: the device a sample is of and when it was taken. */
+struct nvmlGpmSample_st {
+    uint32_t magic;
+    int dev;          /* -1 until taken */
+    int64_t taken_ns;
+};
+
+static int gpm_device(int dev) { return g_view.st->cc_major >= 9 && dev >= 0; }
+
+nvmlReturn_t DECLDIR nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport) {
+    ENTER(device);
+    if (gpmSupport == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    gpmSupport->isSupportedDevice = (unsigned int)gpm_device(dev_);  /* Hopper or newer */
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample) {
+    SYSTEM_ENTER();
+    if (gpmSample == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    struct nvmlGpmSample_st *s = calloc(1, sizeof *s);
+    if (s == NULL) return NVML_ERROR_MEMORY;
+    s->magic = SAMPLE_MAGIC;
+    s->dev = -1;
+    *gpmSample = s;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
+    SYSTEM_ENTER();
+    if (gpmSample == NULL || gpmSample->magic != SAMPLE_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    gpmSample->magic = 0;
+    free(gpmSample);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t take_sample(int dev, nvmlGpmSample_t gpmSample) {
+    if (gpmSample == NULL || gpmSample->magic != SAMPLE_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpm_device(dev)) return NVML_ERROR_NOT_SUPPORTED;
+    gpmSample->dev = dev;
+    gpmSample->taken_ns = vgpu_now_ns();
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
+    ENTER(device);  /* a GPU's handle or a MIG device's (nvml.h: "supports the device handle and MIG device handle") */
+    return take_sample(dev_, gpmSample);
+}
+
+nvmlReturn_t DECLDIR nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample) {
+    ENTER(device);
+    if (!vgpu_mig_mode(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;
+    int mig = vgpu_mig_by_gi(g_view.st, dev_, (int)gpuInstanceId);
+    if (mig < 0) return NVML_ERROR_NOT_FOUND;
+    return take_sample(mig, gpmSample);
+}
+
+nvmlReturn_t DECLDIR nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
+    SYSTEM_ENTER();
+    if (metricsGet == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    const struct nvmlGpmSample_st *s1 = metricsGet->sample1, *s2 = metricsGet->sample2;
+    if (s1 == NULL || s2 == NULL || s1->magic != SAMPLE_MAGIC || s2->magic != SAMPLE_MAGIC || s1->dev < 0 ||
+        s1->dev != s2->dev || metricsGet->numMetrics > NVML_GPM_METRIC_MAX)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int64_t a = s1->taken_ns < s2->taken_ns ? s1->taken_ns : s2->taken_ns;
+    int64_t b = s1->taken_ns < s2->taken_ns ? s2->taken_ns : s1->taken_ns;
+    double gr = 0, sm = 0, occ = 0;
+    pthread_mutex_lock(&g_mu);
+    vgpu_lock(&g_view);
+    vgpu_gpm_integrals(g_view.st, s1->dev, a, b, &gr, &sm, &occ);
+    vgpu_unlock(&g_view);
+    pthread_mutex_unlock(&g_mu);
+    double span = b > a ? (double)(b - a) : 1.0;
+    for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        m->nvmlReturn = NVML_SUCCESS;
+        m->metricInfo.unit = (char *)"%";
+        switch (m->metricId) {
+        case NVML_GPM_METRIC_GRAPHICS_UTIL:
+            m->value = 100.0 * gr / span;
+            m->metricInfo.shortName = (char *)"gr_util";
+            m->metricInfo.longName = (char *)"graphics utilization";
+            break;
+        case NVML_GPM_METRIC_SM_UTIL:
+            m->value = 100.0 * sm / span;
+            m->metricInfo.shortName = (char *)"sm_util";
+            m->metricInfo.longName = (char *)"SM utilization";
+            break;
+        case NVML_GPM_METRIC_SM_OCCUPANCY:
+            m->value = 100.0 * occ / span;
+            m->metricInfo.shortName = (char *)"sm_occupancy";
+            m->metricInfo.longName = (char *)"SM occupancy";
+            break;
+        default:
+            m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;  /* the virtual GPU models these three only */
+            m->value = 0;
+            m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+        }
+    }
     return NVML_SUCCESS;
 }

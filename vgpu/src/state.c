@@ -169,6 +169,7 @@ int vgpu_own_slot(vgpu_view *v) {
 }
 
 int vgpu_lost(vgpu_view *v, int dev, int64_t now_ns, int nvml_call) {
+    if (v->st->dev[dev].parent >= 0) dev = v->st->dev[dev].parent;  /* a MIG device is lost with its GPU */
     vgpu_device *d = &v->st->dev[dev];
     if (nvml_call && d->lost_after_calls >= 0) {
         uint64_t n = __atomic_add_fetch(&d->nvml_calls, 1, __ATOMIC_RELAXED);
@@ -241,8 +242,18 @@ uint64_t vgpu_proc_bytes(const vgpu_state *st, int slot, int dev) {
     return (p->ctx_open[dev] ? p->ctx_bytes[dev] : 0) + alloc;
 }
 
+uint64_t vgpu_reserved_bytes(const vgpu_state *st, int dev) {
+    if (st->dev[dev].parent < 0) return st->reserved_bytes;
+    return (uint64_t)((double)st->reserved_bytes * (double)st->dev[dev].total_bytes / (double)st->total_bytes);
+}
+
+uint64_t vgpu_usable_bytes(const vgpu_state *st, int dev) {
+    return st->dev[dev].total_bytes - vgpu_reserved_bytes(st, dev);
+}
+
 uint64_t vgpu_used_bytes(const vgpu_state *st, int dev) {
     uint64_t used = 0;
+    for (int k = 0; k < st->dev[dev].mig; k++) used += vgpu_used_bytes(st, vgpu_mig_device(st, dev, k));
     for (int i = 0; i < VGPU_MAX_PROCS; i++) used += vgpu_proc_bytes(st, i, dev);
     return used;
 }
@@ -312,6 +323,19 @@ const char *const vgpu_nvml_names[] = {
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetPowerManagementLimitConstraints",
     "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetAttributes_v2",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet",
+    "nvmlGpmMetricsGet",
     NULL,
 };
 _Static_assert(sizeof vgpu_nvml_names / sizeof vgpu_nvml_names[0] <= VGPU_NVML_FUNCS + 1, "VGPU_NVML_FUNCS");
@@ -497,6 +521,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         NUM("cc_major", cc_major, 1, 1, 99)
         NUM("cc_minor", cc_minor, 1, 0, 9)
         NUM("cuda_version", cuda_version, 1, 1000, 99990)
+        NUM("mig", mig, 1, 0, VGPU_MIG_SLOTS)
 #undef NUM
         if (strcmp(key, "timestamps") == 0) {
             if (strcmp(val, "unix") == 0)
@@ -589,6 +614,16 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         }
         have_order = 1;
     }
+    if (st->gpus * st->mig > VGPU_MAX_MIG) {
+        say(why, why_len, "mig=%d: %d GPUs x %d MIG devices exceed the %d the virtual GPU holds", st->mig, st->gpus,
+            st->mig, VGPU_MAX_MIG);
+        goto out;
+    }
+    if (st->mig > 0 && st->cc_major * 10 + st->cc_minor < 80) {
+        say(why, why_len, "mig=%d: MIG needs compute capability 8.0 or newer (Ampere), the devices are %d.%d", st->mig,
+            st->cc_major, st->cc_minor);
+        goto out;
+    }
     if (st->reserved_bytes + st->context_bytes > st->total_bytes) {
         say(why, why_len, "reserved_mib + context_mib exceed total_mib");
         goto out;
@@ -618,7 +653,11 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         d->lost_after_calls = fail_calls[i];
         st->fastest_first[i] = have_order ? order[i] : i;
         d->compute_mode = compute_mode;
+        d->parent = -1;
+        d->sms = st->sms;
+        d->total_bytes = st->total_bytes;
     }
+    vgpu_mig_create(st);
 
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         say(why, why_len, "cannot create %s: %s", dir, strerror(errno));
@@ -661,17 +700,22 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         goto out;
     }
     fchmod(fd, 0666);
+    /* Written sparse: the state is mostly empty rings, and every process maps it whole. */
+    if (ftruncate(fd, (off_t)sizeof *st) != 0) {
+        say(why, why_len, "cannot size %s: %s", tmp, strerror(errno));
+        close(fd);
+        goto out;
+    }
     const char *p = (const char *)st;
-    size_t left = sizeof *st;
-    while (left > 0) {
-        ssize_t n = write(fd, p, left);
-        if (n <= 0) {
+    static const char zero[65536];
+    for (size_t off = 0; off < sizeof *st; off += sizeof zero) {
+        size_t len = sizeof *st - off < sizeof zero ? sizeof *st - off : sizeof zero;
+        if (memcmp(p + off, zero, len) == 0) continue;
+        if (pwrite(fd, p + off, len, (off_t)off) != (ssize_t)len) {
             say(why, why_len, "cannot write %s: %s", tmp, strerror(errno));
             close(fd);
             goto out;
         }
-        p += n;
-        left -= (size_t)n;
     }
     close(fd);
     if (rename(tmp, path) != 0) {

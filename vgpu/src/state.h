@@ -20,18 +20,29 @@
 #pragma GCC visibility push(hidden)
 
 #define VGPU_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_LAYOUT 4u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml); 4: cc, driver version */
+#define VGPU_LAYOUT 5u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml); 4: cc (light); 5: MIG, GPM */
 #define VGPU_MAX_GPUS 8
+#define VGPU_MAX_MIG 16 /* MIG devices in all (gpus x instances per GPU) */
+#define VGPU_MAX_DEVS (VGPU_MAX_GPUS + VGPU_MAX_MIG) /* physical devices first, then MIG devices (mig.c) */
+#define VGPU_MIG_SLOTS 7 /* nvmlDeviceGetMaxMigDeviceCount on an H100 in MIG mode: up to 7 GPU instances */
+#define VGPU_SHAPES 16384 /* kernels kept per device for GPM (gpm.c) */
 #define VGPU_MAX_PROCS 64
 #define VGPU_RING 65536 /* busy intervals kept per device (merged when back to back) */
 #define VGPU_NEVER INT64_MAX
 #define VGPU_ENV "VGPU_STATE"
-#define VGPU_NVML_FUNCS 48 /* room in the call counters for the stand-in's NVML functions (vgpu_nvml_names) */
+#define VGPU_NVML_FUNCS 64 /* room in the call counters for the stand-in's NVML functions (vgpu_nvml_names) */
 #define VGPU_NVML_PROCS 128 /* processes whose NVML calls are counted (the later ones are not) */
 
 typedef struct {
     int64_t start_ns, end_ns;
 } vgpu_interval;
+
+/* One kernel as GPM sees it (gpm.c): its full waves from start to full_end, its last (partial) wave to end;
+ * the share of the device's SMs with a block resident (sm_*) and of its warp slots filled (occ_*) in each. */
+typedef struct {
+    int64_t start_ns, full_end_ns, end_ns;
+    float sm_full, sm_last, occ_full, occ_last;
+} vgpu_shape;
 
 typedef struct {
     uint8_t uuid[16];
@@ -44,11 +55,20 @@ typedef struct {
     uint64_t nvml_calls;         /* NVML device queries so far (atomic) */
     int32_t compute_mode;        /* NVML's and CUDA's value: 0 default, 2 prohibited, 3 exclusive process */
     int32_t pad;
+    int32_t parent;              /* MIG device: its GPU's index; -1 for a physical device (mig.c) */
+    int32_t mig;                 /* physical device: MIG devices under it (0: MIG mode off) */
+    int32_t gi_id, ci_id;        /* MIG device: its GPU instance and compute instance IDs */
+    int32_t sms;                 /* multiprocessors of this device (a MIG device: its share) */
+    int32_t slot;                /* MIG device: its index under the parent (nvmlDeviceGetMigDeviceHandleByIndex) */
+    uint64_t total_bytes;        /* device memory (a MIG device: its share) */
+    char profile[16];            /* MIG device: its profile name, e.g. "2g.26gb" */
     int64_t tail_ns;             /* end of the last kernel queued on the device (FIFO across contexts) */
     int64_t busy_queued_ns;      /* sum of the durations of every kernel ever queued */
     uint64_t kernels;            /* kernels ever queued */
     uint64_t ring_count;         /* intervals ever written; the newest is ring[(ring_count - 1) % VGPU_RING] */
     vgpu_interval ring[VGPU_RING];
+    uint64_t shape_count;        /* kernels ever recorded for GPM; the newest is shapes[(shape_count - 1) % VGPU_SHAPES] */
+    vgpu_shape shapes[VGPU_SHAPES];
 } vgpu_device;
 
 typedef struct {
@@ -59,9 +79,9 @@ typedef struct {
     uint64_t pidns;     /* inode of /proc/self/ns/pid */
     char comm[32];
     int64_t started_ns;
-    uint8_t ctx_open[VGPU_MAX_GPUS];
-    uint64_t ctx_bytes[VGPU_MAX_GPUS];
-    uint64_t alloc_bytes[VGPU_MAX_GPUS];
+    uint8_t ctx_open[VGPU_MAX_DEVS];
+    uint64_t ctx_bytes[VGPU_MAX_DEVS];
+    uint64_t alloc_bytes[VGPU_MAX_DEVS];
 } vgpu_proc;
 
 /* One process's NVML calls, per function (index into vgpu_nvml_names); kept after the process is gone. */
@@ -84,13 +104,15 @@ typedef struct {
     int64_t unix_offset_ns;  /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
     int32_t fastest_first[VGPU_MAX_GPUS]; /* CUDA_DEVICE_ORDER=FASTEST_FIRST: k-th CUDA device = this index */
     char not_supported[1024];             /* ",nvmlA,nvmlB," : NVML functions that answer NOT_SUPPORTED */
-    vgpu_device dev[VGPU_MAX_GPUS];
+    vgpu_device dev[VGPU_MAX_DEVS];
     vgpu_proc proc[VGPU_MAX_PROCS];
     int64_t nvml_cost_ns[VGPU_NVML_FUNCS]; /* CPU burnt per call of each NVML function */
     vgpu_nvml_proc nvml_proc[VGPU_NVML_PROCS];
     int32_t cc_major, cc_minor; /* every device's compute capability (device attributes, image checks) */
     int32_t cuda_version;       /* what cuDriverGetVersion answers, e.g. 12090; bounds the PTX it JIT-compiles */
     int32_t pad2;
+    int32_t mig;                /* MIG devices per GPU (0: MIG mode off on every GPU) */
+    int32_t pad3;
 } vgpu_state;
 
 /* One process's view of the state (one per library: libcuda and libnvidia-ml each map it). */
@@ -131,6 +153,9 @@ int64_t vgpu_busy_ns(const vgpu_state *st, int dev, int64_t a_ns, int64_t b_ns);
 /* Under the lock: device memory in use by every live context and allocation (bytes, without reserved). */
 uint64_t vgpu_used_bytes(const vgpu_state *st, int dev);
 uint64_t vgpu_proc_bytes(const vgpu_state *st, int slot, int dev);
+/* Device memory contexts and allocations may use: the device's less what the driver reserves (its share). */
+uint64_t vgpu_usable_bytes(const vgpu_state *st, int dev);
+uint64_t vgpu_reserved_bytes(const vgpu_state *st, int dev);
 
 /* The NVML functions the stand-in exports, NULL-terminated; their index is their counter's. */
 extern const char *const vgpu_nvml_names[];
@@ -153,6 +178,29 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len);
  * enumerates the devices a container has by PCI bus, not in the order the list names them). `out` gets the
  * host indices; returns how many. An entry that names no device is left out and said once on stderr. */
 int vgpu_container_devices(const vgpu_state *st, int out[VGPU_MAX_GPUS]);
+
+/* --- MIG (mig.c) --- */
+/* Under creation: split every GPU into st->mig equal MIG devices (one GPU instance, one compute instance each). */
+void vgpu_mig_create(vgpu_state *st);
+/* The MIG device of GPU `gpu` at `slot` (0..mig-1), or -1. */
+int vgpu_mig_device(const vgpu_state *st, int gpu, int slot);
+/* The MIG device of GPU `gpu` with GPU instance `gi_id`, or -1. */
+int vgpu_mig_by_gi(const vgpu_state *st, int gpu, int gi_id);
+/* Is `dev` a MIG device, or a GPU in MIG mode? */
+int vgpu_is_mig(const vgpu_state *st, int dev);
+int vgpu_mig_mode(const vgpu_state *st, int dev);
+/* The device index a MIG-<uuid> names (case-insensitive; a prefix must match one only), or -1. */
+int vgpu_mig_by_uuid(const vgpu_state *st, const char *text, int prefix);
+/* "MIG-xxxxxxxx-..." (the UUID as NVML prints a MIG device's). */
+void vgpu_mig_uuid_string(const uint8_t uuid[16], char out[48]);
+
+/* --- GPM (gpm.c) --- */
+/* Under the lock: record a kernel of `grid` blocks of `threads` threads on `dev` from start to end for GPM. */
+void vgpu_gpm_record(vgpu_state *st, int dev, int64_t start_ns, int64_t end_ns, uint64_t grid, uint64_t threads);
+/* Under the lock: over [a, b) on `dev` (a GPU in MIG mode: all its MIG devices, weighted by SMs): nanoseconds a
+ * kernel ran (graphics), SM-nanoseconds over SMs (sm), warp-slot-nanoseconds over slots (occupancy). */
+void vgpu_gpm_integrals(const vgpu_state *st, int dev, int64_t a_ns, int64_t b_ns, double *graphics_ns,
+                        double *sm_ns, double *occupancy_ns);
 
 /* UUID as NVML prints it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (41 bytes with the NUL). */
 void vgpu_uuid_string(const uint8_t uuid[16], char out[48]);

@@ -60,10 +60,23 @@ static int show(const char *dir) {
         printf("%s{\"index\":%d,\"uuid\":\"%s\",\"name\":", i ? "," : "", i, uuid);
         json_string(d->name);
         printf(",\"pci_bus_id\":\"%s\",\"lost\":%s,\"used_mib\":%.3f,\"kernels\":%llu,\"busy_s\":%.9f,"
-               "\"nvml_calls\":%llu,\"compute_mode\":%d}",
+               "\"nvml_calls\":%llu,\"compute_mode\":%d",
                d->pci_bus_id, d->lost_at_ns <= now ? "true" : "false",
                (double)vgpu_used_bytes(st, i) / 1048576.0, (unsigned long long)d->kernels,
                (double)d->busy_queued_ns / 1e9, (unsigned long long)d->nvml_calls, (int)d->compute_mode);
+        printf(",\"mig\":[");  /* its MIG devices (mig.c), with their GPU instance IDs */
+        for (int k = 0; k < d->mig; k++) {
+            int m = vgpu_mig_device(st, i, k);
+            const vgpu_device *md = &st->dev[m];
+            char muuid[48];
+            vgpu_mig_uuid_string(md->uuid, muuid);
+            printf("%s{\"uuid\":\"%s\",\"gi\":%d,\"ci\":%d,\"profile\":\"%s\",\"sms\":%d,\"total_mib\":%.3f,"
+                   "\"used_mib\":%.3f,\"kernels\":%llu,\"busy_s\":%.9f}",
+                   k ? "," : "", muuid, md->gi_id, md->ci_id, md->profile, md->sms,
+                   (double)md->total_bytes / 1048576.0, (double)vgpu_used_bytes(st, m) / 1048576.0,
+                   (unsigned long long)md->kernels, (double)md->busy_queued_ns / 1e9);
+        }
+        printf("]}");
     }
     printf("],\"processes\":[");
     int first = 1;
@@ -75,11 +88,15 @@ static int show(const char *dir) {
         json_string(p->comm);
         printf(",\"contexts\":[");
         int first_ctx = 1;
-        for (int i = 0; i < st->gpus; i++) {
+        for (int i = 0; i < VGPU_MAX_DEVS; i++) {
+            if (i >= st->gpus && st->dev[i].parent < 0) continue;  /* no device there */
             uint64_t bytes = vgpu_proc_bytes(st, s, i);
             if (!p->ctx_open[i] && bytes == 0) continue;
-            printf("%s{\"device\":%d,\"open\":%s,\"mib\":%.3f}", first_ctx ? "" : ",", i,
-                   p->ctx_open[i] ? "true" : "false", (double)bytes / 1048576.0);
+            char mig[16] = "null";
+            if (st->dev[i].parent >= 0) snprintf(mig, sizeof mig, "%d", st->dev[i].gi_id);
+            printf("%s{\"device\":%d,\"mig\":%s,\"open\":%s,\"mib\":%.3f}", first_ctx ? "" : ",",
+                   st->dev[i].parent >= 0 ? st->dev[i].parent : i, mig, p->ctx_open[i] ? "true" : "false",
+                   (double)bytes / 1048576.0);
             first_ctx = 0;
         }
         printf("]}");

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""MIG and the metric choice on the virtual GPU (issue 29): how closely the real filler holds each FORGE_METRIC,
+and how each MIG device of a GPU split three ways is held, and yields, with a foreign job on one of them.
+
+    python3 scripts/mig_metric_bench.py [--seconds 20] [--out docs/benchmarks/virtual_<date>_mig]
+
+Writes results.json and results.md to the output folder. Everything runs on the virtual GPU (scripts/vgpu's
+driver-free stand-ins): a model, never a GPU measurement; the results say so, with the machine and the date.
+
+- tracking: one filler per FORGE_METRIC (utilization, sm_activity, gr_activity) at 0.5 on a whole cc-9.0 GPU for
+  --seconds; a second process reads GPM (SM_UTIL, GRAPHICS_UTIL) every second and NVML's utilization samples. Per
+  run: settle (the first 1-s reading after which every reading of the held metric is within 0.05 of the target),
+  mean error and the p95 of |error| of the 1-s readings after settling.
+- mig: three fillers, one per MIG device (FORGE_METRIC=gr_activity), for --seconds; a foreign job
+  (scripts/foreign_job.py) on the second MIG device from a third of the run for a quarter of it. Per MIG device:
+  the busy share of each whole second by the kernel record (mean and p95 |error| from 3 s on, outside the job's
+  time on the device the job runs on); for the job's device, how long after the job's CUDA context existed our
+  last kernel there ended; for the others, their busy share while the job ran.
+Exit codes: 0 written; 2 bad arguments; 3 the virtual GPU could not be built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vgpu import BuildError, Kernel, VirtualGpu  # noqa: E402
+
+PYTHON = ROOT / ".venv" / "bin" / "python"
+FORGE_LOAD = ROOT / ".venv" / "bin" / "forge-load"
+TARGET = 0.5
+SETTLE_BAND = 0.05
+
+OBSERVER = r'''
+import json, sys, time
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+prev = n.nvmlGpmSampleAlloc(); n.nvmlGpmSampleGet(h, prev)
+last_us = int(time.time() * 1e6)
+for _ in range(int(sys.argv[1])):
+    time.sleep(1.0)
+    cur = n.nvmlGpmSampleAlloc(); n.nvmlGpmSampleGet(h, cur)
+    g = n.c_nvmlGpmMetricsGet_t()
+    g.version, g.numMetrics, g.sample1, g.sample2 = n.NVML_GPM_METRICS_GET_VERSION, 2, prev, cur
+    g.metrics[0].metricId, g.metrics[1].metricId = n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_GRAPHICS_UTIL
+    n.nvmlGpmMetricsGet(g); n.nvmlGpmSampleFree(prev); prev = cur
+    try:
+        _, samples = n.nvmlDeviceGetSamples(h, n.NVML_GPU_UTILIZATION_SAMPLES, last_us)
+    except n.NVMLError_NotFound:
+        samples = []
+    util = [s.sampleValue.uiVal / 100 for s in samples]
+    if samples:
+        last_us = samples[-1].timeStamp
+    print(json.dumps({"t": time.time(), "sm_activity": g.metrics[0].value / 100,
+                      "gr_activity": g.metrics[1].value / 100,
+                      "utilization": sum(util) / len(util) if util else None}), flush=True)
+'''
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else float("nan")
+
+
+def settle_s(readings: list[tuple[float, float]], start_s: float) -> float | None:
+    """Seconds from the start to the first reading after which all stay within the band (None: never)."""
+    for i, (t, _) in enumerate(readings):
+        if all(abs(v - TARGET) <= SETTLE_BAND for _, v in readings[i:]):
+            return round(t - start_s, 2)
+    return None
+
+
+def busy_by_second(kernels: list[Kernel], begin_s: float, end_s: float) -> list[tuple[float, float]]:
+    """(end of the second, our busy share of it) for each whole second in [begin, end)."""
+    out = []
+    t = begin_s
+    while t + 1.0 <= end_s:
+        busy = sum(max(0.0, min(k.end, t + 1.0) - max(k.start, t)) for k in kernels)
+        out.append((t + 1.0, busy))
+        t += 1.0
+    return out
+
+
+def tracking(seconds: int, tmp: Path) -> list[dict[str, Any]]:
+    rows = []
+    for metric in ("utilization", "sm_activity", "gr_activity"):
+        gpu = VirtualGpu(tmp / f"track_{metric}")
+        env = gpu.env({**os.environ, "TMPDIR": str(tmp)})
+        observer = subprocess.Popen([str(PYTHON), "-c", OBSERVER, str(seconds + 2)], env=env,
+                                    stdout=subprocess.PIPE, text=True)
+        filler = subprocess.run([str(FORGE_LOAD), "--metric", metric, "--target", str(TARGET), "--duration",
+                                 str(seconds), "--log-format", "json", "--hold-dir", str(tmp / "holds")],
+                                env=env, capture_output=True, text=True, timeout=seconds + 120)
+        out, _ = observer.communicate(timeout=60)
+        start = json.loads(filler.stdout.splitlines()[0])
+        start_s = float(start["wall_time"])
+        readings = [json.loads(line) for line in out.splitlines()]
+        row: dict[str, Any] = {"metric": metric, "exit_code": filler.returncode}
+        for key in ("utilization", "sm_activity", "gr_activity"):
+            series = [(r["t"], r[key]) for r in readings
+                      if r[key] is not None and start_s + 1.0 <= r["t"] <= start_s + seconds]
+            settled = settle_s(series, start_s)
+            after = [v for t, v in series if settled is not None and t - start_s >= settled]
+            row[key] = {"settle_s": settled, "readings": len(series),
+                        "mean_error": round(sum(after) / len(after) - TARGET, 4) if after else None,
+                        "p95_abs_error": round(p95([abs(v - TARGET) for v in after]), 4) if after else None}
+        rows.append(row)
+    return rows
+
+
+def mig(seconds: int, tmp: Path) -> list[dict[str, Any]]:
+    gpu = VirtualGpu(tmp / "mig", mig=3)
+    migs = gpu.mig_devices()
+    job_at_s, job_for_s = seconds / 3, seconds / 4
+    fillers = []
+    for m in migs:
+        env = gpu.env({**os.environ, "TMPDIR": str(tmp / m.uuid), "CUDA_VISIBLE_DEVICES": m.uuid})
+        (tmp / m.uuid).mkdir()
+        fillers.append(subprocess.Popen(
+            [str(FORGE_LOAD), "--gpu", m.uuid, "--metric", "gr_activity", "--target", str(TARGET), "--duration",
+             str(seconds), "--resume-after", "3", "--log-format", "json", "--hold-dir", str(tmp / "holds")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    t0 = time.time()
+    time.sleep(job_at_s)
+    job_env = gpu.env({**os.environ, "CUDA_VISIBLE_DEVICES": migs[1].uuid})
+    job = subprocess.run([str(PYTHON), str(ROOT / "scripts" / "foreign_job.py"), "--gpu", "0", "--seconds",
+                          str(job_for_s), "--backend", "numba"], env=job_env, capture_output=True, text=True,
+                         timeout=seconds + 120)
+    outs = [f.communicate(timeout=seconds + 120)[0] for f in fillers]
+    events = [json.loads(line) for line in job.stdout.splitlines() if line.startswith("{")]
+    context_s = next(e["wall_time"] for e in events if e["event"] == "context")
+    done_s = next(e["wall_time"] for e in events if e["event"] == "done")
+    kernels = gpu.kernels()
+    rows = []
+    for i, (m, out) in enumerate(zip(migs, outs, strict=True)):
+        start_s = float(json.loads(out.splitlines()[0])["wall_time"])
+        ours = [k for k in kernels if k.mig == m.gi and k.pid not in {e.get("pid") for e in events}]
+        shares = busy_by_second(ours, start_s + 3.0, start_s + seconds)
+        outside = [v for t, v in shares if not (context_s - 1.0 <= t <= done_s + 4.0)] if i == 1 else \
+            [v for _, v in shares]
+        during = [v for t, v in shares if context_s + 1.0 <= t <= done_s]
+        row: dict[str, Any] = {"mig_device": m.uuid, "gpu_instance": m.gi, "profile": m.profile, "sms": m.sms,
+                               "exit_code": fillers[i].returncode,
+                               "mean_error": round(sum(outside) / len(outside) - TARGET, 4) if outside else None,
+                               "p95_abs_error": round(p95([abs(v - TARGET) for v in outside]), 4)}
+        if i == 1:
+            last_end = max((k.end for k in ours if k.start <= done_s and k.end >= context_s - 1.0), default=None)
+            row["job"] = {"context_s": round(context_s - t0, 2), "done_s": round(done_s - t0, 2)}
+            row["last_kernel_after_context_s"] = None if last_end is None else round(last_end - context_s, 3)
+        else:
+            row["busy_while_job_ran"] = {"mean_error": round(sum(during) / len(during) - TARGET, 4) if during
+                                         else None,
+                                         "max_abs_error": round(max(abs(v - TARGET) for v in during), 4)
+                                         if during else None}
+        rows.append(row)
+    return rows
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [f"# MIG and the metric choice: virtual GPU, {results['date']}", "",
+             f"Machine: {results['machine']}. **The virtual GPU** (driver-free stand-ins, a model of a GPU; not a GPU "
+             "measurement). `python3 scripts/mig_metric_bench.py --seconds "
+             f"{results['seconds']}`.", "", "## Tracking each FORGE_METRIC at 0.5 (whole GPU, cc 9.0)", "",
+             "| held | read | settle s | mean error | p95 abs error |", "|---|---|---|---|---|"]
+    for row in results["tracking"]:
+        for key in ("utilization", "sm_activity", "gr_activity"):
+            r = row[key]
+            lines.append(f"| {row['metric']} | {key} | {r['settle_s']} | {r['mean_error']} | {r['p95_abs_error']} |")
+    lines += ["", "## Three MIG devices of one GPU, one filler each (gr_activity 0.5), a foreign job on the second",
+              "", "Busy share of each second by the kernel record, from 3 s on (the job's device: outside the job "
+              "and its resume).", "",
+              "| MIG device | GI | profile | SMs | mean error | p95 abs error | while the job ran |",
+              "|---|---|---|---|---|---|---|"]
+    for row in results["mig"]:
+        if "job" in row:
+            gap = row["last_kernel_after_context_s"]
+            when = "no kernel of ours near it" if gap is None else (
+                f"{gap} s after" if gap >= 0 else f"{-gap} s before")
+            extra = f"the job's device: our last kernel there ended {when} its CUDA context existed"
+        else:
+            w = row["busy_while_job_ran"]
+            extra = f"mean error {w['mean_error']}, max abs error {w['max_abs_error']}"
+        lines.append(f"| {row['mig_device'][:13]}… | {row['gpu_instance']} | {row['profile']} | {row['sms']} | "
+                     f"{row['mean_error']} | {row['p95_abs_error']} | {extra} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=20, help="each run's length, 10 to 600 (default 20)")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default "
+                        "docs/benchmarks/virtual_<today>_mig)")
+    parser.add_argument("--render", type=Path, metavar="DIR", help="only write DIR/results.md from DIR/results.json")
+    args = parser.parse_args(argv)
+    if args.render is not None:
+        (args.render / "results.md").write_text(render(json.loads((args.render / "results.json").read_text())))
+        return 0
+    if not 10 <= args.seconds <= 600:
+        print(f"mig_metric_bench: --seconds {args.seconds}: expected 10 to 600", file=sys.stderr)
+        return 2
+    today = datetime.date.today().isoformat()
+    out = args.out or ROOT / "docs" / "benchmarks" / f"virtual_{today}_mig"
+    try:
+        with tempfile.TemporaryDirectory(prefix="mig-bench-") as tmp:
+            results = {"date": today, "machine": f"{platform.node() or 'unknown'}, {os.cpu_count()} CPUs, "
+                       f"{platform.platform()}", "gpu": "virtual GPU (scripts/vgpu)", "seconds": args.seconds,
+                       "tracking": tracking(args.seconds, Path(tmp)), "mig": mig(args.seconds, Path(tmp))}
+    except BuildError as error:
+        print(f"mig_metric_bench: cannot build the virtual GPU: {error}", file=sys.stderr)
+        return 3
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(render(results))
+    print(out / "results.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
