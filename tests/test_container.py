@@ -284,7 +284,9 @@ def test_the_container_names_itself_and_docker_kill_usr1_pauses_it(docker_client
     assert _state(docker_client, name)["Running"]
     out = _logs(name)[0]
     assert 'reason="SIGUSR1 (SIGUSR2 resumes)"' in out and "reason=SIGUSR2" in out
-    assert "active_hours=Mon-Sun" in out.splitlines()[0] and "tz=Europe/Berlin" in out.splitlines()[0]
+    settings = out.splitlines()[1]  # the start line's second half: every setting
+    assert settings.startswith("t=0.00 event=settings") and "active_hours=Mon-Sun" in settings, settings
+    assert "tz=Europe/Berlin" in settings, settings
 
 
 @pytest.mark.docker

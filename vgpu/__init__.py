@@ -112,14 +112,6 @@ def _pairs(name: str, pairs: Sequence[tuple[int, float]], gpus: int, integer: bo
     return ",".join(items)
 
 
-def parse_cc(cc: str) -> tuple[int, int]:
-    """A compute capability "MAJOR.MINOR" (e.g. "8.6") as (8, 6); VgpuError naming the value otherwise."""
-    major, sep, minor = str(cc).partition(".")
-    if not (sep and major.isdigit() and minor.isdigit() and 1 <= int(major) <= 99 and len(minor) == 1):
-        raise VgpuError(f"cc={cc!r}: expected a compute capability MAJOR.MINOR, e.g. 8.6")
-    return int(major), int(minor)
-
-
 class VirtualGpu:
     """A fresh virtual GPU whose state lives in `state_dir` (created; must not hold one already)."""
 
