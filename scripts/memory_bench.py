@@ -11,6 +11,15 @@ Each run is `python -m forge_load` in real mode on a fresh virtual GPU (vgpu.Vir
   memory of the supervisor and its children together, once every GPU fills.
 It prints a Markdown table and writes memory.md and memory.json into --out, labelled with the machine, the
 virtual GPU (never a GPU measurement) and the date. Exit codes: 0 done; 1 a run failed (the line says which).
+
+--bytecode cached (the default) runs the filler as an installed one starts: from compiled bytecode (pip compiles
+it at install, the image keeps it), cached under --out's temporary directory by one untimed run first, whatever
+PYTHONDONTWRITEBYTECODE says. --bytecode as-is leaves the environment alone: from an editable install with
+PYTHONDONTWRITEBYTECODE=1, every start compiles forge_load's own modules again (about 0.1 s here). --python runs
+the filler with another interpreter (a virtual environment with `pip install -r requirements.txt .`, say: without
+the development one's editable finder and numba-cuda's import hook, which add to every start); forge_load is this
+checkout's either way (`python -m forge_load` from it). --startup-only times the start alone, in runs stopped once
+the first kernel is in (STARTUP_WAIT_S), so that many repeats fit: startup.md and startup.json, no memory.
 """
 
 from __future__ import annotations
@@ -60,12 +69,25 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+BYTECODE = "cached"  # --bytecode: "cached" or "as-is"
+PYTHON = sys.executable  # --python: the interpreter that runs the filler
+
+
+def python_env(tmp: Path) -> dict[str, str]:
+    """The environment the fillers start in: with --bytecode cached, a bytecode cache of their own that they write."""
+    env = dict(os.environ)
+    if BYTECODE == "cached":
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+    return env
+
+
 def forge(gpu: VirtualGpu, tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str],
                                                                                                   float]:
     own = {"FORGE_HEARTBEAT_FILE": str(tmp / f"heartbeat-{time.monotonic_ns()}")}
     started_s = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "forge_load", "--log-format", "json", *args],
-                            env=gpu.env({**os.environ, **own, **(env or {})}), cwd=REPO, text=True,
+    proc = subprocess.Popen([PYTHON, "-m", "forge_load", "--log-format", "json", *args],
+                            env=gpu.env({**python_env(tmp), **own, **(env or {})}), cwd=REPO, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return proc, started_s
 
@@ -92,6 +114,54 @@ def one_gpu(tmp: Path, run: int) -> dict[str, Any]:
         raise RuntimeError("the filler launched no kernel")
     return {"rss_mib": memory["VmRSS"], "peak_mib": memory["VmHWM"], "compilers_mapped": mapped,
             "start_to_first_kernel_s": min(k.start for k in kernels) - started_s}
+
+
+STARTUP_WAIT_S = 2.0  # --startup-only: each run is stopped this long after its start (its first kernel: < 0.5 s)
+
+
+def startup(tmp: Path, run: int) -> float:
+    """One start, to its first kernel in the virtual GPU's record; stopped soon after."""
+    gpu = VirtualGpu(tmp / f"start{run}")
+    proc, started_s = forge(gpu, tmp, "--duration", "60")
+    try:
+        time.sleep(STARTUP_WAIT_S)
+    finally:
+        stop(proc)
+    kernels = [k for k in gpu.kernels() if k.pid == proc.pid]
+    if not kernels:
+        raise RuntimeError(f"the filler launched no kernel within {STARTUP_WAIT_S:g} s")
+    return min(k.start for k in kernels) - started_s
+
+
+def render_startup(r: dict[str, Any]) -> str:
+    start = r["start_to_first_kernel_s"]
+    m = r["machine"]
+    return "\n".join([
+        f"# Start-up of the filler (virtual GPU), {r['date']}",
+        "",
+        f"From `{r['command']}` on the virtual GPU (scripts/vgpu: driver-free stand-ins for the driver's "
+        f"libraries; not hardware, so not a GPU measurement), on {m['cpu_model']} ({m['logical_cpus']} logical "
+        f"CPUs, load average {m['load_average']:.1f} at the start, {r['load_average_end']:.1f} at the end), Python "
+        f"{m['python']}{' (' + r['python'] + ')' if r.get('python') else ''}: from the process's start to its first "
+        f"kernel in the virtual GPU's record, bytecode {r['bytecode']}.",
+        "",
+        "| what | measured | goal (issue 26) |",
+        "|---|---|---|",
+        f"| start to the first kernel, median of {len(start)} (min–max) | {statistics.median(start):.3f} s "
+        f"({min(start):.3f}–{max(start):.3f}) | ≤ 0.25 s |",
+        f"| quartiles | {statistics.quantiles(start, n=4)[0]:.3f} s, {statistics.quantiles(start, n=4)[2]:.3f} s | |",
+        "",
+        "Virtual GPU: not a GPU measurement: a real driver's cuInit and context creation are not in it.",
+        "",
+    ])
+
+
+def warm_up(tmp: Path) -> None:
+    """One untimed run, which writes the bytecode cache (--bytecode cached) that the timed runs read."""
+    proc, _ = forge(VirtualGpu(tmp / "warm_up"), tmp, "--duration", "1")
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"forge-load exited {proc.returncode}: {err.strip()[-500:]}")
 
 
 def exclusive(tmp: Path) -> dict[str, Any]:
@@ -136,9 +206,13 @@ def render(r: dict[str, Any]) -> str:
         "",
         f"From `{r['command']}` on the virtual GPU (scripts/vgpu: driver-free stand-ins for the driver's "
         f"libraries; not hardware, so not a GPU measurement), on {m['cpu_model']} ({m['logical_cpus']} logical "
-        f"CPUs, load average {m['load_average']:.1f} at the start), Python {m['python']}. Memory is the kernel's "
+        f"CPUs, load average {m['load_average']:.1f} at the start), Python {m['python']}"
+        f"{' (' + r['python'] + ')' if r.get('python') else ''}. Memory is the kernel's "
         f"VmRSS after {SETTLE_S:g} s of filling; start-up is from the process's start to its first kernel in the "
-        "virtual GPU's record.",
+        "virtual GPU's record" + (", the filler's modules read from compiled bytecode as an installed filler's are "
+                                  "(--bytecode cached)." if r.get("bytecode", "as-is") == "cached" else
+                                  ", with the environment's bytecode setting as it was (--bytecode as-is: "
+                                  f"PYTHONDONTWRITEBYTECODE={r.get('dont_write_bytecode') or 'unset'})."),
         "",
         "| what | measured | goal (issue 26) |",
         "|---|---|---|",
@@ -163,12 +237,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="where memory.md and memory.json go")
     parser.add_argument("--repeats", type=int, default=5, help="one-GPU runs (default 5)")
+    parser.add_argument("--bytecode", choices=("cached", "as-is"), default="cached",
+                        help="cached (default): from compiled bytecode, as installed; as-is: the environment's setting")
+    parser.add_argument("--python", help="the interpreter that runs the filler (default: this one)")
+    parser.add_argument("--startup-only", action="store_true", help="time the start alone (startup.md)")
     args = parser.parse_args(argv)
+    global BYTECODE, PYTHON
+    BYTECODE = args.bytecode
+    PYTHON = args.python or sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="forge_memory_", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
     result: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "virtual_gpu": True,
                               "command": "python3 scripts/memory_bench.py " + " ".join(argv or sys.argv[1:]),
-                              "machine": machine()}
+                              "machine": machine(), "bytecode": args.bytecode, "python": args.python,
+                              "dont_write_bytecode": os.environ.get("PYTHONDONTWRITEBYTECODE")}
     try:
+        if args.bytecode == "cached":
+            warm_up(tmp)
+        if args.startup_only:
+            result["start_to_first_kernel_s"] = [startup(tmp, i) for i in range(args.repeats)]
+            result["load_average_end"] = os.getloadavg()[0]
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "startup.json").write_text(json.dumps(result, indent=2) + "\n")
+            (args.out / "startup.md").write_text(render_startup(result))
+            print(render_startup(result))
+            return 0
         result["one_gpu"] = [one_gpu(tmp, i) for i in range(args.repeats)]
         result["exclusive_8_gpus"] = exclusive(tmp)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,41 @@ def test_a_crash_in_the_monitor_thread_ends_the_run_with_that_error() -> None:
     with pytest.raises(KeyError):
         run_loop(config, Given(probe, SimLauncher(gpu)), io.StringIO(), threading.Event(), threading.Event())
     assert time.monotonic() - started_s < 2.0  # at once, not at the end of the run
+
+
+# What the filler's start path must not import without the setting that needs it: the metrics server's HTTP stack
+# (FORGE_METRICS_PORT), the kubelet's gRPC (FORGE_KUBELET_SOCKET), and what only other commands use. Each costs
+# start-up time (docs/benchmarks.md, "What the filler weighs").
+NOT_ON_THE_START_PATH = ("forge_load.service.http_server", "forge_load.service.metrics", "wsgiref", "http.server",
+                         "http.client", "email", "ssl", "socketserver", "prometheus_client",
+                         "forge_load.service.kubelet", "forge_load.podresources", "grpc",
+                         "forge_load.plot", "matplotlib", "forge_load.fleet", "docker")
+SHOW_MODULES = ("import json, sys; from forge_load.cli import main; code = main(sys.argv[1:]); "
+                "print(json.dumps({'exit': code, 'modules': sorted(sys.modules)}))")
+
+
+def filler_modules(env: dict[str, str], tmp_path: Path, args: tuple[str, ...] = ("--simulate", "--sim-speed", "0"),
+                   wrap: Callable[[dict[str, str]], dict[str, str]] = dict) -> set[str]:
+    """The modules a filler's process holds once it has run a second and stopped (simulated unless `args` say
+    otherwise; `wrap` puts a virtual GPU's variables into the environment)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env.update(PYTHONPATH=str(ROOT), FORGE_HEARTBEAT_FILE=str(tmp_path / "heartbeat"),
+                    FORGE_HOLD_DIR=str(tmp_path), **env)
+    done = subprocess.run([sys.executable, "-c", SHOW_MODULES, *args, "--duration", "1"], capture_output=True,
+                          text=True, env=wrap(full_env), timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = json.loads(done.stdout.splitlines()[-1])
+    assert shown["exit"] == 0, done.stderr[-2000:]
+    return set(shown["modules"])
+
+
+def test_the_start_path_imports_no_server_client_or_other_command_it_is_not_asked_for(tmp_path: Path) -> None:
+    modules = filler_modules({}, tmp_path)
+    loaded = [name for name in NOT_ON_THE_START_PATH if name in modules]
+    assert loaded == [], f"imported on the filler's start path without their settings: {loaded}"
+
+
+def test_the_metrics_server_is_imported_when_it_is_asked_for(tmp_path: Path) -> None:
+    """The other side of the test above: the check sees the server's modules when FORGE_METRICS_PORT is set."""
+    modules = filler_modules({"FORGE_METRICS_PORT": "0", "FORGE_METRICS_ADDR": "127.0.0.1"}, tmp_path)
+    assert {"forge_load.service.http_server", "http.server"} <= modules

@@ -384,3 +384,14 @@ def test_with_the_jit_extra_numba_compiles_the_kernel_for_a_gpu_no_image_fits(vg
         ("ptx", "sm_70", "CUDA_ERROR_INVALID_PTX"), ("cubin", "sm_61", "CUDA_SUCCESS")]
     assert run.of("start")[0]["kernel_image"] == "jit sm_61"
     assert run.kernels()
+
+
+def test_the_real_start_path_imports_no_server_client_or_other_command_it_is_not_asked_for(vgpu: VgpuFactory,
+                                                                                            tmp_path: Path) -> None:
+    """As tests/test_app.py checks the simulated filler's: pynvml and cuda-bindings pull in none of them either."""
+    from tests.test_app import NOT_ON_THE_START_PATH, filler_modules
+
+    modules = filler_modules({}, tmp_path, args=(), wrap=vgpu().env)
+    assert {"pynvml", "cuda.bindings.driver"} <= modules  # the real path it is
+    loaded = [name for name in NOT_ON_THE_START_PATH if name in modules]
+    assert loaded == [], f"imported on the filler's start path without their settings: {loaded}"

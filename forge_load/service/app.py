@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from typing import TextIO, cast
+from typing import TYPE_CHECKING, TextIO, cast
 
 from forge_load.config.load import load_config, unknown_variables
 from forge_load.config.settings import Config
@@ -27,14 +27,17 @@ from forge_load.control.probe import NoGpuError
 from forge_load.control.status import GpuSlots
 from forge_load.exits import EXIT_CONFIG, EXIT_INTERNAL, EXIT_LOG_LOST, EXIT_NO_GPU, EXIT_OK
 from forge_load.log import EventLog, LogStream, escape_controls, internal_error, say, to_devnull
-from forge_load.service import health, http_server
+from forge_load.service import health
 from forge_load.service.gpu_threads import run_gpus
-from forge_load.service.runtime import StopEvent, request_stop, stop_reason
+from forge_load.service.runtime import StopEvent, open_files_limit, request_stop, stop_reason
 from forge_load.service.title import ProcessTitle
 from forge_load.service.title import describe as describe_title
 from forge_load.service.unix_signals import StopSignals
 from forge_load.steering.hold_watch import HoldBoard
 from forge_load.steering.pause import PauseSwitch
+
+if TYPE_CHECKING:
+    from forge_load.service.http_server import MetricsServer
 
 # The open files the filler needs at least: a GPU's CUDA start took 16 on the virtual GPU (numba's sources, the
 # libraries); the rest is room for the driver's device files, the pause file, the heartbeat and the metrics server.
@@ -77,7 +80,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
         return EXIT_CONFIG
     for warning in unknown_variables(os.environ):
         say(f"forge-load: {warning}")
-    limit = http_server.open_files_limit()
+    limit = open_files_limit()
     if limit is not None and limit < MIN_OPEN_FILES:
         say(f"forge-load: this process may open {limit} files (the host's or container's limit, RLIMIT_NOFILE: "
             f"`ulimit -n`), fewer than the {MIN_OPEN_FILES} it needs: raise it (`docker run --ulimit "
@@ -118,8 +121,12 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     if config.pause_file is not None and not os.path.isdir(os.path.dirname(config.pause_file)):
         say(f"forge-load: warning: FORGE_PAUSE_FILE={config.pause_file}: its directory does not exist (yet), so "
             "the file cannot appear: is the directory mounted?")
-    server: http_server.MetricsServer | None = None
+    server: MetricsServer | None = None
     if config.metrics_port is not None:
+        # Imported only here: the HTTP stack (http.server, email, ssl...) adds tens of milliseconds to every start,
+        # and most fillers serve no metrics (docs/benchmarks.md, "What the filler weighs").
+        from forge_load.service import http_server
+
         try:
             server = http_server.serve(gpu_slots, config.metrics_addr, config.metrics_port)
         except ConfigError as error:

@@ -23,6 +23,7 @@ from forge_load.config.values import ConfigError
 from forge_load.control.status import GpuSlots
 from forge_load.log import say
 from forge_load.service.metrics import make_registry
+from forge_load.service.runtime import open_files_limit
 
 # How often the accept loop looks for a shutdown request: close() returns within this.
 POLL_INTERVAL_S = 0.2
@@ -82,17 +83,6 @@ class ServerLimits:
     max_connections: int = 32  # connections served at once, one thread each
     max_head_bytes: int = 8192  # request line and headers; there is no body to read
     reserved_fds: int | None = None  # descriptors left to the filler; None: reserved_fds_for(the soft limit)
-
-
-def open_files_limit() -> int | None:
-    """The process's soft limit on open descriptors (RLIMIT_NOFILE); None where there is none."""
-    try:
-        import resource
-
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return None
-    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def _open_descriptors() -> int:

@@ -1,5 +1,5 @@
 """One GPU's filler wired from the config (build, open_runtime), its start and stop lines, and what every layer of
-the service shares: the stop request and its reason (the exit codes: forge_load/exits.py)."""
+the service shares: the stop request and its reason (the exit codes: forge_load/exits.py), the limit on open files."""
 
 from __future__ import annotations
 
@@ -203,3 +203,14 @@ def request_stop(stop: StopEvent, wake: threading.Event, reason: str) -> None:
     """Stop every filler, and wake the thread that waits for them."""
     stop.request(reason)
     wake.set()
+
+
+def open_files_limit() -> int | None:
+    """The process's soft limit on open descriptors (RLIMIT_NOFILE); None where there is none."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -31,12 +32,24 @@ def _setproctitle() -> ModuleType | None:
     return module
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once: find_library runs `ldconfig -p` (a child process) each time it is asked, and
+    the title is set at start and at every change of state."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
 def set_comm(name: str = COMM) -> bool:
     """The calling thread's short name (the main thread's is the process's, in `ps`); False where it cannot."""
     if not sys.platform.startswith("linux"):
         return False
+    libc = _libc()
+    if libc is None:
+        return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         return int(libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
