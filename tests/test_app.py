@@ -129,6 +129,9 @@ class Given:
     def devices(self) -> list[DeviceInfo]:
         return [self.probe.info]
 
+    def mig_devices(self, gpu_uuid: str) -> list[str]:
+        return []
+
     def open_probe(self, selector: str) -> Probe:
         return self.probe
 

@@ -234,6 +234,9 @@ class NoContextBackend:
     def devices(self) -> list[DeviceInfo]:
         return [self.probe.info]
 
+    def mig_devices(self, gpu_uuid: str) -> list[str]:
+        return []
+
     def open_probe(self, selector: str) -> Probe:
         return self.probe  # type: ignore[return-value]  # only what the supervisor reads
 

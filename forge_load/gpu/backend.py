@@ -46,6 +46,9 @@ class Backend(Protocol):
     def devices(self) -> list[DeviceInfo]:
         """Every GPU this process can fill, in index order."""
 
+    def mig_devices(self, gpu_uuid: str) -> list[str]:
+        """The UUIDs of the MIG devices of a GPU in MIG mode (devices() says which are)."""
+
     def open_probe(self, selector: str) -> Probe:
         """The GPU an index or UUID names; NoGpuError (exit 3) if there is none."""
 
@@ -68,6 +71,11 @@ class NvidiaBackend:
         from forge_load.gpu import nvml
 
         return nvml.list_devices()
+
+    def mig_devices(self, gpu_uuid: str) -> list[str]:
+        from forge_load.gpu import nvml
+
+        return nvml.mig_device_uuids(gpu_uuid)
 
     def open_probe(self, selector: str) -> Probe:
         from forge_load.gpu import nvml
@@ -105,6 +113,9 @@ class SimBackend:
 
     def devices(self) -> list[DeviceInfo]:
         return [SimGpu(self.config, VirtualClock(), i).info for i in range(self.config.gpus)]
+
+    def mig_devices(self, gpu_uuid: str) -> list[str]:
+        return []  # the simulated GPU has no MIG mode
 
     def open_probe(self, selector: str) -> SimProbe:
         uuids = [info.uuid for info in self.devices()]

@@ -308,6 +308,18 @@ def list_devices(nvml: ModuleType | None = None) -> list[DeviceInfo]:
         _nvml_shutdown(lib)
 
 
+def mig_device_uuids(gpu_uuid: str, nvml: ModuleType | None = None) -> list[str]:
+    """The UUIDs of the MIG devices of the GPU in MIG mode `gpu_uuid` names (none made yet: empty), in NVML's order;
+    `--gpus all` fills each one (docs/operating.md, MIG)."""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        return _mig_device_uuids(lib, _call(lib, "nvmlDeviceGetHandleByUUID", gpu_uuid, fail=_setup_fail,
+                                            optional=False))
+    finally:
+        _nvml_shutdown(lib)
+
+
 def device_uuids(nvml: ModuleType | None = None) -> list[str]:
     """The UUID of every GPU NVML shows this process, in index order; NoGpuError without NVML. Only UUIDs: the
     hold command resolves an index with it in a Slurm prolog, where every call counts."""

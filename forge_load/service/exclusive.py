@@ -33,6 +33,7 @@ from forge_load.control.reasons import Reasons, State, Verdict
 from forge_load.control.status import STOPPED, GpuStatus
 from forge_load.log import EventLog
 from forge_load.service.runtime import stop_reason
+from forge_load.service.unix_signals import PAUSE_SIGNALS
 from forge_load.steering.filler_status import StatusWriter
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, jobs_announced
 from forge_load.steering.pause import Pauses
@@ -67,22 +68,39 @@ class ChildProcess:
     """`python -m forge_load.service.exclusive_child` with the config, the supervisor's start (time.monotonic(),
     which is the system's: the child logs on the same timeline), the hold directory and the holds aged out now
     (`aged_out`: the child watches the holds too, and these it must not end for) pickled on its stdin; stdin stays
-    open, so the child sees EOF (and ends) when this process dies, whatever killed it."""
+    open, so the child sees EOF (and ends) when this process dies, whatever killed it.
+
+    `whole_filler`: the child is a MIG device's whole filler among several GPUs (gpu_threads.fill_in_child): it
+    keeps filling through yields, pauses and holds, as any filler does, and takes SIGUSR1/SIGUSR2 from its parent;
+    `env` is added to its environment."""
 
     def __init__(self, config: Config, start_s: float, hold_dir: str = "",
-                 aged_out: Callable[[], dict[str, int]] = dict) -> None:
+                 aged_out: Callable[[], dict[str, int]] = dict, whole_filler: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         self.config = config
         self.start_s = start_s
         self.hold_dir = hold_dir
         self.aged_out = aged_out
+        self.whole_filler = whole_filler
+        self.env = env
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> int:
-        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE, close_fds=True)
+        env = None if self.env is None else {**os.environ, **self.env}
+        # The pause signals stay blocked in the child (the mask is inherited) until its handlers are in: a SIGUSR1
+        # forwarded before then would otherwise end it (their default action).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(PAUSE_SIGNALS)) if self.whole_filler else None
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE, close_fds=True,
+                                    env=env)
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         stdin = proc.stdin
         assert stdin is not None
         try:
-            pickle.dump((self.config, self.start_s, self.hold_dir, self.aged_out()), stdin)
+            brief = (self.config, self.start_s, self.hold_dir, self.aged_out())
+            pickle.dump((*brief, True) if self.whole_filler else brief, stdin)
             stdin.flush()
         except OSError:
             pass  # it died at once: poll() says so
@@ -98,6 +116,12 @@ class ChildProcess:
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
+
+    def send(self, signum: signal.Signals) -> None:
+        """Forward a signal (the pause signals, to a whole filler) while it runs."""
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signum)
 
     def poll(self) -> int | None:
         if self._proc is None:

@@ -5,7 +5,12 @@ lives and dies with this process. Started by the supervisor as `python -m forge_
 It does not trust the supervisor to stay alive and awake: before its context exists it takes the GPU's context lock
 in the hold directory (take_context_lock), which `hold --wait` reads and the kernel lets go only at its exit; and it
 watches the hold directory itself, ending on a hold the supervisor has not ended it for within SUPERVISOR_GRACE_S (a
-supervisor stopped or hung on NVML or on its stdout), so that a hold is honoured whatever becomes of its parent."""
+supervisor stopped or hung on NVML or on its stdout), so that a hold is honoured whatever becomes of its parent.
+
+The same child, told it is a whole filler (a fifth element, True), is a MIG device's filler among several GPUs
+(gpu_threads.fill_in_child; CUDA shows a process one MIG device only): it keeps filling through its yields, pauses and
+holds (the config's hold directory, read by its filler as any filler's), takes SIGUSR1/SIGUSR2 from its parent, and
+has no context lock (that is exclusive mode's)."""
 
 from __future__ import annotations
 
@@ -31,8 +36,10 @@ from forge_load.log import internal_error, say
 from forge_load.service import gpu_threads, runtime
 from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
+from forge_load.service.unix_signals import PAUSE_SIGNALS, StopSignals
 from forge_load.steering import holds as disk
 from forge_load.steering.hold_watch import HoldWatch
+from forge_load.steering.pause import PauseSwitch
 
 HOLDS_POLL_S = 0.1  # the child's own look at the holds, as often as the supervisor's
 # The supervisor ends the child at its next step (0.1 s) after a hold appears; only a hold it has let stand this long
@@ -99,21 +106,31 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     machine's GPUs (tests: the simulated one); `title` names the process (ProcessTitle.set)."""
     brief = pickle.load(stdin)
     config, parent_start_s = brief[0], brief[1]
-    hold_dir, aged_out = (brief[2], brief[3]) if len(brief) == 4 else ("", {})
+    hold_dir, aged_out = (brief[2], brief[3]) if len(brief) >= 4 else ("", {})
+    whole_filler = len(brief) == 5 and brief[4] is True  # a MIG device's filler among several GPUs (ChildProcess)
     if (not isinstance(config, Config) or not isinstance(parent_start_s, float) or not isinstance(hold_dir, str)
             or not isinstance(aged_out, dict)):
         raise TypeError("the supervisor sent something other than (Config, its start time, the hold directory, "
                         "the holds aged out)")
     # Named in ps and in the GPU's process list like its parent (docs/design.md §10); it lives only while filling.
     if title is not None:
-        title(f"forge-load: exclusive-mode child of {os.getppid()}, filling {config.gpu}")
+        kind = "MIG-device child" if whole_filler else "exclusive-mode child"
+        title(f"forge-load: {kind} of {os.getppid()}, filling {config.gpu}")
     stop, wake = runtime.StopEvent(), threading.Event()
+    switch: PauseSwitch | None = None
+    if whole_filler:
+        # Its parent forwards SIGUSR1/SIGUSR2, blocked until now (ChildProcess.start): caught as the forge-load
+        # command catches them, so that no lock is taken in a signal handler.
+        switch = PauseSwitch()
+        StopSignals.install().watch(lambda name: runtime.request_stop(stop, wake, f"asked to end by its parent "
+                                                                                  f"({name})"), switch.set)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(PAUSE_SIGNALS))
+    else:
+        def asked(signum: int, _frame: object) -> None:
+            runtime.request_stop(stop, wake, f"asked to end by the supervisor ({signal.Signals(signum).name})")
 
-    def asked(signum: int, _frame: object) -> None:
-        runtime.request_stop(stop, wake, f"asked to end by the supervisor ({signal.Signals(signum).name})")
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, asked)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, asked)
 
     def orphaned() -> None:
         with contextlib.suppress(OSError):
@@ -131,7 +148,7 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     started: list[runtime.Runtime] = []
 
     def not_filling() -> None:
-        if started and started[0].filler.state not in FILLING_STATES:
+        if not whole_filler and started and started[0].filler.state not in FILLING_STATES:
             state = started[0].filler.state.value
             runtime.request_stop(stop, wake, f"{state} in exclusive compute mode: ends, so that its context goes too")
 
@@ -141,7 +158,7 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
 
     slot = GpuSlot(config.gpu)
     gpu_threads.run_gpu(config, backend or NvidiaBackend(), slot, out, stop, wake,
-                        Controls(on_transition=not_filling), on_start=on_start, supervise=False)
+                        Controls(switch, on_transition=not_filling), on_start=on_start, supervise=False)
     return slot.exit_code if slot.status == "failed" else 0
 
 

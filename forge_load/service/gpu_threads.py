@@ -6,16 +6,19 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TextIO, cast
 
 from forge_load.config.settings import Config
 from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
+from forge_load.control.reasons import State
 from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
 from forge_load.exits import EXIT_CONFIG, EXIT_GPU_FAILED, EXIT_INTERNAL, EXIT_NO_GPU, EXIT_OK
 from forge_load.gpu.backend import Backend, backend_for
 from forge_load.log import EventLog, LogStream, internal_error, say
+from forge_load.service.exclusive import END_WAIT_S, ENDING_POLL_S, ChildProcess, supervisor_status
 from forge_load.service.exclusive import supervise as run_exclusive
 from forge_load.service.loop import run_loop
 from forge_load.service.runtime import (
@@ -26,6 +29,10 @@ from forge_load.service.runtime import (
     pauses_for,
     stop_reason,
 )
+from forge_load.service.unix_signals import PAUSE_SIGNALS
+
+CHILD_POLL_S = 0.1  # a MIG device's child: how soon its exit is seen
+PAUSE_SIGNAL_OF = {paused: signum for signum, paused in PAUSE_SIGNALS.items()}  # paused -> the signal saying so
 
 # --- several GPUs in one process -------------------------------------------------------------------------------
 
@@ -43,7 +50,8 @@ def shared_stream(out: TextIO, stop: threading.Event, wake: threading.Event) -> 
 
 
 def gpu_selectors(config: Config, backend: Backend) -> list[str]:
-    """The GPUs FORGE_GPUS names: `all` is every GPU the backend shows, in index order.
+    """The GPUs FORGE_GPUS names: `all` is every GPU the backend shows, in index order, a GPU in MIG mode as its
+    MIG devices.
 
     A GPU named both by index and by UUID is filled once (by its first name): the names are resolved to
     UUIDs before any filler starts, rather than two fillers taking each other for a foreign job.
@@ -60,7 +68,12 @@ def gpu_selectors(config: Config, backend: Backend) -> list[str]:
             if uuid_of.get(name, name) not in {uuid_of.get(s, s) for s in selectors}:
                 selectors.append(name)
         return selectors
-    selectors = [str(info.index) for info in backend.devices()]
+    selectors = []
+    for info in backend.devices():
+        # A GPU in MIG mode runs CUDA only on its MIG devices: each is filled (in a child process, fill_in_child);
+        # one with none made yet stays named as a whole, and its filler says so (exit 3, that GPU's alone).
+        migs = backend.mig_devices(info.uuid) if info.mig_enabled else []
+        selectors += migs or [str(info.index)]
     if not selectors:
         raise NoGpuError("FORGE_GPUS=all but NVML shows no GPU: in Kubernetes, set NVIDIA_VISIBLE_DEVICES=all "
                          "with runtimeClassName: nvidia; in Docker, --gpus all")
@@ -70,12 +83,64 @@ def gpu_selectors(config: Config, backend: Backend) -> list[str]:
 OnStart = Callable[[GpuSlot, Runtime], None]  # a GPU's filler is built (tools and tests look inside)
 
 
+def in_child(selector: str, selectors: list[str]) -> bool:
+    """Whether a GPU's filler runs in a child process: a MIG device among several GPUs, since CUDA shows a process
+    one MIG device only (docs/design.md §12); a MIG device alone is filled in-process."""
+    return selector.startswith("MIG-") and len(selectors) > 1
+
+
+def fill_in_child(config: Config, backend: Backend, slot: GpuSlot, stop: threading.Event, wake: threading.Event,
+                  controls: Controls, beat: Callable[[], None], child: ChildProcess | None = None) -> int:
+    """A MIG device's whole filler in a child process (exclusive_child, told it is one) until it ends, or until
+    `stop`, when it is asked to end (SIGTERM; killed after END_WAIT_S). Its lines are its own, on our stdout; the
+    pause signals are forwarded to it. Its exit code (0 when it ended as asked)."""
+    probe = backend.open_probe(config.gpu)  # NVML only: its info for /metrics and /health
+    info = probe.info
+    probe.close()
+    child_cfg = dataclasses.replace(config, gpus=None, metrics_port=None, kubelet_socket=None)
+    # CUDA_VISIBLE_DEVICES names its MIG device, whatever this process's names: a CUDA process sees one only.
+    child = child or ChildProcess(child_cfg, time.monotonic(), whole_filler=True,
+                                  env={"CUDA_VISIBLE_DEVICES": config.gpu})
+    switch = controls.switch
+
+    def forward() -> None:
+        if switch is not None:
+            child.send(PAUSE_SIGNAL_OF[switch.by is not None])
+
+    if switch is not None:
+        switch.listeners.add(forward)
+    try:
+        child.start()
+        if switch is not None and switch.by is not None:
+            forward()  # paused before it started: blocked in it until its handlers are in
+        slot.attach(info, lambda: supervisor_status(State.FILLING.value))
+        if controls.on_transition is not None:
+            controls.on_transition()
+        asked_s: float | None = None
+        while (code := child.poll()) is None:
+            beat()
+            if stop.is_set() and asked_s is None:
+                asked_s = time.monotonic()
+                child.end()
+            elif asked_s is not None and time.monotonic() - asked_s > END_WAIT_S:
+                child.kill()
+            wake.wait(CHILD_POLL_S if asked_s is None else ENDING_POLL_S)
+            wake.clear()
+    finally:
+        if switch is not None:
+            switch.listeners.remove(forward)
+        if child.poll() is None:  # this thread failed: the child must not outlive its filler
+            child.kill()
+    return 0 if asked_s is not None and code < 0 else code
+
+
 def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
             wake: threading.Event, controls: Controls = NO_CONTROLS, on_start: OnStart | None = None,
-            supervise: bool = True) -> None:
+            supervise: bool = True, child: bool = False) -> None:
     """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised. `supervise`:
     a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child).
-    `controls.heartbeat` is the process's heartbeat, beaten with the slot's."""
+    `child`: the filler runs in a child process (in_child), which logs its own failure. `controls.heartbeat` is the
+    process's heartbeat, beaten with the slot's."""
     started: list[Runtime] = []
     heartbeat = controls.heartbeat
 
@@ -102,6 +167,13 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
                       on_change=controls.on_transition, board=controls.board)
 
     try:
+        if child:
+            code = fill_in_child(config, backend, slot, stop, wake, controls, beat)
+            if code == EXIT_OK:
+                slot.stopped()
+            else:  # its own error line said why
+                slot.failed(f"its child process exited with {code}", code if code > 0 else EXIT_GPU_FAILED)
+            return
         run_loop(config, backend, stream, stop, wake, dataclasses.replace(controls, heartbeat=beat),
                  exclusive=exclusive if supervise else None, on_start=attach)
         slot.stopped()
@@ -131,7 +203,8 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
     threads: list[threading.Thread] = []
     stops: list[tuple[StopEvent, threading.Event]] = []
     ended: list[threading.Event] = []
-    for selector in gpu_selectors(config, backend):
+    selectors = gpu_selectors(config, backend)
+    for selector in selectors:
         slot = gpu_slots.add(selector)
         gpu_stop, gpu_wake, gpu_ended = StopEvent(), threading.Event(), threading.Event()
 
@@ -139,7 +212,7 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
                  gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
             try:
                 run_gpu(dataclasses.replace(config, gpu=selector), backend, slot, stream, gpu_stop, gpu_wake,
-                        controls, on_start)
+                        controls, on_start, child=in_child(selector, selectors))
             finally:
                 gpu_ended.set()
                 wake.set()  # the main thread counts the fillers still running
