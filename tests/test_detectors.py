@@ -12,6 +12,7 @@ from forge_load.control.detectors import (
     Thresholds,
     memory_signal,
     process_signal,
+    sm_activity_signal,
     utilization_signal,
 )
 
@@ -66,4 +67,21 @@ def test_utilization_reason_says_the_newest_window_and_the_run() -> None:
 
 
 def test_signals_are_named_and_listed_in_log_order() -> None:
-    assert [name for name, _ in SIGNALS] == ["process", "memory", "utilization"]
+    assert [name for name, _ in SIGNALS] == ["process", "memory", "utilization", "sm_activity"]
+
+
+@pytest.mark.parametrize(("sm_over_own", "fires"), [
+    ((0.3, 0.3), True),
+    ((0.3, 0.05, 0.3), False),  # a run, up to the newest reading, as for utilization
+    ((0.1, 0.1), False),  # the threshold itself is not beyond it
+    ((-0.2, -0.2), False),  # below our own share (the tails of our last waves): never foreign
+])
+def test_sm_activity_signal_needs_a_run_of_gpm_readings_over_our_own_share(sm_over_own: tuple[float, ...],
+                                                                          fires: bool) -> None:
+    activity = tuple(ShareSample(0.2 * k, 0.5 + f, 0.5) for k, f in enumerate(sm_over_own))
+    observation = Observation((), 0.0, (), activity)
+    reason = sm_activity_signal(observation, Thresholds(util_ratio=0.1, util_samples=2))
+    assert (reason is not None) is fires
+    if fires:
+        assert reason == "SM activity 0.80 beyond our own 0.50 for 2 GPM readings"
+    assert utilization_signal(observation, Thresholds(util_samples=1)) is None  # each judges its own readings

@@ -27,11 +27,11 @@ def test_a_blind_process_signal_is_said_on_the_virtual_gpu(vgpu: Any) -> None:
     run = forge(vgpu(not_supported=PROCESS_QUERIES), "--duration", "1")
     assert finish(run) == 0, run.stderr[-2000:]
     start = run.of("start")[0]
-    assert start["signals"] == "memory,utilization", start
+    assert start["signals"] == "memory,utilization,sm_activity", start
     [warning] = run.of("warning")
     assert warning["blind"] == "process", warning
     assert "process" in warning["reason"] and "not supported" in warning["reason"], warning
-    assert "memory,utilization" in warning["reason"], warning
+    assert "memory,utilization,sm_activity" in warning["reason"], warning
 
 
 @pytest.mark.parametrize(("blind", "seen"), [

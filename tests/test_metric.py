@@ -11,6 +11,8 @@ import pytest
 from forge_load.config.load import load_config
 from forge_load.config.settings import METRIC_NAMES
 from forge_load.config.values import ConfigError
+from forge_load.control.detectors import Thresholds
+from forge_load.control.monitor import Monitor
 from forge_load.control.probe import Activity, DeviceInfo
 from forge_load.control.quantity import GR_ACTIVITY, NEEDS_GPM, QUANTITIES, SM_ACTIVITY, UTILIZATION
 from forge_load.control.worker import BusyLog
@@ -78,6 +80,74 @@ def test_where_nvml_has_no_utilization_gpm_feeds_the_utilization_signal() -> Non
     assert seen[:3] == [(), (), ()]  # GPM's activity is our own: nothing foreign
     assert "utilization" in seen[4]  # 0.45 beyond our 0.5 for FORGE_FOREIGN_SAMPLES (2) spans
     assert "utilization" not in m.sight()[1]  # not blind: GPM stands in for NVML's utilization
+
+
+def polls(probe: GpmProbe, m: Monitor, count: int) -> list[tuple[str, ...]]:
+    """The signals of `count` polls 0.2 s apart (one GPM reading each, after the first)."""
+    seen = []
+    for k in range(count):
+        probe.now_s = 0.2 * k
+        seen.append(poll(m, 0.2 * k).signals)
+    return seen
+
+
+def half_busy() -> BusyLog:
+    busy = BusyLog()
+    for k in range(20):  # ours: half of every 0.2-s span
+        busy.add(0.2 * k, 0.2 * k + 0.1)
+    busy.mark_complete_until(1e9)
+    return busy
+
+
+def test_where_gpm_is_there_foreign_sm_activity_is_a_signal_of_its_own() -> None:
+    # NVML's utilization shows only ours, GRAPHICS_UTIL too: only SM activity sees the job (its kernels spread
+    # over SMs ours leave idle, or overlap ours in time)
+    probe = GpmProbe(samples=[], memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO,
+                     gpm=[(0.5, 0.5), (0.5, 0.5), (0.8, 0.5), (0.8, 0.5), (0.8, 0.5)])
+    m = monitor(probe, busy_log=half_busy(), start_s=0.0)
+    seen = polls(probe, m, 5)
+    assert seen[:4] == [(), (), (), ()]  # our own, then one reading over: FORGE_FOREIGN_SAMPLES is 2
+    assert seen[4] == ("sm_activity",)
+    latest = m.latest()
+    assert latest is not None and latest.reason == "SM activity 0.80 beyond our own 0.50 for 2 GPM readings"
+    assert m.sight() == (("process", "memory", "utilization", "sm_activity"), {})
+
+
+@pytest.mark.parametrize("own", [0.5, 0.9])
+def test_our_own_sm_activity_never_fires_it_tails_and_jitter_included(own: float) -> None:
+    busy = BusyLog()
+    for k in range(60):
+        busy.add(0.2 * k, 0.2 * k + 0.2 * own)
+    busy.mark_complete_until(1e9)
+    # Below our busy share (the tails of last waves), at it, and above it by less than FORGE_FOREIGN_UTIL
+    readings = [(own - 0.05, own), (own, own), (min(own + 0.08, 1.0), own)] * 15
+    probe = GpmProbe(samples=[], memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO, gpm=readings)
+    m = monitor(probe, busy_log=busy, start_s=0.0)
+    assert set(polls(probe, m, 46)) == {()}
+
+
+def test_the_sm_activity_signal_takes_the_utilization_thresholds() -> None:
+    probe = GpmProbe(samples=[], memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO,
+                     gpm=[(0.75, 0.5)] * 5)
+    m = monitor(probe, busy_log=half_busy(), start_s=0.0, thresholds=Thresholds(util_ratio=0.3, util_samples=1))
+    assert set(polls(probe, m, 6)) == {()}  # 0.25 beyond ours is not beyond FORGE_FOREIGN_UTIL=0.3
+    probe = GpmProbe(samples=[], memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO, gpm=[(0.75, 0.5)] * 5)
+    m = monitor(probe, busy_log=half_busy(), start_s=0.0, thresholds=Thresholds(util_ratio=0.2, util_samples=1))
+    assert polls(probe, m, 2) == [(), ("sm_activity",)]  # the first reading comes at the second poll
+
+
+def test_on_a_mig_device_sm_activity_and_gpms_utilization_both_judge_gpm() -> None:
+    probe = GpmProbe(samples=None, memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO,
+                     gpm=[(0.5, 0.5), (0.9, 0.95), (0.9, 0.95), (0.9, 0.95)])
+    m = monitor(probe, busy_log=half_busy(), start_s=0.0)
+    assert polls(probe, m, 5)[3] == ("utilization", "sm_activity")
+    assert m.sight() == (("process", "memory", "utilization", "sm_activity"), {})
+
+
+def test_without_gpm_sm_activity_is_not_a_signal_nor_a_blind_one() -> None:
+    m = monitor(GpmProbe(memory_mib=OWN_MIB, procs=[own_proc()]))
+    poll(m, 0.0)
+    assert m.sight() == (("process", "memory", "utilization"), {})
 
 
 def test_without_gpm_the_monitor_never_asks_for_it() -> None:

@@ -8,9 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from tests.test_vgpu import ROOT
+import pytest
+
+from tests.test_vgpu import DRIVER, ROOT
 from vgpu import VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -84,7 +87,7 @@ def test_gr_activity_is_held_on_a_mig_device_where_nvml_has_no_utilization(vgpu:
     target = gpu.mig_devices()[0]
     start, readings = fill_and_observe(gpu, tmp_path, ["--gpu", target.uuid, "--metric", "gr_activity"], 12,
                                        gi=target.gi)
-    assert start["signals"] == "process,memory,utilization"  # GPM gives the utilization signal back
+    assert start["signals"] == "process,memory,utilization,sm_activity"  # GPM gives utilization back, and SM activity
     values = held(readings, "gr", float(start["wall_time"]), 3.0, 12)  # type: ignore[arg-type]
     assert len(values) >= 6 and abs(sum(values) / len(values) - 0.5) <= 0.03
     assert {k.mig for k in gpu.kernels()} == {target.gi}
@@ -99,3 +102,56 @@ def test_sm_activity_is_refused_in_one_line_before_any_kernel_where_there_is_no_
     assert proc.returncode == 3
     assert proc.stderr.count("\n") == 1 and "FORGE_METRIC=sm_activity needs NVML's GPM" in proc.stderr
     assert gpu.kernels() == []
+
+
+def run_filler(gpu: VirtualGpu, tmp_path: Path, args: list[str], timeout_s: float = 120) -> subprocess.Popen[str]:
+    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.Popen([str(FORGE_LOAD), *args, "--log-format", "json", "--hold-dir", str(tmp_path / "holds")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def lines_of(out: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("target", [0.5, 0.9])
+def test_our_own_load_alone_never_fires_the_sm_activity_signal(vgpu: VgpuFactory, tmp_path: Path,
+                                                                target: float) -> None:
+    gpu = vgpu(cc="9.0")
+    proc = run_filler(gpu, tmp_path, ["--target", str(target), "--duration", "20"])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    lines = lines_of(out)
+    assert lines[0]["signals"] == "process,memory,utilization,sm_activity"  # GPM is there: it can see
+    assert [line for line in lines if line["event"] == "yield"] == []
+
+
+# A job hidden from the process list that runs full waves for HOLD_S seconds, back to back.
+FOREIGN_BUSY = DRIVER + r'''
+say(pid=os.getpid())
+until = time.monotonic() + float(os.environ["HOLD_S"])
+while time.monotonic() < until:
+    busy(0.05)
+'''
+
+
+def test_a_hidden_foreign_job_with_the_memory_signal_off_is_seen_by_sm_activity(vgpu: VgpuFactory,
+                                                                                 tmp_path: Path) -> None:
+    # 1-s NVML windows: the utilization signal needs two of them, GPM's readings come every 0.19 s, so SM activity
+    # is the signal that sees the job first (on a MIG device GPM is the only rate signal's input)
+    gpu = vgpu(cc="9.0", hide_processes=True, window_s=1.0)
+    proc = run_filler(gpu, tmp_path, ["--duration", "14", "--foreign-mem-mib", "1000000"])
+    deadline_s = time.monotonic() + 60
+    while not gpu.kernels() and time.monotonic() < deadline_s:
+        time.sleep(0.2)
+    time.sleep(4.0)
+    job = subprocess.run([sys.executable, "-c", FOREIGN_BUSY], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env=gpu.env({**os.environ, "HOLD_S": "3"}))
+    assert job.returncode == 0, job.stderr[-2000:]
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    lines = lines_of(out)
+    assert lines[0]["signals"] == "process,memory,utilization,sm_activity"
+    yields = [line for line in lines if line["event"] == "yield"]
+    assert len(yields) == 1 and "SM activity" in str(yields[0]["reason"]), yields

@@ -129,7 +129,7 @@ SETTINGS: tuple[Setting, ...] = (
             logged="foreign_mem_mib"),
     Setting("foreign_util_ratio", "FORGE_FOREIGN_UTIL", "--foreign-util",
             partial(ratio_value, high_inclusive=False, example=0.1),
-            "utilization beyond our own share that means a foreign job; default 0.1",
+            "utilization (and, with GPM, SM activity) beyond our own share that means a foreign job; default 0.1",
             logged="foreign_util"),
     Setting("foreign_util_samples", "FORGE_FOREIGN_SAMPLES", "--foreign-samples",
             partial(int_value, low=1, high=MAX_FOREIGN_SAMPLES), "consecutive samples over that needed; default 2",

@@ -14,7 +14,7 @@ from forge_load.config.settings import MAX_FOREIGN_SAMPLES, Config
 
 @dataclass(frozen=True)
 class ShareSample:
-    """One NVML sample window split into our share and the rest."""
+    """One NVML sample window (or one GPM reading's span) split into our share and the rest."""
 
     t_s: float
     util_ratio: float
@@ -47,6 +47,9 @@ class Observation:
     foreign_pids: tuple[int, ...]  # processes on the GPU other than ours, as far as our PID namespace shows
     foreign_mem_mib: float | None  # device memory beyond ours and the baseline
     recent: tuple[ShareSample, ...]  # the latest judged sample windows, oldest first
+    # The latest GPM readings' SM activity against our own busy share of each span, oldest first (docs/design.md §12):
+    # our kernels are full waves over every SM, so our own SM activity is at most our busy share.
+    activity: tuple[ShareSample, ...] = ()
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -66,16 +69,30 @@ def memory_signal(seen: Observation, limits: Thresholds) -> str | None:
     return f"{seen.foreign_mem_mib:.0f} MiB of device memory beyond ours and the baseline"
 
 
-def utilization_signal(seen: Observation, limits: Thresholds) -> str | None:
+def _run_over(shares: tuple[ShareSample, ...], limits: Thresholds) -> int:
+    """How many of the newest shares running are beyond our own by more than the threshold; 0 when too few."""
     run = 0
-    for share in reversed(seen.recent):
+    for share in reversed(shares):
         if share.foreign_ratio <= limits.util_ratio:
             break
         run += 1
-    if run < limits.util_samples:
+    return run if run >= limits.util_samples else 0
+
+
+def utilization_signal(seen: Observation, limits: Thresholds) -> str | None:
+    if not (run := _run_over(seen.recent, limits)):
         return None
     last = seen.recent[-1]
     return f"utilization {last.util_ratio:.2f} beyond our own {last.own_ratio:.2f} for {run} samples"
+
+
+def sm_activity_signal(seen: Observation, limits: Thresholds) -> str | None:
+    """GPM's SM activity beyond our own busy share: the same tolerance as utilization's. The tails of our last
+    waves read below our share, which can only hide a job's SM activity behind ours, never make ours look foreign."""
+    if not (run := _run_over(seen.activity, limits)):
+        return None
+    last = seen.activity[-1]
+    return f"SM activity {last.util_ratio:.2f} beyond our own {last.own_ratio:.2f} for {run} GPM readings"
 
 
 # (name, signal), in the order reasons are logged.
@@ -83,5 +100,7 @@ SIGNALS: tuple[tuple[str, Signal], ...] = (
     ("process", process_signal),
     ("memory", memory_signal),
     ("utilization", utilization_signal),
+    ("sm_activity", sm_activity_signal),
 )
+GPM_SIGNALS = frozenset({"sm_activity"})  # read GPM: not a signal at all on a GPU without it (not a blind one)
 RECENT_SAMPLES = MAX_FOREIGN_SAMPLES  # judged windows the Monitor keeps: the most a signal may look back

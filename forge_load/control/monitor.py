@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from forge_load.control.detectors import (
     DEFAULT_THRESHOLDS,
+    GPM_SIGNALS,
     RECENT_SAMPLES,
     SIGNALS,
     Observation,
@@ -62,7 +63,7 @@ class Reading:
     own_mem_process_mib: float | None  # NVML's per-process count for our PID; None where not listed
     foreign_mem_mib: float | None
     foreign_pids: tuple[int, ...]
-    signals: tuple[str, ...]  # which of process / memory / utilization fired
+    signals: tuple[str, ...]  # which of process / memory / utilization / sm_activity fired
     reason: str | None  # what fired, for the log; None when every signal is clear
     power_w: float | None = None  # board power (NVML's reading: a 1-s mean on current GPUs)
     temperature_c: float | None = None
@@ -104,6 +105,7 @@ class Monitor:
         self._activity_due_s = float("-inf")
         self._unread_activity: list[ActivityShare] = []
         self._recent: deque[ShareSample] = deque(maxlen=RECENT_SAMPLES)
+        self._recent_activity: deque[ShareSample] = deque(maxlen=RECENT_SAMPLES)  # GPM's SM activity against ours
         # The process lists are re-read when memory moved by half of what the memory signal fires on (a new
         # context moves it by hundreds of MiB), so both signals still see a new job at the same poll.
         self.memory_move_mib = thresholds.mem_mib / 2
@@ -130,7 +132,9 @@ class Monitor:
 
     def sight(self) -> tuple[tuple[str, ...], dict[str, str]]:
         """(the signals that can see a foreign job on this GPU, the blind ones with why), from the latest poll.
-        A signal switched off by a setting is in neither: that is the operator's choice, not the GPU's."""
+        A signal switched off by a setting is in neither: that is the operator's choice, not the GPU's; nor is one
+        that reads GPM on a GPU without it (before Hopper nothing but DCGM measures SM activity: no GPU of that
+        kind is blind for lack of it, and its start line stays as it was)."""
         why_blind: dict[str, str] = {}
         if self._processes_offered is False:
             why_blind["process"] = "NVML answers no process-list query on this GPU (not supported)"
@@ -138,8 +142,8 @@ class Monitor:
             why_blind["memory"] = "NVML reports no device memory in use on this GPU (not supported)"
         if self._samples.blind and not self.probe.info.gpm:  # GPM's GRAPHICS_UTIL stands in for it (_poll)
             why_blind["utilization"] = "NVML reports no utilization on this GPU (not supported, as on MIG)"
-        names = [name for name, _ in self.signals if name in why_blind or name != "process"
-                 or self.thresholds.use_process_list]
+        names = [name for name, _ in self.signals if (name in why_blind or name != "process"
+                 or self.thresholds.use_process_list) and (name not in GPM_SIGNALS or self.probe.info.gpm)]
         return tuple(n for n in names if n not in why_blind), {n: why_blind[n] for n in names if n in why_blind}
 
     def latest(self) -> Reading | None:
@@ -196,6 +200,9 @@ class Monitor:
             # Where NVML has no utilization (MIG), GPM's GRAPHICS_UTIL less our own share is the utilization
             # signal's input: the time any kernel ran, as NVML's utilization counts it.
             self._recent.extend(ShareSample(a.t_s, a.gr_ratio, a.own_ratio) for a in activity)
+        # GPM's SM activity beyond our own share, wherever GPM is (whole GPU or MIG device): our kernels are full
+        # waves over every SM, so our own SM activity is our busy share, less the tails of last waves.
+        self._recent_activity.extend(ShareSample(a.t_s, a.sm_ratio, a.own_ratio) for a in activity)
         used_mib = self.probe.memory_used_mib()
         processes = self._read_processes(now_s, used_mib)
         self._processes_offered = processes is not None
@@ -216,7 +223,7 @@ class Monitor:
             foreign_mem_mib = used_mib - own_mem_mib - self.baseline_mem_mib
 
         self._recent.extend(shares)
-        seen = Observation(foreign_pids, foreign_mem_mib, tuple(self._recent))
+        seen = Observation(foreign_pids, foreign_mem_mib, tuple(self._recent), tuple(self._recent_activity))
         fired = [(name, reason) for name, signal in self.signals
                  if (reason := signal(seen, self.thresholds)) is not None]
         # The energy counter at every poll: the energy while filling is counted from reading to reading, and a
