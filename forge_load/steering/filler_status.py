@@ -229,20 +229,7 @@ def claim_alive(hold_dir: str, gpu_uuid: str) -> int | None:
 
 def lock_alive(hold_dir: str, gpu_uuid: str) -> bool | None:
     """Whether a process holds the GPU's alive lock now; None when that cannot be told (no such file, unreadable)."""
-    try:
-        fd = os.open(os.path.join(hold_dir, alive_name(gpu_uuid)),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go at once, by the close below
-        return False
-    except OSError as error:
-        return True if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
-    finally:
-        os.close(fd)
+    return disk.lock_taken(os.path.join(hold_dir, alive_name(gpu_uuid)))
 
 
 # --- the reader's side ----------------------------------------------------------------------------------

@@ -428,26 +428,31 @@ def context_lock_name(gpu_uuid: str) -> str:
     return f"{ACK_PREFIX}{canonical_gpu_uuid(gpu_uuid)}.lock"
 
 
-def context_held(hold_dir: str, gpu_uuid: str) -> bool:
-    """Whether a live process of ours holds (or is about to create) a CUDA context on this GPU in exclusive mode: the
-    flock its child keeps on context_lock_name for its life (service/exclusive_child.py) is taken. Asked without
-    blocking, by a shared lock let go at once."""
+def lock_taken(path: str) -> bool | None:
+    """Whether a process holds an exclusive flock on the regular file at `path` now, asked without blocking by a
+    shared lock let go at once; None when that cannot be told (no such file, not a regular file, unreadable)."""
     try:
-        fd = os.open(os.path.join(hold_dir, context_lock_name(gpu_uuid)),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return False  # none: no child of ours has ever run here (or the file is not ours to read)
+        return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go at once, by the close below
         return False
     except BlockingIOError:
         return True
     except OSError:
-        return False
+        return None
     finally:
         os.close(fd)
+
+
+def context_held(hold_dir: str, gpu_uuid: str) -> bool:
+    """Whether a live process of ours holds (or is about to create) a CUDA context on this GPU in exclusive mode: the
+    flock its child keeps on context_lock_name for its life (service/exclusive_child.py) is taken. No file (no
+    child of ours has ever run here) or one that cannot be read is not held."""
+    return lock_taken(os.path.join(hold_dir, context_lock_name(gpu_uuid))) is True
 
 
 def write_ack(hold_dir: str, ack: Ack) -> None:
