@@ -16,6 +16,7 @@ from forge_load.commands import health as health_command
 from forge_load.config.load import load_config
 from forge_load.config.settings import Config
 from forge_load.service import health
+from tests.test_app import no_nvml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,17 +27,6 @@ def forge(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full_env.update(env, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "forge_load", *args], capture_output=True, text=True,
                           env=full_env, timeout=120, cwd=ROOT)
-
-
-def no_nvml() -> None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        pytest.skip("this machine has a working NVML")
-    except Exception:  # noqa: BLE001 - no NVML here, whatever pynvml raises
-        pass
 
 
 def test_tmpdir_is_honoured_for_the_heartbeat_and_the_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
