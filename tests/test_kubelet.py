@@ -23,7 +23,7 @@ from forge_load.control.filler import Controls
 from forge_load.service import kubelet
 from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
 from forge_load.service.loop import run_simulated
-from forge_load.steering.hold_watch import HoldBoard
+from forge_load.steering.hold_watch import HoldBoard, HoldWatch
 from forge_load.steering.holds import HOLDER_RE, Hold
 from tests.fake_pynvml import FakeDevice, FakeNvml
 from tests.test_real_path import ROOT, finish, forge, wait_for
@@ -83,19 +83,26 @@ def test_mig_and_index_ids_map_to_their_gpu_through_nvml() -> None:
     fake = FakeNvml([FakeDevice(uuid=GPU_A, mig_mode=1, migs=[mig_a0, FakeDevice(uuid=MIG_A1)]),
                      FakeDevice(uuid=GPU_B, mig_mode=1, migs=[FakeDevice(uuid=MIG_B0)])])
     resolve = nvml_resolver(fake.module)
-    assert resolve(MIG_A1) == (MIG_A1, GPU_A)  # the MIG device's own filler, and one on the whole GPU
+    # A MIG device's id names that MIG device only: a hold on its GPU would hold its siblings too (a MIG device's
+    # filler honours its GPU's holds, docs/holds.md)
+    assert resolve(MIG_A1) == (MIG_A1,)
     assert resolve("1") == (GPU_B,)
-    assert resolve("1:0") == (GPU_B, MIG_B0)  # the device plugin's index ids for MIG devices
+    assert resolve("1:0") == (MIG_B0,)  # the device plugin's index ids for MIG devices
     assert resolve(GPU_B) == (GPU_B,)
     assert fake.init_count == fake.shutdown_count  # NVML left as found
     board, lines = HoldBoard(), []
     watch = client(board, lines, resolve)
     board.replace(watch.holds_of([Assignment("ml", "m", "main", "nvidia.com/mig-1g.10gb", f"{MIG_A1}::1")], 5.0))
-    assert held(board, GPU_A, MIG_A1, GPU_B) == {GPU_A: ["k8s-ml_m_main"], MIG_A1: ["k8s-ml_m_main"], GPU_B: []}
-    # A filler on the sibling MIG device is not held: a MIG device's assignment holds that MIG device (and the
-    # whole GPU, where no filler runs while it is in MIG mode), not its neighbours (issue 29).
-    assert held(board, mig_a0.uuid) == {mig_a0.uuid: []}
-    assert lines == [f"device id {MIG_A1} (nvidia.com/mig-1g.10gb) is {MIG_A1}, {GPU_A}"]
+    assert held(board, GPU_A, MIG_A1, GPU_B) == {GPU_A: [], MIG_A1: ["k8s-ml_m_main"], GPU_B: []}
+    # The filler of the sibling MIG device, which honours its GPU's holds too, is not held: a MIG device's
+    # assignment holds that MIG device, not its neighbours
+    sibling = HoldWatch("/nonexistent", mig_a0.uuid, board=board, whole_gpu_uuid=GPU_A)
+    sibling.check(0.0, 5.0)
+    assert sibling.holders == ()
+    assigned = HoldWatch("/nonexistent", MIG_A1, board=board, whole_gpu_uuid=GPU_A)
+    assigned.check(0.0, 5.0)
+    assert assigned.holders == ("k8s-ml_m_main",)
+    assert lines == [f"device id {MIG_A1} (nvidia.com/mig-1g.10gb) is {MIG_A1}"]
 
 
 def test_an_nvidia_id_nvml_does_not_know_holds_every_gpu() -> None:

@@ -183,9 +183,11 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
 
     def settled(uuid: str) -> bool:
         ack = holds.read_ack(hold_dir, uuid)
-        if ack is None and time.monotonic() < unsure_until_s:
+        migs = holds.mig_acks(hold_dir, uuid)  # a GPU in MIG mode: each MIG device's filler honours its holds
+        if ack is None and not migs and time.monotonic() < unsure_until_s:
             return False
-        if not holds.acknowledged(ack, holder, placed_s, time.time(), placed_boot, holds.boot_stamp()):
+        now_s, now_boot = time.time(), holds.boot_stamp()
+        if not all(holds.acknowledged(a, holder, placed_s, now_s, placed_boot, now_boot) for a in [ack, *migs]):
             return False
         # Exclusive mode: a live context of ours (its child's lock) is never "no filler", whatever the
         # acknowledgement says or how stale it is (a supervisor stopped or hung).
@@ -249,19 +251,25 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
     except HoldError as error:
         raise BadInput(f"--hold-dir={shown(hold_dir)}: {error}") from None
     now_s, now_boot = time.time(), holds.boot_stamp()
-    acks = {uuid: holds.read_ack(hold_dir, uuid) for uuid in {h.gpu_uuid for h in found}}
+    gpus = {h.gpu_uuid for h in found}
+    # A GPU's own filler, and for a GPU in MIG mode each MIG device's: all honour its holds (mig_acks)
+    acks = {uuid: [a for a in (holds.read_ack(hold_dir, uuid), *holds.mig_acks(hold_dir, uuid))
+                   if a is not None and holds.ack_live(a, now_s, now_boot)] for uuid in gpus}
+    worst_first = ("not honoured (yet, or aged out)", "draining", "drained")
 
     def filler(hold: Hold) -> str:
-        ack = acks[hold.gpu_uuid]
         if hold.until_unix_s is not None and hold.until_unix_s <= now_s:
             return "expired"
-        if ack is None or not holds.ack_live(ack, now_s, now_boot):
+        live = acks[hold.gpu_uuid]
+        if not live:
             if holds.context_held(hold_dir, hold.gpu_uuid):  # a supervisor stopped or hung beside its child
                 return "draining (our exclusive-mode child still holds the GPU)"
             return "no filler"
-        if hold.holder not in ack.held_by:
-            return "not honoured (yet, or aged out)"
-        return "drained" if ack.drained else "draining"
+        said = [worst_first[0] if hold.holder not in a.held_by else "drained" if a.drained else "draining"
+                for a in live]
+        worst = min(said, key=worst_first.index)
+        migs = [a for a in live if a.of_gpu]
+        return worst if not migs else f"{worst} ({said.count(worst)} of {len(live)} MIG devices' fillers)"
 
     if args.json:
         for hold in found:

@@ -334,28 +334,25 @@ def device_uuids(nvml: ModuleType | None = None) -> list[str]:
 
 def device_id_uuids(device_id: str, nvml: ModuleType | None = None) -> tuple[str, ...]:
     """The UUIDs a device plugin's device id names, for holding what the kubelet assigned (service/kubelet.py):
-    a MIG device's UUID gives itself and its GPU's; an index `N` gives GPU N's UUID, `N:M` (MIG device M of GPU N,
-    the NVIDIA device plugin's index ids) GPU N's and that MIG device's. Empty when NVML does not know the id;
-    NoGpuError when NVML cannot be asked at all. (A GPU UUID needs no NVML: it names itself.)"""
+    a MIG device's UUID gives itself, once NVML knows it; an index `N` gives GPU N's UUID, `N:M` (MIG device M of
+    GPU N, the NVIDIA device plugin's index ids) that MIG device's. Never a MIG device's GPU: a hold on a GPU holds
+    every MIG device of it (docs/holds.md), and an assignment of one MIG device holds that one only. Empty when NVML
+    does not know the id; NoGpuError when NVML cannot be asked at all. (A GPU UUID needs no NVML: it names itself.)"""
     lib = _load_nvml(nvml)
     _nvml_init(lib)
     try:
         try:
             if device_id.startswith("MIG-"):
-                mig = _call(lib, "nvmlDeviceGetHandleByUUID", device_id, fail=_setup_fail, optional=False)
-                parent = _call(lib, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig, fail=_setup_fail,
-                               optional=False)
-                return (device_id, _device_uuid(lib, parent))
+                _call(lib, "nvmlDeviceGetHandleByUUID", device_id, fail=_setup_fail, optional=False)
+                return (device_id,)
             gpu, colon, mig_index = device_id.partition(":")
             if not gpu.isdigit() or (colon and not mig_index.isdigit()):
                 return ()
             handle = _call(lib, "nvmlDeviceGetHandleByIndex", int(gpu), fail=_setup_fail, optional=False)
-            uuids: tuple[str, ...] = (_device_uuid(lib, handle),)
             if colon:
-                mig = _call(lib, "nvmlDeviceGetMigDeviceHandleByIndex", handle, int(mig_index), fail=_setup_fail,
-                            optional=False)
-                uuids += (_device_uuid(lib, mig),)
-            return uuids
+                handle = _call(lib, "nvmlDeviceGetMigDeviceHandleByIndex", handle, int(mig_index), fail=_setup_fail,
+                               optional=False)
+            return (_device_uuid(lib, handle),)
         except NoGpuError:
             return ()  # NVML answered, but not with a device for this id
     finally:

@@ -75,7 +75,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     holds = None  # hold_dir "" only in the exclusive mode's child (FORGE_HOLD_DIR refuses it): holds are its parent's
     if config.hold_dir:
         holds = FillerHolds(config.hold_dir, probe.info.uuid, os.getpid(), wall_clock, config.hold_idle_age_out_s,
-                            controls.board)
+                            controls.board, whole_gpu_uuid=probe.info.gpu_uuid)  # a MIG device: its GPU's too
     reasons = Reasons(config.resume_after_s, pauses, holds, power_cap)
     policy = Policy(config.target_ratio, config.boost_target_ratio, config.resume_after_s,
                     config.boost_after_s, now_s=start_s, reasons=reasons)

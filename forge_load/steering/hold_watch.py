@@ -102,12 +102,15 @@ class HoldWatch:
     same holder first. `check` says what began and ended since the last call, and each problem once. The idle age-out:
     a hold that has seen no foreign work on its GPU for `idle_age_out_s` (filler time, counted from when this
     filler first saw it, or from the last foreign work) is no longer honoured until its file is rewritten.
+    `whole_gpu_uuid`: this is a MIG device of that GPU, whose holds it honours as its own (a job given the whole GPU
+    runs on every MIG device of it).
     """
 
     def __init__(self, hold_dir: str, gpu_uuid: str, idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S,
-                 board: HoldBoard | None = None) -> None:
+                 board: HoldBoard | None = None, whole_gpu_uuid: str = "") -> None:
         self.hold_dir = hold_dir
         self.gpu_uuid = gpu_uuid
+        self.uuids = (gpu_uuid, whole_gpu_uuid) if whole_gpu_uuid else (gpu_uuid,)  # whose holds are this GPU's
         self.board = board
         self.idle_age_out_s = idle_age_out_s  # 0: never
         self.honoured: dict[str, Hold] = {}
@@ -160,15 +163,17 @@ class HoldWatch:
         """(what began and ended, problems not said before); `now_s` on the filler's clock."""
         if self._changed(now_s):
             before = self._view.mtimes_ns
-            self._view = disk.read_holds(self.hold_dir, self.gpu_uuid, now_unix_s)
+            self._view = (disk.read_holds(self.hold_dir, self.gpu_uuid, now_unix_s) if len(self.uuids) == 1
+                          else disk.read_holds_of(self.hold_dir, self.uuids, now_unix_s))
             if self._view.mtimes_ns != before:
                 self.generation += 1  # a hold of this GPU placed, refreshed or removed: acknowledge it at once
         view = self._view
         holds, stamps = list(view.holds), dict(view.mtimes_ns)
         if self.board is not None:
             from_files = {h.holder for h in view.holds} | {h.holder for h in view.expired}
-            for hold in self.board.holds_for(self.gpu_uuid):
+            for hold in (hold for uuid in self.uuids for hold in self.board.holds_for(uuid)):
                 if hold.holder not in from_files:
+                    from_files.add(hold.holder)  # one holder of the device and of its GPU: one hold
                     holds.append(hold)
                     stamps[hold.holder] = round(hold.since_unix_s * 1e9)
         problems = [p for p in view.problems if p not in self._said]
@@ -219,8 +224,9 @@ class FillerHolds:
 
     def __init__(self, hold_dir: str, gpu_uuid: str, pid: int, wall_clock: Callable[[], float],
                  idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None,
-                 boot_clock: Callable[[], BootStamp] = disk.boot_stamp) -> None:
-        self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s, board)
+                 boot_clock: Callable[[], BootStamp] = disk.boot_stamp, whole_gpu_uuid: str = "") -> None:
+        self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s, board, whole_gpu_uuid)
+        self.whole_gpu_uuid = whole_gpu_uuid
         self.boot_clock = boot_clock  # the host's, even in a simulated run: `hold --wait` reads it in real time
         self.hold_dir = hold_dir
         self.gpu_uuid = gpu_uuid
@@ -259,7 +265,7 @@ class FillerHolds:
         self._last, self._written_s = said, now_s
         try:
             disk.write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock(),
-                                              self.boot_clock()))
+                                              self.boot_clock(), self.whole_gpu_uuid))
         except FileNotFoundError:
             return None  # no hold directory (not mounted): nothing to acknowledge to
         except OSError as error:

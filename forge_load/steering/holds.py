@@ -3,7 +3,8 @@ boot_stamp(), the host's boot clock that acknowledgements are judged by, and onl
 
 On disk (format 1), one flat directory (FORGE_HOLD_DIR, default /run/forge-load/holds):
   - `hold.<GPU-UUID>.<HOLDER>.json`: a hold, UTF-8 JSON of at most HOLD_MAX_BYTES;
-  - `filler.<GPU-UUID>.json`: that GPU's filler's acknowledgement (what it honours, whether it has drained);
+  - `filler.<GPU-UUID>.json`: that GPU's filler's acknowledgement (what it honours, whether it has drained); a MIG
+    device's names its GPU (`of_gpu`): a hold on that GPU holds it too;
   - `filler.<GPU-UUID>.lock`: locked while exclusive mode's child holds a CUDA context on that GPU;
   - dot files: the temporary files of atomic writes (write, then rename), never holds.
 
@@ -87,6 +88,7 @@ class Ack:
     drained: bool
     written_unix_s: float  # shown to people; judged only where the filler gave no boot stamp (an earlier release)
     written_boot: BootStamp | None = None
+    of_gpu: str = ""  # a MIG device's filler: its GPU's UUID, whose holds it honours too; "" for a whole GPU
 
 
 @dataclass(frozen=True)
@@ -243,9 +245,10 @@ def hold_from_json(data: bytes, gpu_uuid: str, holder: str) -> Hold:
 def ack_to_json(ack: Ack) -> bytes:
     boot = ack.written_boot
     stamp = {} if boot is None else {"boot_id": boot.boot_id, "written_boot_s": boot.boot_s}
+    of_gpu = {"of_gpu": ack.of_gpu} if ack.of_gpu else {}
     return json.dumps({"format": FORMAT, "gpu": ack.gpu_uuid, "pid": ack.pid, "state": ack.state,
                        "held_by": list(ack.held_by), "drained": ack.drained,
-                       "written_unix_s": ack.written_unix_s, **stamp}).encode("utf-8")
+                       "written_unix_s": ack.written_unix_s, **stamp, **of_gpu}).encode("utf-8")
 
 
 def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
@@ -260,7 +263,9 @@ def ack_from_json(data: bytes, gpu_uuid: str) -> Ack:
         raise HoldError("is not a filler's acknowledgement of this GPU")
     boot_id, boot_s = loaded.get("boot_id"), _number(loaded.get("written_boot_s"))
     boot = BootStamp(boot_id, boot_s) if isinstance(boot_id, str) and boot_s is not None else None
-    return Ack(gpu_uuid, pid, state, tuple(str(h) for h in held_by), drained, written, boot)
+    of_gpu = loaded.get("of_gpu", "")
+    of_gpu = canonical_gpu_uuid(of_gpu) if isinstance(of_gpu, str) and valid_gpu_uuid(of_gpu) else ""
+    return Ack(gpu_uuid, pid, state, tuple(str(h) for h in held_by), drained, written, boot, of_gpu)
 
 
 # --- the API ---------------------------------------------------------------------------------------------
@@ -365,6 +370,32 @@ def list_dir(hold_dir: str) -> Listing:
     return Listing(holds, names, tuple(ignored))
 
 
+def read_holds_of(hold_dir: str, gpu_uuids: tuple[str, ...], now_unix_s: float) -> HoldsView:
+    """The holds honoured now on any of `gpu_uuids` (a MIG device and its GPU) from one listing, one per holder (the
+    first UUID's first): read_holds' view of them all."""
+    try:
+        listing = list_dir(hold_dir)
+    except HoldError:
+        return read_holds(hold_dir, gpu_uuids[0], now_unix_s)  # it says why, and holds fail safe
+    views = [read_holds(hold_dir, uuid, now_unix_s, listing) for uuid in gpu_uuids]
+    honoured: dict[str, Hold] = {}
+    expired: dict[str, Hold] = {}
+    for view in views:
+        for hold in view.holds:
+            honoured.setdefault(hold.holder, hold)
+        for hold in view.expired:
+            expired.setdefault(hold.holder, hold)
+    mtimes_ns: dict[str, int] = {}
+    for view in views:
+        for holder, mtime_ns in view.mtimes_ns.items():
+            mtimes_ns[holder] = max(mtime_ns, mtimes_ns.get(holder, mtime_ns))
+    return HoldsView(tuple(sorted(honoured.values(), key=lambda h: h.holder)),
+                     tuple(dict.fromkeys(p for view in views for p in view.problems)),
+                     fail_safe=next((view.fail_safe for view in views if view.fail_safe is not None), None),
+                     expired=tuple(h for holder, h in sorted(expired.items()) if holder not in honoured),
+                     mtimes_ns=mtimes_ns, named=tuple(sorted({n for view in views for n in view.named})))
+
+
 def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing | None = None) -> HoldsView:
     """The holds on one GPU honoured now (sorted by holder), and the problems met on the way."""
     try:
@@ -465,6 +496,23 @@ def read_ack(hold_dir: str, gpu_uuid: str) -> Ack | None:
         return ack_from_json(read_small(os.path.join(hold_dir, ack_name(gpu_uuid)), ACK_MAX_BYTES), gpu_uuid)
     except (FileNotFoundError, NotADirectoryError, HoldError):
         return None
+
+
+def mig_acks(hold_dir: str, gpu_uuid: str) -> list[Ack]:
+    """The acknowledgements of the MIG devices of one GPU (those whose `of_gpu` names it), by UUID: each MIG device's
+    filler honours the GPU's holds. At most MAX_ENTRIES names are looked at; none where the directory cannot be read."""
+    gpu_uuid = canonical_gpu_uuid(gpu_uuid)
+    found: list[Ack] = []
+    with contextlib.suppress(OSError):
+        for count, name in enumerate(_names(hold_dir)):
+            if count >= MAX_ENTRIES:
+                break
+            uuid = name.removeprefix(ACK_PREFIX).removesuffix(SUFFIX)
+            if name == ack_name(uuid) and uuid.upper().startswith("MIG-") and valid_gpu_uuid(uuid):
+                ack = read_ack(hold_dir, uuid)
+                if ack is not None and ack.of_gpu == gpu_uuid:
+                    found.append(ack)
+    return sorted(found, key=lambda ack: ack.gpu_uuid)
 
 
 @functools.cache

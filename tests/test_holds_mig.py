@@ -1,0 +1,121 @@
+"""A hold on a GPU in MIG mode holds every MIG device of it (docs/holds.md, MIG): a job given the whole GPU (`docker
+run --gpus device=0`, a Slurm job's index, a hold by index) runs on all of its MIG devices, so each MIG device's
+filler honours it, acknowledges it as the GPU's, and `hold --wait` on the GPU waits for every one of them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from forge_load.commands import hold as hold_command
+from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds, HoldBoard, HoldWatch
+
+GPU = "GPU-51a00000-0000-4000-8000-000000000000"
+MIG_A = "MIG-51a00000-0000-4000-8000-0000000000aa"
+MIG_B = "MIG-51a00000-0000-4000-8000-0000000000bb"
+OTHER = "GPU-0be00000-0000-4000-8000-000000000000"
+
+
+def test_a_mig_devices_watch_honours_a_hold_on_its_gpu(tmp_path: Path) -> None:
+    holds.place(str(tmp_path), holds.Hold(GPU, "job1", "whole GPU", time.time()))
+    watch = HoldWatch(str(tmp_path), MIG_A, whole_gpu_uuid=GPU)
+    changes, _ = watch.check(0.0, time.time())
+    assert watch.holders == ("job1",)
+    assert [(c.event, c.holder) for c in changes] == [("hold", "job1")]
+
+
+def test_a_hold_on_another_gpu_or_on_a_sibling_mig_device_does_not(tmp_path: Path) -> None:
+    holds.place(str(tmp_path), holds.Hold(OTHER, "job1", "", time.time()))
+    holds.place(str(tmp_path), holds.Hold(MIG_B, "job2", "", time.time()))
+    watch = HoldWatch(str(tmp_path), MIG_A, whole_gpu_uuid=GPU)
+    watch.check(0.0, time.time())
+    assert watch.holders == ()
+
+
+def test_one_holder_on_the_gpu_and_on_the_device_is_one_hold(tmp_path: Path) -> None:
+    holds.place(str(tmp_path), holds.Hold(GPU, "job1", "", time.time()))
+    holds.place(str(tmp_path), holds.Hold(MIG_A, "job1", "", time.time()))
+    watch = HoldWatch(str(tmp_path), MIG_A, whole_gpu_uuid=GPU)
+    changes, _ = watch.check(0.0, time.time())
+    assert watch.holders == ("job1",) and len(changes) == 1
+    holds.release(str(tmp_path), GPU, "job1")
+    watch.check(2.0, time.time())
+    assert watch.holders == ("job1",)  # its own hold on the device still stands
+
+
+def test_the_kubelets_assignment_of_the_whole_gpu_holds_its_mig_devices(tmp_path: Path) -> None:
+    board = HoldBoard()
+    board.replace([holds.Hold(GPU, "pod/a", "", time.time())])
+    watch = HoldWatch(str(tmp_path / "none"), MIG_A, board=board, whole_gpu_uuid=GPU)
+    watch.check(0.0, time.time())
+    assert watch.holders == ("pod/a",)
+
+
+def test_a_mig_devices_acknowledgement_names_its_gpu(tmp_path: Path) -> None:
+    filler = FillerHolds(str(tmp_path), MIG_A, os.getpid(), time.time, whole_gpu_uuid=GPU)
+    filler.acknowledge(0.0, "filling", drained=False)
+    ack = holds.read_ack(str(tmp_path), MIG_A)
+    assert ack is not None and ack.of_gpu == GPU
+    assert [a.gpu_uuid for a in holds.mig_acks(str(tmp_path), GPU)] == [MIG_A]
+    assert holds.mig_acks(str(tmp_path), OTHER) == []
+    whole = FillerHolds(str(tmp_path), OTHER, os.getpid(), time.time)
+    whole.acknowledge(0.0, "filling", drained=False)
+    assert b"of_gpu" not in (tmp_path / holds.ack_name(OTHER)).read_bytes()  # a whole GPU's, as before
+
+
+def _fillers(fillers: list[tuple[FillerHolds, bool]], stop: threading.Event) -> threading.Thread:
+    """Each filler as its loop would run it (every 20 ms): honouring what it sees and draining at once when its flag
+    says so, else filling on regardless."""
+
+    def loop() -> None:
+        while not stop.wait(0.02):
+            for filler, honours in fillers:
+                filler.check(time.monotonic())
+                held = honours and filler.held
+                filler.acknowledge(time.monotonic(), "held" if held else "filling", drained=held)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("b_honours", [True, False])
+def test_hold_wait_on_the_gpu_waits_for_every_mig_devices_filler(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], b_honours: bool) -> None:
+    a = FillerHolds(str(tmp_path), MIG_A, os.getpid(), time.time, whole_gpu_uuid=GPU)
+    b = FillerHolds(str(tmp_path), MIG_B, os.getpid(), time.time, whole_gpu_uuid=GPU)
+    stop = threading.Event()
+    thread = _fillers([(a, True), (b, b_honours)], stop)
+    try:
+        time.sleep(0.1)  # both have acknowledged: live fillers
+        code = hold_command.main(["hold", "--gpu", "0", "--holder", "job1", "--wait", "1", "--hold-dir",
+                                  str(tmp_path)], env={}, uuids_of_host=lambda: [GPU])
+    finally:
+        stop.set()
+        thread.join()
+    err = capsys.readouterr().err
+    if b_honours:
+        assert code == 0, err
+        assert a.held and b.held
+    else:  # one MIG device's filler fills on: the GPU is not drained, and the command says so
+        assert code == 1, err
+        assert "not acknowledged" in err and GPU in err
+
+
+def test_holds_lists_the_mig_devices_fillers_of_a_gpu_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    holds.place(str(tmp_path), holds.Hold(GPU, "job1", "", time.time()))
+    a = FillerHolds(str(tmp_path), MIG_A, os.getpid(), time.time, whole_gpu_uuid=GPU)
+    b = FillerHolds(str(tmp_path), MIG_B, os.getpid(), time.time, whole_gpu_uuid=GPU)
+    for filler, drained in ((a, True), (b, False)):
+        filler.check(0.0)
+        filler.acknowledge(0.0, "held", drained=drained)
+    assert hold_command.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
+    assert '"filler": "draining (1 of 2 MIG devices\' fillers)"' in capsys.readouterr().out
+    b.acknowledge(1.0, "held", drained=True)
+    assert hold_command.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
+    assert '"filler": "drained (2 of 2 MIG devices\' fillers)"' in capsys.readouterr().out
