@@ -136,3 +136,20 @@ def test_a_failing_child_is_its_mig_devices_failure_only(vgpu: VgpuFactory, tmp_
     assert [line["uuid"] for line in lines if line["event"] == "error"] == [migs[0].uuid]
     assert {line["uuid"] for line in lines if line["event"] == "stop"} == {m.uuid for m in migs[1:]}
     assert {k.mig for k in gpu.kernels() if k.pid != other.pid} == {m.gi for m in migs[1:]}
+
+
+def test_a_gpu_in_mig_mode_named_as_a_whole_fills_each_of_its_mig_devices(vgpu: VgpuFactory, tmp_path: Path) -> None:
+    # The default FORGE_GPU=0, as in a container given the whole GPU (`docker run --gpus device=0`)
+    gpu = vgpu(mig=2)
+    migs = gpu.mig_devices()
+    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run([FORGE_LOAD, "--log-format", "json", "--duration", "5", "--metrics-port", "0"], env=env,
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = _lines(proc.stdout)
+    expanded = [line for line in lines if line["event"] == "mig"]
+    assert len(expanded) == 1 and expanded[0]["gpu"] == 0 and expanded[0]["mig_devices"] == 2, expanded
+    assert {line["uuid"] for line in lines if line["event"] == "start"} == {m.uuid for m in migs}
+    assert not [line for line in lines if line["event"] == "error"]
+    assert {k.mig for k in gpu.kernels()} == {m.gi for m in migs}

@@ -324,18 +324,6 @@ def test_the_filler_holds_a_mig_device_at_its_target_by_the_kernel_record(vgpu: 
     assert abs(busy / (end - begin) - 0.5) <= 0.03
 
 
-def test_a_gpu_in_mig_mode_as_a_whole_is_refused_naming_its_mig_devices(vgpu: VgpuFactory, tmp_path: Path) -> None:
-    gpu = vgpu(mig=3)
-    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", "0", "--duration", "5",
-                           "--hold-dir", str(tmp_path / "holds")], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
-    assert proc.returncode == 3 and proc.stderr.count("\n") == 1
-    assert "is in MIG mode" in proc.stderr
-    assert proc.stderr.rstrip().endswith(", ".join(m.uuid for m in gpu.mig_devices()))
-    assert gpu.kernels() == []
-
-
 def test_a_mig_devices_filler_names_its_gpu_instance_profile_and_gpu_as_dcgm_exporter_does(
         vgpu: VgpuFactory, tmp_path: Path) -> None:
     import json

@@ -15,6 +15,17 @@ class NoGpuError(Exception):
     """No usable GPU or NVML: the process exits 3 with this message as the hint."""
 
 
+class MigModeError(NoGpuError):
+    """The GPU named is in MIG mode, where CUDA runs only on its MIG devices (docs/design.md §12): the filler fills
+    each of `mig_uuids` instead (service/gpu_threads.py); with none made yet, the GPU is refused as any other."""
+
+    def __init__(self, message: str, gpu_index: int, gpu_uuid: str, mig_uuids: list[str]) -> None:
+        super().__init__(message)
+        self.gpu_index = gpu_index
+        self.gpu_uuid = gpu_uuid
+        self.mig_uuids = mig_uuids
+
+
 class GpuFailedError(Exception):
     """The GPU was lost or a driver call failed while running: the process exits 4."""
 

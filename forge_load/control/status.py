@@ -126,6 +126,10 @@ class GpuSlots:
         self.slots = [*self.slots, slot]  # replaced, not appended, so readers iterate a stable list
         return slot
 
+    def remove(self, slot: GpuSlot) -> None:
+        """A slot that gave way to others (a GPU in MIG mode named as a whole: one slot per MIG device)."""
+        self.slots = [s for s in self.slots if s is not slot]
+
     def health(self) -> tuple[bool, str]:
         """(every filler alive and fresh, the /health body: a verdict line, then one line per GPU)."""
         slots = self.slots

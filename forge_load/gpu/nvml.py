@@ -26,6 +26,7 @@ from forge_load.control.probe import (
     DeviceInfo,
     GpuFailedError,
     GpuProcess,
+    MigModeError,
     NoGpuError,
     UtilSample,
 )
@@ -272,11 +273,12 @@ def _mig_device_uuids(nvml: ModuleType, handle: Any) -> list[str]:
     return uuids
 
 
-def _mig_mode_refusal(index: int, uuid: str, migs: list[str]) -> NoGpuError:
-    """A GPU in MIG mode runs CUDA only on its MIG devices, and a process sees one of them (docs/design.md §12)."""
+def _mig_mode_refusal(index: int, uuid: str, migs: list[str]) -> MigModeError:
+    """A GPU in MIG mode runs CUDA only on its MIG devices, and a process sees one of them (docs/design.md §12): the
+    filler fills each MIG device instead (gpu_threads); this message is for a GPU with none made yet."""
     which = ", ".join(migs) if migs else "none is made yet (nvidia-smi mig -cgi ... -C)"
-    return NoGpuError(f"GPU {index} ({uuid}) is in MIG mode: CUDA runs only on its MIG devices, one per process, so "
-                      f"start one filler per MIG device with FORGE_GPU set to its UUID; its MIG devices: {which}")
+    return MigModeError(f"GPU {index} ({uuid}) is in MIG mode: CUDA runs only on its MIG devices, one per process; "
+                        f"its MIG devices: {which}", index, uuid, migs)
 
 
 def _visible(nvml: ModuleType, count: int) -> str:

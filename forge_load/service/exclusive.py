@@ -32,10 +32,12 @@ from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.reasons import Reasons, State, Verdict
 from forge_load.control.status import STOPPED, GpuStatus
 from forge_load.log import EventLog
+from forge_load.service.child_link import StatusReader, send_holds
 from forge_load.service.runtime import stop_reason
 from forge_load.service.unix_signals import PAUSE_SIGNALS
 from forge_load.steering.filler_status import StatusWriter
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, jobs_announced
+from forge_load.steering.holds import Hold
 from forge_load.steering.pause import Pauses
 
 CHILD_MODULE = "forge_load.service.exclusive_child"  # its main
@@ -70,19 +72,22 @@ class ChildProcess:
     (`aged_out`: the child watches the holds too, and these it must not end for) pickled on its stdin; stdin stays
     open, so the child sees EOF (and ends) when this process dies, whatever killed it.
 
-    `whole_filler`: the child is a MIG device's whole filler among several GPUs (gpu_threads.fill_in_child): it
-    keeps filling through yields, pauses and holds, as any filler does, and takes SIGUSR1/SIGUSR2 from its parent;
-    `env` is added to its environment."""
+    `whole_filler`: the child is a MIG device's whole filler (gpu_threads.fill_in_child): it keeps filling through
+    yields, pauses and holds, as any filler does, takes SIGUSR1/SIGUSR2 from its parent, reports its status on a pipe
+    (`reports`, child_link.py) and, with `board`, takes the kubelet's holds from it (send_holds); `env` is added to
+    its environment."""
 
     def __init__(self, config: Config, start_s: float, hold_dir: str = "",
                  aged_out: Callable[[], dict[str, int]] = dict, whole_filler: bool = False,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, board: bool = False) -> None:
         self.config = config
         self.start_s = start_s
         self.hold_dir = hold_dir
         self.aged_out = aged_out
         self.whole_filler = whole_filler
         self.env = env
+        self.board = board
+        self.reports: StatusReader | None = None  # a whole filler's status reports, once started
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> int:
@@ -90,17 +95,23 @@ class ChildProcess:
         # The pause signals stay blocked in the child (the mask is inherited) until its handlers are in: a SIGUSR1
         # forwarded before then would otherwise end it (their default action).
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(PAUSE_SIGNALS)) if self.whole_filler else None
+        read_fd, write_fd = os.pipe() if self.whole_filler else (-1, -1)
         try:
             proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE, close_fds=True,
-                                    env=env)
+                                    env=env, pass_fds=(write_fd,) if self.whole_filler else ())
         finally:
             if blocked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            if self.whole_filler:
+                os.close(write_fd)  # the child's now: its end (or death) is the pipe's
+        if self.whole_filler:
+            self.reports = StatusReader(read_fd)
         stdin = proc.stdin
         assert stdin is not None
         try:
             brief = (self.config, self.start_s, self.hold_dir, self.aged_out())
-            pickle.dump((*brief, True) if self.whole_filler else brief, stdin)
+            whole = {"status_fd": write_fd, "board": self.board}  # its status pipe keeps its number in the child
+            pickle.dump((*brief, whole) if self.whole_filler else brief, stdin)
             stdin.flush()
         except OSError:
             pass  # it died at once: poll() says so
@@ -117,6 +128,12 @@ class ChildProcess:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
 
+    def send_holds(self, holds: tuple[Hold, ...]) -> None:
+        """The kubelet's holds on a whole filler's MIG device and its GPU (child_link.py), while it runs."""
+        if self._proc is not None and self._proc.stdin is not None and self._proc.returncode is None:
+            with contextlib.suppress(OSError, ValueError):
+                send_holds(self._proc.stdin, holds)
+
     def send(self, signum: signal.Signals) -> None:
         """Forward a signal (the pause signals, to a whole filler) while it runs."""
         if self._proc is not None and self._proc.returncode is None:
@@ -130,6 +147,9 @@ class ChildProcess:
         if code is not None and self._proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
+            if self.reports is not None:
+                self.reports.read(time.monotonic())  # its last words
+                self.reports.close()
         return code
 
 

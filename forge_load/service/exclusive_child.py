@@ -7,10 +7,11 @@ in the hold directory (take_context_lock), which `hold --wait` reads and the ker
 watches the hold directory itself, ending on a hold the supervisor has not ended it for within SUPERVISOR_GRACE_S (a
 supervisor stopped or hung on NVML or on its stdout), so that a hold is honoured whatever becomes of its parent.
 
-The same child, told it is a whole filler (a fifth element, True), is a MIG device's filler among several GPUs
-(gpu_threads.fill_in_child; CUDA shows a process one MIG device only): it keeps filling through its yields, pauses and
-holds (the config's hold directory, read by its filler as any filler's), takes SIGUSR1/SIGUSR2 from its parent, and
-has no context lock (that is exclusive mode's)."""
+The same child, told it is a whole filler (a fifth element, a dict: its status pipe, whether the kubelet's holds come
+from its parent), is a MIG device's filler (gpu_threads.fill_in_child; CUDA shows a process one MIG device only): it
+keeps filling through its yields, pauses and holds (the config's hold directory, read by its filler as any filler's,
+and the kubelet's holds its parent passes on), takes SIGUSR1/SIGUSR2 from its parent, reports its status to it
+(child_link.py), and has no context lock (that is exclusive mode's)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,15 @@ from typing import IO, TextIO
 from forge_load.config.settings import Config
 from forge_load.control.filler import Controls
 from forge_load.control.policy import FILLING_STATES
-from forge_load.control.status import GpuSlot
+from forge_load.control.status import GpuSlot, GpuStatus
 from forge_load.gpu.backend import Backend, NvidiaBackend
 from forge_load.log import internal_error, say
-from forge_load.service import gpu_threads, runtime
+from forge_load.service import child_link, gpu_threads, runtime
 from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
 from forge_load.service.unix_signals import PAUSE_SIGNALS, StopSignals
 from forge_load.steering import holds as disk
-from forge_load.steering.hold_watch import HoldWatch
+from forge_load.steering.hold_watch import HoldBoard, HoldWatch
 from forge_load.steering.pause import PauseSwitch
 
 HOLDS_POLL_S = 0.1  # the child's own look at the holds, as often as the supervisor's
@@ -107,7 +108,10 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     brief = pickle.load(stdin)
     config, parent_start_s = brief[0], brief[1]
     hold_dir, aged_out = (brief[2], brief[3]) if len(brief) >= 4 else ("", {})
-    whole_filler = len(brief) == 5 and brief[4] is True  # a MIG device's filler among several GPUs (ChildProcess)
+    whole = brief[4] if len(brief) == 5 and isinstance(brief[4], dict) else None  # a MIG device's (ChildProcess)
+    whole_filler = whole is not None
+    status_fd = whole.get("status_fd") if whole is not None else None
+    board = HoldBoard() if whole is not None and whole.get("board") is True else None  # the kubelet's, by its parent
     if (not isinstance(config, Config) or not isinstance(parent_start_s, float) or not isinstance(hold_dir, str)
             or not isinstance(aged_out, dict)):
         raise TypeError("the supervisor sent something other than (Config, its start time, the hold directory, "
@@ -133,8 +137,8 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
             signal.signal(signum, asked)
 
     def orphaned() -> None:
-        with contextlib.suppress(OSError):
-            stdin.read()
+        # Its parent's messages (the kubelet's holds, to a MIG device's child) until its end of stdin closes
+        child_link.read_messages(stdin, board.replace if board is not None else lambda _holds: None)
         runtime.request_stop(stop, wake, "the supervisor is gone")
 
     threading.Thread(target=orphaned, name="supervisor", daemon=True).start()
@@ -146,8 +150,11 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
         threading.Thread(target=watch_holds, args=(hold_dir, config.gpu or "", aged_out, stop, wake), name="holds",
                          daemon=True).start()
     started: list[runtime.Runtime] = []
+    slot = GpuSlot(config.gpu)
+    changed = threading.Event()  # the filler's state changed: its parent is told at once
 
     def not_filling() -> None:
+        changed.set()
         if not whole_filler and started and started[0].filler.state not in FILLING_STATES:
             state = started[0].filler.state.value
             runtime.request_stop(stop, wake, f"{state} in exclusive compute mode: ends, so that its context goes too")
@@ -155,10 +162,25 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     def on_start(_slot: GpuSlot, rt: runtime.Runtime) -> None:
         rt.log.t_offset_s = rt.start_s - parent_start_s  # one timeline with the supervisor's lines (monotonic)
         started.append(rt)
+        changed.set()
 
-    slot = GpuSlot(config.gpu)
+    def report() -> tuple[GpuStatus, float | None] | None:
+        if not started:
+            return None
+        beat_s = slot.last_beat_s
+        return started[0].filler.status(started[0].now()), (None if beat_s is None else slot.clock() - beat_s)
+
+    done = threading.Event()
+    reporter = threading.Thread(target=child_link.report_status, args=(status_fd, report, changed, done),
+                                name="report", daemon=True)
+    if isinstance(status_fd, int):
+        reporter.start()
     gpu_threads.run_gpu(config, backend or NvidiaBackend(), slot, out, stop, wake,
-                        Controls(switch, on_transition=not_filling), on_start=on_start, supervise=False)
+                        Controls(switch, on_transition=not_filling, board=board), on_start=on_start, supervise=False)
+    if reporter.is_alive():  # its last state, for its parent's last look
+        done.set()
+        changed.set()
+        reporter.join(timeout=1.0)
     return slot.exit_code if slot.status == "failed" else 0
 
 

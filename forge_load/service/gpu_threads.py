@@ -4,6 +4,7 @@ kept in its slot, and the process's exit code when every one has ended."""
 from __future__ import annotations
 
 import dataclasses
+import queue
 import sys
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import TextIO, cast
 
 from forge_load.config.settings import Config
 from forge_load.control.filler import NO_CONTROLS, Controls
-from forge_load.control.probe import GpuFailedError, NoGpuError, Probe
+from forge_load.control.probe import GpuFailedError, MigModeError, NoGpuError, Probe
 from forge_load.control.reasons import State
 from forge_load.control.status import GpuSlot, GpuSlots, GpuStatus
 from forge_load.exits import EXIT_CONFIG, EXIT_GPU_FAILED, EXIT_INTERNAL, EXIT_NO_GPU, EXIT_OK
@@ -31,7 +32,9 @@ from forge_load.service.runtime import (
 )
 from forge_load.service.unix_signals import PAUSE_SIGNALS
 
-CHILD_POLL_S = 0.1  # a MIG device's child: how soon its exit is seen
+CHILD_POLL_S = 0.1  # a MIG device's child: how soon its exit and its reports are seen
+# A child's report whose loop heartbeat is older than this does not beat its slot: /health sees a stalled child.
+CHILD_BEAT_FRESH_S = 5.0
 PAUSE_SIGNAL_OF = {paused: signum for signum, paused in PAUSE_SIGNALS.items()}  # paused -> the signal saying so
 
 # --- several GPUs in one process -------------------------------------------------------------------------------
@@ -93,32 +96,53 @@ def fill_in_child(config: Config, backend: Backend, slot: GpuSlot, stop: threadi
                   controls: Controls, beat: Callable[[], None], child: ChildProcess | None = None) -> int:
     """A MIG device's whole filler in a child process (exclusive_child, told it is one) until it ends, or until
     `stop`, when it is asked to end (SIGTERM; killed after END_WAIT_S). Its lines are its own, on our stdout; the
-    pause signals are forwarded to it. Its exit code (0 when it ended as asked)."""
+    pause signals and the kubelet's holds of its MIG device and GPU are passed on to it; its status reports
+    (child_link.py) are its slot's, and each one whose loop heartbeat is fresh beats ours. Its exit code (0 when it
+    ended as asked)."""
     probe = backend.open_probe(config.gpu)  # NVML only: its info for /metrics and /health
     info = probe.info
     probe.close()
+    board = controls.board
     child_cfg = dataclasses.replace(config, gpus=None, metrics_port=None, kubelet_socket=None)
     # CUDA_VISIBLE_DEVICES names its MIG device, whatever this process's names: a CUDA process sees one only.
     child = child or ChildProcess(child_cfg, time.monotonic(), whole_filler=True,
-                                  env={"CUDA_VISIBLE_DEVICES": config.gpu})
+                                  env={"CUDA_VISIBLE_DEVICES": config.gpu}, board=board is not None)
     switch = controls.switch
+    starting = supervisor_status(State.FILLING.value)
 
     def forward() -> None:
         if switch is not None:
             child.send(PAUSE_SIGNAL_OF[switch.by is not None])
 
+    def status() -> GpuStatus:
+        reports = child.reports
+        return reports.latest[0] if reports is not None and reports.latest is not None else starting
+
     if switch is not None:
         switch.listeners.add(forward)
+    if board is not None:
+        board.listeners.add(wake.set)  # a kubelet hold is passed on at once, not at the next poll
+    sent_generation = -1
     try:
         child.start()
         if switch is not None and switch.by is not None:
             forward()  # paused before it started: blocked in it until its handlers are in
-        slot.attach(info, lambda: supervisor_status(State.FILLING.value))
+        slot.attach(info, status)
         if controls.on_transition is not None:
             controls.on_transition()
         asked_s: float | None = None
         while (code := child.poll()) is None:
-            beat()
+            if board is not None and board.generation != sent_generation:
+                sent_generation = board.generation
+                child.send_holds(board.holds_for(info.uuid) + (board.holds_for(info.gpu_uuid) if info.gpu_uuid
+                                                               else ()))
+            state_before = status().state
+            if child.reports is not None and child.reports.read(time.monotonic()):
+                beat_s = child.reports.latest[1] if child.reports.latest is not None else None
+                if beat_s is not None and time.monotonic() - beat_s <= CHILD_BEAT_FRESH_S:
+                    beat()
+                if status().state != state_before and controls.on_transition is not None:
+                    controls.on_transition()
             if stop.is_set() and asked_s is None:
                 asked_s = time.monotonic()
                 child.end()
@@ -129,18 +153,25 @@ def fill_in_child(config: Config, backend: Backend, slot: GpuSlot, stop: threadi
     finally:
         if switch is not None:
             switch.listeners.remove(forward)
+        if board is not None:
+            board.listeners.remove(wake.set)
         if child.poll() is None:  # this thread failed: the child must not outlive its filler
             child.kill()
     return 0 if asked_s is not None and code < 0 else code
 
 
+Expand = Callable[[GpuSlot, list[str]], None]  # a GPU named as a whole is in MIG mode: fill these MIG devices
+
+
 def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, stop: threading.Event,
             wake: threading.Event, controls: Controls = NO_CONTROLS, on_start: OnStart | None = None,
-            supervise: bool = True, child: bool = False) -> None:
+            supervise: bool = True, child: bool = False, expand: Expand | None = None) -> None:
     """One GPU's filler, in its own thread: its failure is logged and kept in its slot, never raised. `supervise`:
     a GPU in an exclusive compute mode is supervised, its work in a child process (False: this is that child).
-    `child`: the filler runs in a child process (in_child), which logs its own failure. `controls.heartbeat` is the
-    process's heartbeat, beaten with the slot's."""
+    `child`: the filler runs in a child process (in_child), which logs its own failure. `expand`: a GPU named as a
+    whole that is in MIG mode is handed to it, with its MIG devices, in one line (without it, or with no MIG device
+    made yet, refused as a GPU that cannot be filled). `controls.heartbeat` is the process's heartbeat, beaten
+    with the slot's."""
     started: list[Runtime] = []
     heartbeat = controls.heartbeat
 
@@ -178,6 +209,17 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
                  exclusive=exclusive if supervise else None, on_start=attach)
         slot.stopped()
         return
+    except MigModeError as error:
+        if expand is None or not error.mig_uuids:
+            reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
+        else:
+            static: dict[str, object] = {"gpu": error.gpu_index, "uuid": error.gpu_uuid}
+            EventLog(config.log_format, stream, static=static).emit(
+                "mig", t=0.0, mig_devices=len(error.mig_uuids),
+                reason=f"GPU {error.gpu_index} is in MIG mode, where CUDA runs only on its MIG devices: each of its "
+                       f"{len(error.mig_uuids)} MIG devices is filled by a child process of its own")
+            expand(slot, error.mig_uuids)
+            return
     except NoGpuError as error:
         reason, code = f"no usable GPU: {error}", EXIT_NO_GPU
     except GpuTakenError as error:
@@ -190,7 +232,7 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
     if started:  # on the filler's own clock, like its other lines
         started[0].log.emit("error", reason=reason, exit_code=code)
     else:
-        static: dict[str, object] = {"gpu": slot.index, "uuid": slot.uuid or None, "gpu_requested": config.gpu}
+        static = {"gpu": slot.index, "uuid": slot.uuid or None, "gpu_requested": config.gpu}
         EventLog(config.log_format, stream, static=static).emit("error", t=0.0, reason=reason, exit_code=code)
 
 
@@ -203,16 +245,19 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
     threads: list[threading.Thread] = []
     stops: list[tuple[StopEvent, threading.Event]] = []
     ended: list[threading.Event] = []
-    selectors = gpu_selectors(config, backend)
-    for selector in selectors:
+    expansions: queue.SimpleQueue[tuple[GpuSlot, list[str]]] = queue.SimpleQueue()
+
+    def expand(slot: GpuSlot, mig_uuids: list[str]) -> None:  # told in a GPU's thread; acted on in this one
+        expansions.put((slot, mig_uuids))
+
+    def start(selector: str, child: bool) -> None:
         slot = gpu_slots.add(selector)
         gpu_stop, gpu_wake, gpu_ended = StopEvent(), threading.Event(), threading.Event()
 
-        def body(selector: str = selector, slot: GpuSlot = slot, gpu_stop: StopEvent = gpu_stop,
-                 gpu_wake: threading.Event = gpu_wake, gpu_ended: threading.Event = gpu_ended) -> None:
+        def body() -> None:
             try:
                 run_gpu(dataclasses.replace(config, gpu=selector), backend, slot, stream, gpu_stop, gpu_wake,
-                        controls, on_start, child=in_child(selector, selectors))
+                        controls, on_start, child=child, expand=expand)
             finally:
                 gpu_ended.set()
                 wake.set()  # the main thread counts the fillers still running
@@ -221,11 +266,24 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
         threads.append(threading.Thread(target=body, name=f"gpu-{selector}", daemon=True))
         stops.append((gpu_stop, gpu_wake))
         ended.append(gpu_ended)
-    for thread in threads:
-        thread.start()
-    while not all(e.is_set() for e in ended):
+        threads[-1].start()
+
+    selectors = gpu_selectors(config, backend)
+    for selector in selectors:
+        start(selector, in_child(selector, selectors))
+    while not all(e.is_set() for e in ended) or not expansions.empty():
         wake.wait()
         wake.clear()
+        while not expansions.empty() and not stop.is_set():
+            # A GPU named as a whole is in MIG mode: its slot gives way to one per MIG device, each filled in a
+            # child process (CUDA shows a process one MIG device only); one named already is not filled twice.
+            whole, mig_uuids = expansions.get()
+            gpu_slots.remove(whole)
+            slots.remove(whole)
+            for mig_uuid in mig_uuids:
+                if mig_uuid not in selectors:
+                    selectors.append(mig_uuid)
+                    start(mig_uuid, child=True)
         if stop.is_set():
             for gpu_stop, gpu_wake in stops:
                 gpu_stop.request(stop_reason(stop))

@@ -72,8 +72,8 @@ Resolve = Callable[[str], tuple[str, ...]]  # a device id (no replica suffix) ->
 
 def nvml_resolver(nvml: Any = None) -> Resolve:
     """Device ids through NVML (forge_load/gpu/nvml.py), each asked once: a GPU UUID names itself; a MIG device its own
-    UUID (not its GPU's, whose hold would hold its siblings too); an index that GPU's. An id NVML does not know names every GPU NVML shows (fail safe: an
-    assignment not understood is not filled beside)."""
+    UUID (not its GPU's, whose hold would hold its siblings too); an index that GPU's. An id NVML does not know names
+    every GPU NVML shows (fail safe: an assignment not understood is not filled beside)."""
     from forge_load.gpu import nvml as nvml_module
 
     cache: dict[str, tuple[str, ...]] = {}
