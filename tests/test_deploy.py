@@ -335,19 +335,31 @@ BROKEN_RULES = {
         "UUID:DCGM_FI_DEV_GPU_UTIL:ratio - UUID:forge_load_filler_utilization:ratio",
         "UUID:forge_load_real_utilization:ratio"),
     "duplicate filler series not folded": (
-        "max by (UUID) (forge_load_own_utilization_ratio)", "forge_load_own_utilization_ratio",
+        "max by (UUID, GPU_I_ID) (forge_load_own_utilization_ratio)", "forge_load_own_utilization_ratio",
         "UUID:forge_load_filler_utilization:ratio"),
+    "the MIG devices of one GPU folded in DCGM's reading": (
+        "max by (UUID, GPU_I_ID) (DCGM_FI_DEV_GPU_UTIL)", "max by (UUID) (DCGM_FI_DEV_GPU_UTIL)",
+        "UUID:DCGM_FI_DEV_GPU_UTIL:ratio"),
+    "the MIG devices of one GPU folded in the filler's share": (
+        "max by (UUID, GPU_I_ID) (forge_load_own_utilization_ratio)",
+        "max by (UUID) (forge_load_own_utilization_ratio)", "UUID:forge_load_filler_utilization:ratio"),
     "a GPU without a filler left out": (
         "          or 0 * UUID:DCGM_FI_DEV_GPU_UTIL:ratio\n", "", "fleet:forge_load_real_utilization:avg"),
     "a pod back under a new address is down": (
-        "unless on(UUID) forge_load_up", "unless forge_load_up", "ForgeLoadDown"),
+        "unless on(UUID, GPU_I_ID) forge_load_up", "unless forge_load_up", "ForgeLoadDown"),
+    "a gone MIG device hidden by another of its GPU": (
+        "unless on(UUID, GPU_I_ID) forge_load_up", "unless on(UUID) forge_load_up", "ForgeLoadDown"),
     "a gone filler is not down": (
-        "          or\n          max_over_time(forge_load_up[1h]) unless on(UUID) forge_load_up\n", "",
+        "          or\n          max_over_time(forge_load_up[1h]) unless on(UUID, GPU_I_ID) forge_load_up\n", "",
         "ForgeLoadDown"),
     "one handover scrape alerts": ("        for: 30s\n", "        for: 0s\n", "ForgeLoadBusyBesideForeignWork"),
     "DCGM not a witness": (
-        "            or on(UUID)\n            UUID:forge_load_real_utilization:ratio > 0.2\n", "",
+        "            or on(UUID, GPU_I_ID)\n            UUID:forge_load_real_utilization:ratio > 0.2\n", "",
         "ForgeLoadBusyBesideForeignWork"),
+    "a MIG device busy for its neighbour's foreign work": (
+        "          and on(UUID, GPU_I_ID)\n", "          and on(UUID)\n", "ForgeLoadBusyBesideForeignWork"),
+    "DCGM's witness of one MIG device hidden by another's": (
+        "            or on(UUID, GPU_I_ID)\n", "            or on(UUID)\n", "ForgeLoadBusyBesideForeignWork"),
     "a young capped series counts as an hour": (
         "          and\n          present_over_time(forge_load_power_capped[10m] offset 50m)\n", "",
         "ForgeLoadPowerCapBinding"),
@@ -390,7 +402,7 @@ def test_rules_are_named_by_convention_and_documented() -> None:
     records = recorded_names()
     assert records
     for name in records:
-        # level:metric:operations; level UUID (one series per GPU) or fleet (one over all of them).
+        # level:metric:operations; level UUID (one series per GPU or MIG device) or fleet (one over all of them).
         assert re.fullmatch(r"(UUID|fleet):(forge_load|DCGM)_\w+:[a-z0-9_]+", name), name
         assert name in documented, name
     alerts = [rule for group in rule_groups() for rule in group["rules"] if "alert" in rule]
@@ -473,14 +485,64 @@ def test_the_dashboard_is_well_formed() -> None:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
         assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
         for target in panel["targets"]:
-            used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval"}
+            # (not label_replace's $1, a back-reference)
+            used = set(re.findall(r"\$([A-Za-z_]\w*)", target["expr"])) - {"__rate_interval"}
             assert used <= variables, (panel["title"], used - variables)
     # Time series select with the UUID variable; those per GPU (not one average over the selection) label
     # their series by GPU.
     series = [t for p in dashboard["panels"] if p["type"] in ("timeseries", "state-timeline") for t in p["targets"]]
     assert series and all('UUID=~"$UUID"' in t["expr"] for t in series)
-    per_gpu = [t for t in series if not re.fullmatch(r"avg\([^()]*\)", t["expr"])]
+    per_gpu = per_gpu_targets(dashboard)
     assert per_gpu and all("gpu" in t["legendFormat"] for t in per_gpu)
+
+
+def groupings(expr: str) -> list[list[str]]:
+    """The label lists of an expression's on(...), ignoring(...), by (...) and without (...)."""
+    return [[label.strip() for label in found.split(",")]
+            for found in re.findall(r"\b(?:on|ignoring|by|without)\s*\(([^()]*)\)", expr)]
+
+
+def test_grouping_by_uuid_tells_the_mig_devices_of_one_gpu_apart() -> None:
+    # Two MIG devices of one GPU share its UUID (dcgm-exporter's labels, tests/test_metrics_mig.py): whatever
+    # groups or joins by UUID takes GPU_I_ID too (a whole GPU has none, so there it changes nothing).
+    exprs = [rule["expr"] for group in rule_groups() for rule in group["rules"]]
+    exprs += dashboard_exprs(json.loads(DASHBOARD.read_text()))
+    by_uuid = [labels for expr in exprs for labels in groupings(expr) if "UUID" in labels]
+    assert by_uuid and all("GPU_I_ID" in labels for labels in by_uuid), by_uuid
+
+
+def per_gpu_targets(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """The time-series targets that show one series per GPU (not one average over the selection)."""
+    series = [t for p in dashboard["panels"] if p["type"] in ("timeseries", "state-timeline") for t in p["targets"]]
+    return [t for t in series if not re.fullmatch(r"avg\([^()]*\)", t["expr"])]
+
+
+def test_per_gpu_panels_name_a_whole_gpu_as_before_and_each_mig_device_apart(tmp_path: Path) -> None:
+    # Every per-GPU series takes its host and legend name from the same join with forge_load_gpu_info; promtool
+    # evaluates it over a whole GPU and two MIG devices of another GPU, labelled as forge_load labels them
+    # (a whole GPU's empty GPU_I_ID is no label once scraped).
+    targets = per_gpu_targets(json.loads(DASHBOARD.read_text()))
+    join = " * on(UUID, GPU_I_ID) group_left(hostname, legend_gpu) "
+    assert targets and all(join in t["expr"] and "{{legend_gpu}}" in t["legendFormat"] for t in targets)
+    assert len({t["expr"][t["expr"].index(join):] for t in targets}) == 1
+    (own,) = [t["expr"] for t in targets if t["expr"].startswith("forge_load_own_utilization_ratio{")]
+    scrape = 'instance="node-1:9401", job="forge-load"'
+    devices = {'gpu="0", UUID="GPU-w"': "0", **{
+        f'gpu="1", UUID="GPU-m", GPU_I_ID="{gi}", GPU_I_PROFILE="3g.40gb"': f"1 GI {gi}" for gi in (1, 2)}}
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": "dashboard:own",
+                                                          "expr": own.replace("$UUID", ".*")}]}]}
+    (tmp_path / "rules.json").write_text(json.dumps(rules))
+    series = [{"series": f"forge_load_own_utilization_ratio{{{d}, {scrape}}}", "values": "0.5x3"} for d in devices]
+    series += [{"series": f'forge_load_gpu_info{{{d}, modelName="NVIDIA H100 80GB HBM3", hostname="node-1", '
+                          f"{scrape}}}", "values": "1x3"} for d in devices]
+    expected = [{"labels": f'dashboard:own{{{d}, {scrape}, hostname="node-1", legend_gpu="{shown}"}}', "value": 0.5}
+                for d, shown in devices.items()]
+    test = {"rule_files": ["rules.json"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series,
+                       "promql_expr_test": [{"expr": "dashboard:own", "eval_time": "2m", "exp_samples": expected}]}]}
+    (tmp_path / "test.json").write_text(json.dumps(test))
+    result = run_rule_tests(tmp_path / "test.json")
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
 def test_the_real_work_vs_filler_panel_stacks_the_recorded_split() -> None:

@@ -3,7 +3,6 @@ among several while the others go on filling."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -132,10 +131,11 @@ def sample_values(families: dict[str, list[tuple[str, dict[str, str], float]]]) 
 def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     gpu_slots, slot, rt = simulated_slots("--duration 30 --resume-after 5 --sim-foreign 8-12 --max-power-w 650")
     values = sample_values(scrape(gpu_slots))
-    only_mig = {"forge_load_mig_info"}  # for MIG devices only: test_a_mig_device_has_dcgm_exporters_mig_labels
+    only_mig = {"forge_load_mig_info"}  # for MIG devices only: tests/test_metrics_mig.py
     assert set(values) == set(metrics.METRICS) - only_mig, set(values) ^ (set(metrics.METRICS) - only_mig)
-    gpu_labels = {"gpu": "0", "UUID": slot.uuid}
-    assert slot.uuid.startswith("GPU-")
+    # A whole GPU: no GPU instance (empty, which Prometheus reads as absent: tests/test_metrics_mig.py).
+    gpu_labels = {"gpu": "0", "UUID": slot.uuid, "GPU_I_ID": "", "GPU_I_PROFILE": ""}
+    assert slot.uuid.startswith("GPU-") and list(gpu_labels) == metrics.GPU_LABELS
     extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "hostname"}}
     for name, samples in values.items():
         if name == "forge_load_build_info":
@@ -143,8 +143,8 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
                                  "simulated": "true"}, 1.0)]
             continue
         for labels, value in samples:
-            assert {k: labels[k] for k in ("gpu", "UUID")} == gpu_labels, (name, labels)
-            assert set(labels) - {"gpu", "UUID"} == extra.get(name, set()), (name, labels)
+            assert {k: labels[k] for k in gpu_labels} == gpu_labels, (name, labels)
+            assert set(labels) - set(gpu_labels) == extra.get(name, set()), (name, labels)
             if name.endswith("_ratio"):
                 assert 0.0 <= value <= 1.0, (name, value)
     one = {name: samples[0][1] for name, samples in values.items() if len(samples) == 1}
@@ -228,7 +228,7 @@ def test_a_gpu_that_never_opened_still_shows_as_failed() -> None:
     gpu_slots = GpuSlots(clock=FakeClock())
     gpu_slots.add("3").failed("no usable GPU: GPU 3 does not exist", 3)
     values = sample_values(scrape(gpu_slots))
-    assert values["forge_load_up"] == [({"gpu": "3", "UUID": ""}, 0.0)]
+    assert values["forge_load_up"] == [({"gpu": "3", "UUID": "", "GPU_I_ID": "", "GPU_I_PROFILE": ""}, 0.0)]
     assert "forge_load_yields_total" not in values
 
 
@@ -239,21 +239,12 @@ def test_our_registry_is_our_own() -> None:
     assert "forge_load_" not in generate_latest(REGISTRY).decode()
 
 
-def test_a_mig_device_has_dcgm_exporters_mig_labels() -> None:
-    gpu_slots, slot, _ = simulated_slots("--duration 1")
-    assert slot.info is not None
-    slot.info = dataclasses.replace(slot.info, uuid="MIG-0000", gpu_instance=4, mig_profile="2g.20gb",
-                                    gpu_uuid=slot.uuid)
-    values = sample_values(scrape(gpu_slots))
-    assert values["forge_load_mig_info"] == [({"gpu": "0", "UUID": slot.uuid, "GPU_I_ID": "4",
-                                               "GPU_I_PROFILE": "2g.20gb", "gpu_uuid": slot.uuid}, 1.0)]
-
-
 def test_exposition_lines_look_like_dcgm_exporters() -> None:
     # dcgm-exporter: DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-604ac76c-...",...} 0
     gpu_slots, slot, _ = simulated_slots("--duration 1")
     text = generate_latest(metrics.make_registry(gpu_slots)).decode()
-    assert f'forge_load_up{{UUID="{slot.uuid}",gpu="0"}} 1.0' in text
+    # (an empty GPU_I_ID and GPU_I_PROFILE on a whole GPU, where dcgm-exporter has none: the same to Prometheus)
+    assert f'forge_load_up{{GPU_I_ID="",GPU_I_PROFILE="",UUID="{slot.uuid}",gpu="0"}} 1.0' in text
 
 
 # --- the HTTP server -------------------------------------------------------------------------------------

@@ -88,10 +88,6 @@ class GpuSlot:
         return snapshot.state if snapshot is not None else self.status
 
     @property
-    def labels(self) -> list[str]:
-        return ["" if self.index is None else str(self.index), self.uuid]
-
-    @property
     def name(self) -> str:
         index = "?" if self.index is None else str(self.index)
         return f"gpu {index} {self.uuid or '(' + self.requested + ')'}"

@@ -18,17 +18,20 @@ from typing import Any
 
 from forge_load import __version__
 from forge_load.config.values import ConfigError
-from forge_load.control.status import STATES, GpuSlots
+from forge_load.control.status import STATES, GpuSlot, GpuSlots
 
 MIB_BYTES = 1024 * 1024
-# dcgm-exporter's label names (case included), so `on(UUID)` joins our series with DCGM_FI_* ones.
-GPU_LABELS = ["gpu", "UUID"]
+# dcgm-exporter's label names (case included) on every per-GPU series, so `on(UUID, GPU_I_ID)` joins our series
+# with DCGM_FI_* ones, for a whole GPU and a MIG device alike (gpu_labels gives their values).
+GPU_LABELS = ["gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE"]
 # name (as exposed) -> (type, help). docs/metrics.md (scripts/gen_docs.py) and the dashboard test read this.
 METRICS: dict[str, tuple[str, str]] = {
     "forge_load_build_info": ("gauge", "Always 1; labels: version, python_version, simulated"),
-    "forge_load_gpu_info": ("gauge", "Always 1 per GPU; labels gpu, UUID, modelName, hostname (the node)"),
-    "forge_load_mig_info": ("gauge", "Always 1 per MIG device filled; labels gpu, UUID (the MIG device's), "
-                                     "GPU_I_ID, GPU_I_PROFILE and gpu_uuid (its GPU's: dcgm-exporter's UUID for it)"),
+    "forge_load_gpu_info": ("gauge", "Always 1 per GPU or MIG device filled; labels gpu, UUID, GPU_I_ID, "
+                                     "GPU_I_PROFILE, modelName, hostname (the node)"),
+    "forge_load_mig_info": ("gauge", "Always 1 per MIG device filled; labels gpu, UUID (its GPU's), GPU_I_ID, "
+                                     "GPU_I_PROFILE, as on every series, and mig_uuid: the MIG device's own UUID "
+                                     "(MIG-...), as the logs, holds and forge-load status name it"),
     "forge_load_up": ("gauge", "1 while this GPU's filler loop is alive and fresh (what /health checks), else 0"),
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
     "forge_load_target_ratio": ("gauge", "Utilization the filler holds now: the target, the boost target "
@@ -54,6 +57,19 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
+def gpu_labels(slot: GpuSlot) -> list[str]:
+    """The values of GPU_LABELS for a slot's series, as dcgm-exporter labels its GPU or MIG device: a MIG device
+    by its GPU's index and UUID, its GPU instance ID and profile (docs/design.md §12); two of one GPU differ by
+    GPU_I_ID. A whole GPU's GPU_I_ID and GPU_I_PROFILE are empty: Prometheus stores an empty label as no label,
+    so whole-GPU series and queries are what they were before MIG devices had these labels."""
+    index = "" if slot.index is None else str(slot.index)  # a MIG device's index is its GPU's (nvml._index_of)
+    info = slot.info
+    if info is None or info.gpu_instance is None or not info.gpu_uuid:
+        # Not open yet, a whole GPU, or a MIG device whose GPU NVML did not name: its own UUID is its only key.
+        return [index, slot.uuid, "", ""]
+    return [index, info.gpu_uuid, str(info.gpu_instance), info.mig_profile]
+
+
 class FillerCollector:
     """A prometheus_client collector over a GpuSlots, read at scrape time."""
 
@@ -75,7 +91,7 @@ class FillerCollector:
                                   labels=["version", "python_version", "simulated"])
         build.add_metric([__version__, platform.python_version(), str(self.gpu_slots.simulated).lower()], 1.0)
         info = family("forge_load_gpu_info", ["modelName", "hostname"])
-        mig = family("forge_load_mig_info", ["GPU_I_ID", "GPU_I_PROFILE", "gpu_uuid"])
+        mig = family("forge_load_mig_info", ["mig_uuid"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
         own, foreign = family("forge_load_own_utilization_ratio"), family("forge_load_foreign_utilization_ratio")
@@ -87,7 +103,7 @@ class FillerCollector:
         held, begun = family("forge_load_holds"), family("forge_load_holds_begun_total")
 
         for slot in self.gpu_slots.slots:
-            labels = slot.labels
+            labels = gpu_labels(slot)
             snapshot = slot.snapshot()
             current = snapshot.state if snapshot is not None and slot.status == "running" else slot.status
             up.add_metric(labels, 1.0 if slot.health(self.gpu_slots.max_age_s)[0] else 0.0)
@@ -97,7 +113,7 @@ class FillerCollector:
                 continue
             info.add_metric([*labels, slot.model, self.hostname], 1.0)
             if slot.info is not None and slot.info.gpu_instance is not None:
-                mig.add_metric([*labels, str(slot.info.gpu_instance), slot.info.mig_profile, slot.info.gpu_uuid], 1.0)
+                mig.add_metric([*labels, slot.uuid], 1.0)
             yields.add_metric(labels, float(snapshot.yields))
             yielding.add_metric(labels, snapshot.yielding_s)
             busy.add_metric(labels, snapshot.own_busy_s)
