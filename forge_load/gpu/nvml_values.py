@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from forge_load.clock import clock_minus_monotonic_s
 from forge_load.control.probe import GpuProcess
 
 MIB: int = 1024 * 1024
@@ -61,7 +62,7 @@ class StampClock:
         """
         if self._clock is None:
             return self._relative_offset_s
-        return self._clock() - self._mono_clock()
+        return clock_minus_monotonic_s(self._clock, self._mono_clock)
 
     def calibrate(self, stamps_us: Iterable[int]) -> None:
         """Find which CPU clock NVML stamps its samples with (docs/design.md §2): the one the newest stamp is
