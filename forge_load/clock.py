@@ -1,4 +1,4 @@
-"""The host's clocks read together: one clock's offset from the monotonic clock at one instant."""
+"""The host's clocks: its boot clock, and one clock's offset from the monotonic clock read at one instant."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def clock_minus_monotonic_s(clock: Callable[[], float],
         if best_gap_s <= CLEAN_PAIR_S:
             break
     return best_offset_s
+
+
+def boot_time_s() -> float | None:
+    """Seconds since the host booted (CLOCK_BOOTTIME: suspend included, not stepped with the wall clock, the same in
+    every container of the host); None where the platform has no such clock."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return None
+    try:
+        return time.clock_gettime(clock_id)
+    except OSError:
+        return None

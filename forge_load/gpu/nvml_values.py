@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from forge_load.clock import clock_minus_monotonic_s
+from forge_load.clock import boot_time_s, clock_minus_monotonic_s
 from forge_load.control.probe import GpuProcess
 
 MIB: int = 1024 * 1024
@@ -37,7 +37,8 @@ _UNION_FIELD_BY_VALUE_TYPE: dict[int, str] = {
 
 def boot_clock() -> float:
     """Seconds since boot, suspend included (Linux); elsewhere the monotonic clock stands in."""
-    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+    boot_s = boot_time_s()
+    return time.monotonic() if boot_s is None else boot_s
 
 
 class StampClock:
