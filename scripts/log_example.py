@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The README's power-cap-and-pause log example, from a run on the simulated GPU (virtual time, seconds): a 0.5
-target under a 300-W cap, SIGUSR1's pause at 44 s and SIGUSR2 at 50 s (sent through the pause switch, as the
-signal handlers do). Prints the lines the README shows, each cut to the fields it names, then where the cap
-settled (the model's 1-s mean power before the pause, as a share of the cap). Nothing in the example is typed.
+"""docs/operating.md's power-cap-and-pause log example, from a run on the simulated GPU (virtual time, seconds): a
+0.5 target under a 300-W cap, SIGUSR1's pause at 44 s and SIGUSR2 at 50 s (sent through the pause switch, as the
+signal handlers do). Prints the lines the doc shows, each cut to the fields it names, then where the cap settled
+(the model's 1-s mean power before the pause, as a share of the cap); the doc shows all of it, as printed
+(tests/test_operators.py checks). Nothing in the example is typed.
 
     python3 scripts/log_example.py
 """

@@ -7,20 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pynvml
-import pytest
 from fake_pynvml import MIB, FakeNvml, FakeProcess
+from nvml_support import Clocks, clocks, fake
 
-from tests.test_nvml import Clocks, two_devices
-
-
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
-
-
-@pytest.fixture
-def fake() -> FakeNvml:
-    return FakeNvml(two_devices())
+__all__ = ["clocks", "fake"]  # fixtures, imported for pytest
 
 
 OWN_PID, FOREIGN_PID, POLL_S = 4242, 777, 0.1

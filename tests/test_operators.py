@@ -273,7 +273,7 @@ def test_reasons_add_up_and_sigusr2_does_not_lift_the_pause_file(tmp_path: Path)
 
 
 def test_the_readme_log_example_script_shows_the_cap_settling_at_its_aim() -> None:
-    """scripts/log_example.py makes the README's power-cap example from a run: its lines are those of the run,
+    """scripts/log_example.py makes docs/operating.md's power-cap example from a run: its lines are those of the run,
     and it says where the cap settled, which is where the power cap aims (issue 17: 97 % was typed by hand)."""
     import subprocess
     import sys
@@ -284,3 +284,17 @@ def test_the_readme_log_example_script_shows_the_cap_settling_at_its_aim() -> No
     assert [line.split()[1] for line in lines] == ["event=power_capped", "event=status", "event=pause",
                                                   "event=power_capped", "event=drained", "event=unpause"]
     assert f"{round(100 * AIM_RATIO)} % of the 300-W cap" in summary, summary
+
+
+def test_the_docs_show_exactly_what_the_log_example_script_prints() -> None:
+    """docs/operating.md's power-cap example is the script's output, every line (it drifted by hand once)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "scripts" / "log_example.py")], capture_output=True,
+                            text=True, timeout=120, check=True)
+    doc = (root / "docs" / "operating.md").read_text()
+    after = doc[doc.index("(`python3 scripts/log_example.py` runs it and prints these lines):"):]
+    block = after.split("```\n", 2)[1]
+    assert block.splitlines() == result.stdout.splitlines()

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import io
 import json
+import types
+
+import pytest
 
 from forge_load.config.load import load_config
-from forge_load.service.loop import run_simulated
+from forge_load.gpu.clocks import WallLoopClock
+from forge_load.service import runtime
+from forge_load.service.loop import open_simulated, run_simulated
+from forge_load.service.runtime import log_start
 
 ESSENTIALS = ["t", "event", "state", "target", "gpu_mem_mib", "gpu", "uuid", "gpu_name", "controller",
               "metric", "resume_after_s", "signals", "wall_time", "version", "simulated"]
@@ -50,3 +56,47 @@ def test_hold_dir_is_not_on_a_simulated_start_unless_set() -> None:
     assert "hold_dir=" not in start + settings
     start, settings, *_ = lines("--hold-dir", "/tmp/forge-sim-holds")
     assert "hold_dir=/tmp/forge-sim-holds" in settings
+
+
+WALL_MINUS_MONO_S = 1_000_000_000.0  # the stand-in clocks' wall clock, ahead of their monotonic one
+PREEMPTED_S = 0.05
+
+
+class PreemptedClock(WallLoopClock):
+    """A real GPU's loop clock stood in for: monotonic seconds from `mono_s` and a wall clock WALL_MINUS_MONO_S
+    ahead of it, each read taking 1 µs; the thread is preempted for PREEMPTED_S right after its first read of the
+    wall clock (a busy host, or another thread holding the GIL)."""
+
+    def __init__(self, mono_s: float) -> None:
+        super().__init__()
+        self.true_s = mono_s
+        self.preempted = False
+
+    def now(self) -> float:
+        self.true_s += 1e-6
+        return self.true_s
+
+    def wall_s(self) -> float:
+        self.true_s += 1e-6
+        wall_s = self.true_s + WALL_MINUS_MONO_S
+        if not self.preempted:
+            self.preempted = True
+            self.true_s += PREEMPTED_S
+        return wall_s
+
+
+def test_the_start_lines_wall_time_survives_a_preemption_between_its_clock_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # wall_time maps every line's t onto the Unix time (checks line the log up with the GPU's own record through
+    # it): a wall and a monotonic read split by a preemption would shift every such time by the preemption's length.
+    config = load_config(["--simulate", "--sim-speed", "0", "--duration", "1"], env={"FORGE_LOG_FORMAT": "json"})
+    out = io.StringIO()
+    rt = open_simulated(config, out).runtime
+    clock = PreemptedClock(rt.start_s + 0.2)
+    rt.clock = clock
+    # The process's own wall clock too, wherever the start line reads it, is the stand-in's.
+    monkeypatch.setattr(runtime, "time", types.SimpleNamespace(time=clock.wall_s))
+    log_start(rt, {})
+    assert clock.preempted
+    start = next(line for line in map(json.loads, out.getvalue().splitlines()) if line["event"] == "start")
+    assert abs(start["wall_time"] - (rt.start_s + WALL_MINUS_MONO_S)) < 1e-4, start["wall_time"] - WALL_MINUS_MONO_S

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from forge_load.clock import boot_time_s
 from forge_load.commands import status as status_command
 from forge_load.steering import filler_status
 from forge_load.steering.filler_status import FillerStatus, StatusWriter
@@ -124,7 +125,7 @@ def written(tmp_path: Path, **fields: object) -> None:
 
 
 def test_an_old_or_future_status_is_stale_and_a_reused_pid_is_gone(tmp_path: Path) -> None:
-    boot_s = filler_status.boot_time_s()
+    boot_s = boot_time_s()
     assert boot_s is not None
     # Another PID namespace (a container): the process cannot be seen, only the file's age judges it.
     written(tmp_path, pid_namespace="pid:[1]", written_boot_s=boot_s - 10)
@@ -139,7 +140,7 @@ def test_an_old_or_future_status_is_stale_and_a_reused_pid_is_gone(tmp_path: Pat
     ns = filler_status.pid_namespace()
     written(tmp_path, pid_namespace=ns, pid_start_ticks=ticks + 1, written_boot_s=boot_s)
     assert [(r["state"], r["alive"]) for r in status_rows(tmp_path)] == [("gone", False)]
-    written(tmp_path, pid_namespace=ns, pid_start_ticks=ticks, written_boot_s=filler_status.boot_time_s())
+    written(tmp_path, pid_namespace=ns, pid_start_ticks=ticks, written_boot_s=boot_time_s())
     assert [(r["state"], r["alive"]) for r in status_rows(tmp_path)] == [("filling", True)]
 
 
@@ -209,7 +210,7 @@ def test_the_hosts_index_of_a_gpu_whose_filler_numbers_it_otherwise(tmp_path: Pa
         (proc_root / bus / "information").write_text(f"GPU UUID: \t {uuid}\n")
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()
-    written(hold_dir, written_boot_s=filler_status.boot_time_s())
+    written(hold_dir, written_boot_s=boot_time_s())
     assert status_command.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(proc_root)) == 0
     [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (row["gpu"], row["filler_gpu"], row["uuid"]) == (1, 0, GPU0)

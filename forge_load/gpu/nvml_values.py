@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from forge_load.clock import boot_time_s, clock_minus_monotonic_s
 from forge_load.control.probe import GpuProcess
 
 MIB: int = 1024 * 1024
@@ -36,7 +37,8 @@ _UNION_FIELD_BY_VALUE_TYPE: dict[int, str] = {
 
 def boot_clock() -> float:
     """Seconds since boot, suspend included (Linux); elsewhere the monotonic clock stands in."""
-    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+    boot_s = boot_time_s()
+    return time.monotonic() if boot_s is None else boot_s
 
 
 class StampClock:
@@ -61,7 +63,7 @@ class StampClock:
         """
         if self._clock is None:
             return self._relative_offset_s
-        return self._clock() - self._mono_clock()
+        return clock_minus_monotonic_s(self._clock, self._mono_clock)
 
     def calibrate(self, stamps_us: Iterable[int]) -> None:
         """Find which CPU clock NVML stamps its samples with (docs/design.md §2): the one the newest stamp is

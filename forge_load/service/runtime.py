@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from forge_load import __version__
+from forge_load.clock import clock_minus_monotonic_s
 from forge_load.config.settings import Config, describe
 from forge_load.control.controller import make_controller
 from forge_load.control.detectors import Thresholds
@@ -113,7 +114,7 @@ START_ESSENTIALS = ("state", "target", "gpu_mem_mib", "gpu_name", "controller", 
 def log_start(rt: Runtime, extra: dict[str, object]) -> None:
     """The first poll happens before any launch, so a foreign job already there is seen first."""
     # the unix time of t=0, for lining logs up (t=0 is a parent's start where the log is offset to its timeline)
-    wall_start_s = time.time() - (rt.now() - rt.start_s) - rt.log.t_offset_s
+    wall_start_s = clock_minus_monotonic_s(rt.clock.wall_s, rt.now) + rt.start_s - rt.log.t_offset_s
     rt.monitor.step(rt.start_s)
     reading = rt.monitor.latest()
     if rt.config.metric in NEEDS_GPM and not rt.info.gpm:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from forge_load.clock import boot_time_s
 from forge_load.steering import holds as disk
 from forge_load.steering.holds import HoldError
 
@@ -54,18 +55,6 @@ def parse_status_name(name: str) -> str | None:
         return None
     uuid = name[len(disk.ACK_PREFIX):-len(STATUS_SUFFIX)]
     return uuid if disk.valid_gpu_uuid(uuid) else None
-
-
-def boot_time_s() -> float | None:
-    """Seconds since the host booted (CLOCK_BOOTTIME: not stepped with the wall clock, the same in every container
-    of the host); None where the platform has no such clock."""
-    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
-    if clock_id is None:
-        return None
-    try:
-        return time.clock_gettime(clock_id)
-    except OSError:
-        return None
 
 
 def pid_namespace() -> str | None:

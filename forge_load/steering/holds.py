@@ -1,5 +1,6 @@
 """Holds: named requests that one GPU's filler not run (docs/holds.md). Pure stdlib; the only clock read here is
-boot_stamp(), the host's boot clock that acknowledgements are judged by, and only when a caller asks for it.
+boot_stamp(), the host's boot clock (forge_load/clock.py) that acknowledgements are judged by, and only when a caller
+asks for it.
 
 On disk (format 1), one flat directory (FORGE_HOLD_DIR, default /run/forge-load/holds):
   - `hold.<GPU-UUID>.<HOLDER>.json`: a hold, UTF-8 JSON of at most HOLD_MAX_BYTES;
@@ -26,9 +27,10 @@ import os
 import re
 import secrets
 import stat
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from forge_load.clock import boot_time_s
 
 FORMAT: int = 1
 DEFAULT_HOLD_DIR: str = "/run/forge-load/holds"
@@ -525,8 +527,11 @@ def _boot_id() -> str:
 
 
 def boot_stamp() -> BootStamp:
-    """Now on this host's boot clock."""
-    return BootStamp(_boot_id(), time.clock_gettime(time.CLOCK_BOOTTIME))
+    """Now on this host's boot clock; OSError where the platform has none."""
+    boot_s = boot_time_s()
+    if boot_s is None:
+        raise OSError("this host has no boot clock (CLOCK_BOOTTIME)")
+    return BootStamp(_boot_id(), boot_s)
 
 
 def _ack_times(ack: Ack, now_unix_s: float, now_boot: BootStamp | None) -> tuple[float, float] | None:
