@@ -101,7 +101,7 @@ def test_a_kubelet_device_id_in_capitals_holds_the_gpu() -> None:
                                    Assignment("ml", "b", "main", "nvidia.com/mig-1g.10gb", MIG.upper())], 5.0))
     assert [h.holder for h in board.holds_for(GPU0)] == ["k8s-ml_a_main"]
     assert [h.holder for h in board.holds_for(MIG)] == ["k8s-ml_b_main"]
-    assert [h.holder for h in board.holds_for(GPU1)] == ["k8s-ml_b_main"]  # the MIG device's GPU
+    assert board.holds_for(GPU1) == ()  # not the MIG device's GPU: its other MIG devices go on filling
     assert board.holds_for(UPPER0) == board.holds_for(GPU0)
 
 
