@@ -269,6 +269,10 @@ def write_plots(results: dict[str, Any], series: dict[str, Any], out_dir: Path) 
             ones = one_second_readings([UtilSample(t, u) for t, u in s["util"]], 0.0, s["util"][-1][0] + 1)
             top.plot([t + 0.5 for t, _ in ones], [u for _, u in ones], "o-", ms=2.5, lw=1, color="C0",
                      label="1-s reading")
+        for key, color in (("sm_activity", "C5"), ("gr_activity", "C6")):  # the metric scenario's GPM readings
+            if s.get(key):  # each at the middle of the second it covers
+                top.plot([t - 0.5 for t, _ in s[key]], [v for _, v in s[key]], "s--", ms=2.5, lw=0.8, color=color,
+                         label=f"{METRIC_LABELS[key]}: 1-s reading")
         if s.get("own"):
             top.plot(*xy(s["own"]), lw=1, color="C2", label="own share")
         if s.get("foreign"):
