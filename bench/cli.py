@@ -27,9 +27,11 @@ from bench import (
     cpu,
     log,
 )
+from bench.metric import METRIC_TARGET
 from bench.render import (
     render_announced_section,
     render_cpu_section,
+    render_metric_section,
     render_section,
     write_cpu_outputs,
     write_outputs,
@@ -40,8 +42,10 @@ from bench.runner import CHILDREN
 from bench.scenarios import REAL_VARIANTS, SIM_VARIANTS, real_plan, run_real_bench, run_simulated_bench
 from forge_load import __version__ as forge_version
 
-SCENARIOS = ("tracking", "yield", "footprint", "cpu", "announced")
-DEFAULT_SCENARIOS = "tracking,yield,footprint"
+SCENARIOS = ("tracking", "yield", "footprint", "metric", "cpu", "announced")
+# metric: skipped, saying why, where the GPU has no GPM (the simulated GPU, before Hopper)
+DEFAULT_SCENARIOS = "tracking,yield,footprint,metric"
+TRACKING_SCENARIOS = {"tracking", "yield", "footprint"}  # what docs/benchmarks.md's goals section is drawn from
 SCRIPT = REPO / "scripts" / "gpu_bench.py"
 
 
@@ -66,8 +70,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="tracking targets, comma separated; default 0.3,0.5,0.8")
     parser.add_argument("--controllers", default="pi,legacy", help="default pi,legacy (pi first)")
     parser.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
-                        help="which to run, comma separated, of tracking, yield, footprint, cpu, announced; "
-                             f"default {DEFAULT_SCENARIOS} (cpu and announced: real mode only, see --cpu-s and "
+                        help="which to run, comma separated, of tracking, yield, footprint, metric, cpu, "
+                             f"announced; default {DEFAULT_SCENARIOS} (metric: a GPU with GPM, else skipped "
+                             "saying why, see --metric-s; cpu and announced: real mode only, see --cpu-s and "
                              "--announced-jobs)")
     parser.add_argument("--foreign-s", type=float, default=None,
                         help="seconds the foreign job trains; default 15 (simulated: 20)")
@@ -88,6 +93,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="extra flags for every filler run, one string (e.g. '--poll-interval 0.05')")
     parser.add_argument("--foreign-args", default="",
                         help="extra flags for scripts/foreign_job.py, one string (e.g. '--backend cupy')")
+    parser.add_argument("--metric-s", type=float, default=20.0,
+                        help="metric scenario: seconds the filler holds each GPM metric (sm_activity, then "
+                             "gr_activity) at 0.5; default 20")
     parser.add_argument("--announced-jobs", type=int, default=3,
                         help="announced scenario: foreign jobs per path; default 3")
     parser.add_argument("--announced-by", default=None, metavar="PATHS",
@@ -135,6 +143,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if "announced" in args.scenarios and args.simulate:
         parser.error("--scenarios announced: needs real mode (a real GPU, or --vgpu): the holds are files and the "
                      "commands processes, in real time")
+    if not 5 <= args.metric_s <= 600:
+        parser.error(f"--metric-s {args.metric_s:g}: expected 5 to 600 seconds")
     if not 1 <= args.announced_jobs <= 100:
         parser.error(f"--announced-jobs {args.announced_jobs}: expected 1 to 100")
     args.announced_by_default = args.announced_by is None
@@ -210,6 +220,7 @@ def new_results(args: argparse.Namespace, argv: list[str], today: str) -> Json:
         "command": shlex.join(["python", "scripts/gpu_bench.py", *argv]),
         "complete": False,
         "software": software(),
+        "machine": cpu.machine(),  # where it ran (the GPU, its kind and the date are beside it)
         "settings": {
             "track_s": q(args.track_s, "s"), "targets": [q(t, "ratio") for t in args.targets],
             "controllers": args.controllers, "scenarios": sorted(args.scenarios - {"cpu"}),
@@ -217,12 +228,15 @@ def new_results(args: argparse.Namespace, argv: list[str], today: str) -> Json:
             "foreign_s": q(args.foreign_s, "s"), "resume_after_s": q(args.resume_after, "s"),
             "judge_from_s": q(JUDGE_FROM_S, "s"), "variants": args.variants,
             "filler_args": args.filler_args, "foreign_args": args.foreign_args,
+            **({"metric_s": q(args.metric_s, "s"), "metric_target": q(METRIC_TARGET, "ratio")}
+               if "metric" in args.scenarios else {}),
             "budget_s": q(args.budget_s or None, "s", None if args.budget_s else "no limit"),
             **({"announced_by": args.announced_by, "announced_jobs": q(args.announced_jobs, "count")}
                if "announced" in args.scenarios else {}),
         },
         "gpu": {"name": "unknown", "driver": "unknown"},
-        "tracking": {}, "yield": {}, "announced": {}, "footprint": {}, "notes": [], "failures": [], "skipped": [],
+        "tracking": {}, "yield": {}, "metric": {}, "announced": {}, "footprint": {}, "notes": [], "failures": [],
+        "skipped": [],
         "_series": {},
     }
     if args.simulate:
@@ -329,8 +343,10 @@ def finish_outputs(results: Json | None, cpu_results: Json | None, out_dir: Path
         markdown = write_outputs(results, out_dir, final=True)
         print(markdown)
         log(f"wrote {out_dir}/results.json, results.md" + (", plots" if results.get("plots") else ""))
-        if set(results["settings"]["scenarios"]) != {"announced"}:  # else no tracking, yield or footprint to show
+        if set(results["settings"]["scenarios"]) & TRACKING_SCENARIOS:  # else no tracking, yield or footprint
             section.append(render_section(results, out_dir, args.section))
+        if results.get("metric"):  # measured: a run without GPM leaves the page's block as it was
+            section.append(render_metric_section(results, out_dir, args.section))
         if results.get("announced"):
             section.append(render_announced_section(results, out_dir, args.section))
         goals += results["goals"]

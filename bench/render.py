@@ -11,6 +11,7 @@ from typing import Any
 
 from bench import REPO, log
 from bench.cpu import PROCESS_LIST_FUNCTIONS, judge_cpu_goals, summaries
+from bench.metric import SETTLE_BAND_RATIO
 from bench.results import CONTROLLERS, FOOTPRINT_TARGET, YIELD_TARGET, judge_goals
 from forge_load.control.probe import UtilSample
 from forge_load.control.scoring import one_second_readings
@@ -50,6 +51,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                 "Footprint and foreign-job slowdown cannot be simulated and are marked n/a or labelled.", ""]
     out += [f"GPU {gpu['name']} · driver {gpu['driver']} · forge_load {results['software']['forge_load']} · "
             f"mode {results['mode']}" + (" on the virtual GPU" if results.get("virtual_gpu") else "")
+            + (f" · machine {machine_text(results['machine'])}" if results.get("machine") else "")
             + (" · incomplete run" if not results.get("complete") else ""),
             "", f"`{results['command']}`", ""]
 
@@ -72,6 +74,9 @@ def render_markdown(results: dict[str, Any]) -> str:
                 r_text = "" if r is None else (fmt(r, 1) if r.get("value") is not None else "—")
                 out.append(f"| {target} | {label} | {fmt(pi.get(key), digits)} | {fmt(legacy.get(key), digits)} "
                            f"| {r_text} |")
+
+    if "metric" in results["settings"]["scenarios"]:
+        out += metric_table(results)
 
     if results["yield"]:
         solo = results.get("foreign", {})
@@ -98,7 +103,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         out += announced_table(results)
 
     fp = results.get("footprint")
-    if fp:
+    if fp and {"footprint", "tracking"} & set(results["settings"]["scenarios"]):  # else only idle power in it
         lab = " (simulated)" if fp.get("simulated") else ""
         out += ["", f"### Footprint{lab}", "", "| quantity | value |", "|---|---|",
                 f"| filler process GPU memory | {fmt(fp.get('filler_process_mib'), 1, True)} |",
@@ -123,6 +128,11 @@ def render_markdown(results: dict[str, Any]) -> str:
     if results.get("notes"):
         out += ["", "### Notes", ""] + [f"- {n}" for n in results["notes"]]
     return "\n".join(out) + "\n"
+
+
+def machine_text(box: dict[str, Any]) -> str:
+    """The machine a run was taken on, as bench.cpu.machine() describes it."""
+    return f"{box['cpu_model']}, {box['logical_cpus']['value']} logical CPUs, {box['platform']}"
 
 
 def relative(out_dir: Path) -> str:
@@ -259,6 +269,10 @@ def write_plots(results: dict[str, Any], series: dict[str, Any], out_dir: Path) 
             ones = one_second_readings([UtilSample(t, u) for t, u in s["util"]], 0.0, s["util"][-1][0] + 1)
             top.plot([t + 0.5 for t, _ in ones], [u for _, u in ones], "o-", ms=2.5, lw=1, color="C0",
                      label="1-s reading")
+        for key, color in (("sm_activity", "C5"), ("gr_activity", "C6")):  # the metric scenario's GPM readings
+            if s.get(key):  # each at the middle of the second it covers
+                top.plot([t - 0.5 for t, _ in s[key]], [v for _, v in s[key]], "s--", ms=2.5, lw=0.8, color=color,
+                         label=f"{METRIC_LABELS[key]}: 1-s reading")
         if s.get("own"):
             top.plot(*xy(s["own"]), lw=1, color="C2", label="own share")
         if s.get("foreign"):
@@ -467,6 +481,61 @@ def write_cpu_outputs(results: dict[str, Any], out_dir: Path) -> str:
     (out_dir / "cpu.json").write_text(json.dumps(results, indent=2) + "\n")
     (out_dir / "cpu.md").write_text(markdown)
     return markdown
+
+
+METRIC_LABELS = {"utilization": "NVML utilization", "sm_activity": "GPM SM_UTIL",
+                 "gr_activity": "GPM GRAPHICS_UTIL"}
+
+
+def metric_table(results: dict[str, Any]) -> list[str]:
+    """The metric scenario in results.md (and docs/benchmarks.md's block): one row per held metric."""
+    runs = results.get("metric") or {}
+    settings = results["settings"]
+    target, d = settings["metric_target"]["value"], settings["metric_s"]["value"]
+    out = ["", f"### Holding a GPM metric: FORGE_METRIC at {target:g}, {d:g} s each", ""]
+    skipped = [s for s in results.get("skipped", []) if s.startswith("metric")]
+    if not runs:
+        return out + [f"Not run: {s}." for s in skipped or ["metric: no run finished (see Failures)"]]
+    reads = list(METRIC_LABELS)
+    out += ["| held (FORGE_METRIC) | settle (s) | mean error (ratio) | p95 abs 1-s error (ratio) | 1-s readings "
+            "(count) | " + " | ".join(f"{METRIC_LABELS[k]} meanwhile (ratio)" for k in reads) + " | yields |",
+            "|---|---|---|---|---|" + "---|" * len(reads) + "---|"]
+    for m in runs.values():
+        meanwhile = m["read_meanwhile"]
+        out.append(f"| {m['metric']} | {fmt(m['settle_s'], 2)} | {fmt(m['mean_error'], 4)} "
+                   f"| {fmt(m['p95_abs_error'], 4)} | {fmt(m['readings'])} | "
+                   + " | ".join(fmt(meanwhile.get(k), 3) for k in reads) + f" | {fmt(m.get('yields'))} |")
+    out += ["", f"Read by the benchmark itself, once a second: GPM's SM_UTIL and GRAPHICS_UTIL from its own "
+            "`nvmlGpmSampleGet` pairs, and NVML's utilization samples averaged over each second. Settle: from the "
+            "filler's start to the first reading of the held metric after which every one stays within "
+            f"±{SETTLE_BAND_RATIO:g} of the target; the errors are over the readings from there on (signed mean, "
+            "p95 of the absolute error). Meanwhile: each metric's mean 1-s reading over the same span (from 5 s "
+            "where the held metric never settled)."]
+    out += [f"Not run: {s}." for s in skipped]
+    return out
+
+
+def render_metric_section(results: dict[str, Any], out_dir: Path, page: Path | None = None) -> str:
+    """docs/benchmarks.md's metric block (between the BENCH-METRIC markers), from one run; links relative to
+    `page`."""
+    rel = relative(out_dir)
+    here = link(out_dir, page)
+    gpu = results["gpu"]
+    where = (f"the virtual GPU ({gpu['name']}, driver {gpu['driver']}; not hardware), {results['date']}"
+             if results.get("virtual_gpu") else f"{gpu['name']}, driver {gpu['driver']}, {results['date']}")
+    if results.get("machine"):
+        where += f", machine {machine_text(results['machine'])}"
+    generated = (f"<!-- generated by scripts/gpu_bench.py --section from {rel}/results.json (the run: "
+                 f"{results['command']}); do not edit by hand -->")
+    metric_goals = [g for g in results["goals"] if g["key"].startswith("metric")]
+    out = ["<!-- BENCH-METRIC -->", generated, "", "### SM activity and graphics activity (GPM)", "",
+           f"From `scripts/gpu_bench.py --scenarios metric` on {where}: the filler holding each GPM metric in turn, "
+           "read each second by the benchmark itself."]
+    if results.get("virtual_gpu"):
+        out += ["", VIRTUAL_NOTE]
+    out += ["", *metric_table(results)[3:], "", *goal_rows(metric_goals), "",
+            f"All numbers: [{rel}/results.md]({here}/results.md).", "", "<!-- /BENCH-METRIC -->"]
+    return "\n".join(out) + "\n"
 
 
 def render_announced_section(results: dict[str, Any], out_dir: Path, page: Path | None = None) -> str:

@@ -153,6 +153,25 @@ class YieldMetrics:
     target: Quantity | None = optional()
 
 
+@dataclass
+class MetricRun:
+    """The filler holding one GPM metric (FORGE_METRIC) at its target, judged by the benchmark's own 1-s GPM
+    readings (bench/metric.py); `read_meanwhile` is the mean 1-s reading of every metric read, the held one
+    included, from `read_from` on."""
+
+    metric: str
+    target: Quantity
+    duration_s: Quantity
+    readings: Quantity
+    settle_s: Quantity
+    mean_error: Quantity  # signed: mean reading - target
+    p95_abs_error: Quantity
+    read_meanwhile: dict[str, Quantity]
+    read_from: str
+    yields: Quantity | None = optional()
+    warning: str | None = optional()
+
+
 # The announced scenario's paths: how a job's GPU is announced to the filler before the job runs, and `nvml`,
 # the baseline nobody announces (the filler finds the job by its NVML signals).
 ANNOUNCED_PATHS = ("hold", "kubelet", "docker", "nvml")
@@ -261,6 +280,17 @@ GOALS = (
 )
 
 
+# The metric scenario's goals (issue 29's), judged over the GPM metrics held; only where the run asked for the
+# scenario, so that the results of runs from before it read as they did.
+METRIC_GOALS = (
+    Goal("metric_settle", "GPM metric held at 0.5: settle time (worst metric)", "<=", 3.0, "s"),
+    Goal("metric_mean", "GPM metric held at 0.5: mean error after settling, absolute (worst metric)", "<=", 0.02,
+         "ratio"),
+    Goal("metric_p95", "GPM metric held at 0.5: p95 abs 1-s error after settling (worst metric)", "<=", 0.05,
+         "ratio"),
+)
+
+
 def worst(values: list[float | None], higher_is_worse: bool) -> float | None:
     if not values or any(v is None for v in values):
         return None  # a missing number (never settled, never yielded) fails the goal
@@ -307,11 +337,38 @@ def judge_goals(results: Json) -> list[Json]:
                                ", ".join(pi_yields), None)
         measured["memory"] = (val(footprint.get("over_bare_mib")), "filler at 0.5 vs bare context", None)
         measured["cpu"] = (val(footprint.get("cpu_pct_one_core")), "filler at 0.5", None)
+    asked = results.get("settings", {}).get("scenarios", ())
+
+    def no_footprint(key: str) -> bool:
+        # A run that did not ask for the footprint (--scenarios metric, say) still reads idle power: not a footprint.
+        return not simulated and (not footprint or ("footprint" not in asked and val(footprint.get(key)) is None))
+
     not_run = {"settle": not pi, "mae": not pi, "p95": not pi, "yield": not pi_yields, "foreign": not pi_yields,
-               "memory": not simulated and not footprint, "cpu": not simulated and not footprint}
+               "memory": no_footprint("over_bare_mib"), "cpu": no_footprint("cpu_pct_one_core")}
     scenario = {"settle": "tracking", "mae": "tracking", "p95": "tracking", "yield": "yield", "foreign": "yield",
                 "memory": "footprint", "cpu": "footprint"}
     for key, missing in not_run.items():
         if missing:  # no run behind the goal: neither passed nor failed
             measured[key] = (None, "", f"n/a (the {scenario[key]} scenario was not run)")
-    return [judge(goal, *measured[goal.key]) for goal in GOALS]
+    goals = [judge(goal, *measured[goal.key]) for goal in GOALS]
+    if "metric" in asked:
+        goals += judge_metric_goals(results)
+    return goals
+
+
+def judge_metric_goals(results: Json) -> list[Json]:
+    runs = results.get("metric", {})
+    over = ", ".join(runs)
+    settles = [val(m["settle_s"]) for m in runs.values()]
+    means = [val(m["mean_error"]) for m in runs.values()]
+    p95s = [val(m["p95_abs_error"]) for m in runs.values()]
+    measured: dict[str, tuple[float | None, str, str | None]] = {
+        "metric_settle": (worst(settles, True), over, None),
+        "metric_mean": (worst([None if v is None else abs(v) for v in means], True), over, None),
+        "metric_p95": (worst(p95s, True), over, None),
+    }
+    if not runs:  # no GPM here (the reason is under skipped), the budget left it out, or it failed
+        why = next((s.split(": ", 1)[1] for s in results.get("skipped", []) if s.startswith("metric")),
+                   "the metric scenario was not run")
+        measured = {key: (None, "", f"n/a ({why})") for key in measured}
+    return [judge(goal, *measured[goal.key]) for goal in METRIC_GOALS]

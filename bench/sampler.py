@@ -2,7 +2,9 @@
 
 Utilization samples are read as the filler's Monitor reads them (forge_load.control.sampling.SampleReader: the buffered
 samples, the latest window where there are none), and put on the wall clock. Memory, power, the process list
-and the CPU time of the watched processes are read alongside.
+and the CPU time of the watched processes are read alongside; where the GPU has GPM (Hopper and newer), so are
+1-s GPM readings of SM_UTIL and GRAPHICS_UTIL, from this process's own sample pairs (NvmlProbe.activity), which
+are independent of the filler's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 from bench.runner import cpu_ticks
 from forge_load.control.probe import Probe, UtilSample
 from forge_load.control.sampling import SampleReader
+
+GPM_INTERVAL_S = 1.0  # one GPM reading a second: the 1-s readings the metric scenario judges
 
 
 class Sampler(threading.Thread):
@@ -32,10 +36,13 @@ class Sampler(threading.Thread):
         self.power: list[tuple[float, float]] = []
         self.processes: list[tuple[float, dict[int, float | None]]] = []
         self.cpu: dict[int, list[tuple[float, int]]] = {}
+        self.gpm: list[tuple[float, float, float, float]] = []  # (end, span_s, SM_UTIL, GRAPHICS_UTIL ratios)
+        self.read_gpm = probe.info.gpm  # nvmlGpmQueryDeviceSupport's answer
         self.watch: set[int] = set()
         self.failure: str | None = None
 
     def run(self) -> None:
+        gpm_due_s = 0.0
         try:
             while not self.stop_event.is_set():
                 mono = time.monotonic()
@@ -45,7 +52,14 @@ class Sampler(threading.Thread):
                 memory = self.probe.memory_used_mib()
                 power = self.probe.power_w()
                 processes = self.probe.processes()
+                activity = None
+                if self.read_gpm and mono >= gpm_due_s:  # the first call only takes the first sample
+                    gpm_due_s = mono + GPM_INTERVAL_S
+                    activity = self.probe.activity()
                 with self.lock:
+                    if activity is not None:
+                        self.gpm.append((activity.t_s + offset, activity.span_s, activity.sm_ratio,
+                                         activity.gr_ratio))
                     self.util.extend(fresh)
                     if memory is not None:
                         self.memory.append((now, memory))

@@ -1,7 +1,7 @@
 """The benchmark's runs: which scenarios run, in what order, and what they share, on the simulated GPU in virtual time
 (run_simulated_bench) or on a real GPU, or the virtual one (run_real_bench, real_plan). Each scenario is a module of
-its own: tracking.py, yielding.py, footprint.py, announced.py (and cpu.py, which cli.py runs); simulated.py and
-real.py are how each kind of GPU runs the filler.
+its own: tracking.py, metric.py, yielding.py, footprint.py, announced.py (and cpu.py, which cli.py runs);
+simulated.py and real.py are how each kind of GPU runs the filler.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from bench import BenchError, NoGpu, log
 from bench.analysis import first
 from bench.announced import docker_unavailable, kubelet_unavailable, real_announced
 from bench.footprint import bare_context, idle, real_footprint, sim_footprint
+from bench.metric import HELD_METRICS, METRIC_TARGET, no_gpm_reason, real_metric
 from bench.real import RealBench
 from bench.results import add_scenario, add_tracking, mean, q
 from bench.runner import CHILDREN
@@ -54,6 +55,8 @@ def run_simulated_bench(args: argparse.Namespace, results: dict[str, Any], save:
                 log(f"yield {controller} {variant}")
                 add_scenario(results, "yield", sim_yield(args, controller, variant))
         save()
+    if "metric" in args.scenarios:
+        results["skipped"].append(no_gpm_reason(run.gpu.info, simulated=True))
     results["footprint"] = sim_footprint(args, results)
 
 
@@ -76,11 +79,22 @@ def real_plan(args: argparse.Namespace, bench: RealBench, results: dict[str, Any
     def yield_run(controller: str, variant: str) -> Callable[[], None]:
         return lambda: add_scenario(results, "yield", real_yield(bench, controller, variant))
 
-    if "tracking" in args.scenarios:
-        for controller in args.controllers:
-            for target in args.targets:
-                plan.append((f"tracking {controller} at {target:g} ({args.track_s:g} s)", track,
-                             tracking_run(target, controller)))
+    def metric_run(metric: str) -> Callable[[], None]:
+        return lambda: add_scenario(results, "metric", real_metric(bench, metric))
+
+    metric: list[tuple[str, float, Callable[[], Any]]] = []
+    why = no_gpm_reason(bench.probe.info, simulated=False) if bench is not None else None
+    if "metric" in args.scenarios and why is not None:
+        results["skipped"].append(why)
+    elif "metric" in args.scenarios:
+        metric = [(f"metric {m} at {METRIC_TARGET:g} ({args.metric_s:g} s)", args.metric_s + overhead,
+                   metric_run(m)) for m in HELD_METRICS]
+    tracking = [[(f"tracking {controller} at {target:g} ({args.track_s:g} s)", track,
+                  tracking_run(target, controller)) for target in args.targets]
+                for controller in args.controllers] if "tracking" in args.scenarios else [[]]
+    # The metric runs right after our controller's tracking: GPM's SM activity has never been measured on a real
+    # GPU, so it ranks above the contrast with the original law and the yield variants a budget may cut.
+    plan += tracking[0] + metric + [step for steps in tracking[1:] for step in steps]
     if "yield" in args.scenarios:
         def solo_run() -> None:
             results.setdefault("foreign_solo", []).append(foreign_solo(bench))

@@ -36,12 +36,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.metric import METRIC_TARGET as TARGET  # noqa: E402
+from bench.metric import held  # noqa: E402
+from forge_load.control.scoring import percentile  # noqa: E402
 from vgpu import BuildError, Kernel, VirtualGpu  # noqa: E402
 
 PYTHON = ROOT / ".venv" / "bin" / "python"
 FORGE_LOAD = ROOT / ".venv" / "bin" / "forge-load"
-TARGET = 0.5
-SETTLE_BAND = 0.05
 
 OBSERVER = r'''
 import json, sys, time
@@ -68,19 +69,6 @@ for _ in range(int(sys.argv[1])):
                       "gr_activity": g.metrics[1].value / 100,
                       "utilization": sum(util) / len(util) if util else None}), flush=True)
 '''
-
-
-def p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else float("nan")
-
-
-def settle_s(readings: list[tuple[float, float]], start_s: float) -> float | None:
-    """Seconds from the start to the first reading after which all stay within the band (None: never)."""
-    for i, (t, _) in enumerate(readings):
-        if all(abs(v - TARGET) <= SETTLE_BAND for _, v in readings[i:]):
-            return round(t - start_s, 2)
-    return None
 
 
 def busy_by_second(kernels: list[Kernel], begin_s: float, end_s: float) -> list[tuple[float, float]]:
@@ -110,13 +98,11 @@ def tracking(seconds: int, tmp: Path) -> list[dict[str, Any]]:
         readings = [json.loads(line) for line in out.splitlines()]
         row: dict[str, Any] = {"metric": metric, "exit_code": filler.returncode}
         for key in ("utilization", "sm_activity", "gr_activity"):
-            series = [(r["t"], r[key]) for r in readings
-                      if r[key] is not None and start_s + 1.0 <= r["t"] <= start_s + seconds]
-            settled = settle_s(series, start_s)
-            after = [v for t, v in series if settled is not None and t - start_s >= settled]
-            row[key] = {"settle_s": settled, "readings": len(series),
-                        "mean_error": round(sum(after) / len(after) - TARGET, 4) if after else None,
-                        "p95_abs_error": round(p95([abs(v - TARGET) for v in after]), 4) if after else None}
+            # bench/metric.py's settle and errors, as the real-GPU benchmark's metric scenario computes them
+            h = held([(r["t"], r[key]) for r in readings if r[key] is not None], TARGET, start_s, start_s + seconds)
+            row[key] = {"settle_s": None if h.settle_s is None else round(h.settle_s, 2), "readings": h.readings,
+                        "mean_error": None if h.mean_error_ratio is None else round(h.mean_error_ratio, 4),
+                        "p95_abs_error": None if h.p95_abs_error_ratio is None else round(h.p95_abs_error_ratio, 4)}
         rows.append(row)
     return rows
 
@@ -155,7 +141,7 @@ def mig(seconds: int, tmp: Path) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"mig_device": m.uuid, "gpu_instance": m.gi, "profile": m.profile, "sms": m.sms,
                                "exit_code": fillers[i].returncode,
                                "mean_error": round(sum(outside) / len(outside) - TARGET, 4) if outside else None,
-                               "p95_abs_error": round(p95([abs(v - TARGET) for v in outside]), 4)}
+                               "p95_abs_error": round(percentile([abs(v - TARGET) for v in outside], 95), 4)}
         if i == 1:
             last_end = max((k.end for k in ours if k.start <= done_s and k.end >= context_s - 1.0), default=None)
             row["job"] = {"context_s": round(context_s - t0, 2), "done_s": round(done_s - t0, 2)}

@@ -64,7 +64,8 @@ def test_results_json_metadata(sim_run: dict[str, Any]) -> None:
     assert r["command"].startswith("python scripts/gpu_bench.py --simulate")
     assert r["gpu"]["name"].startswith("Simulated GPU") and r["gpu"]["driver"] == "simulated"
     assert r["software"]["forge_load"]
-    assert r["failures"] == [] and r["skipped"] == []
+    # the default scenarios include metric, which the simulated GPU (no GPM) skips, saying so
+    assert r["failures"] == [] and [s.split(":")[0] for s in r["skipped"]] == ["metric"], r["skipped"]
 
 
 def leaves(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
@@ -114,7 +115,8 @@ def test_tracking_pi_and_legacy_side_by_side(sim_run: dict[str, Any]) -> None:
 
 def test_pi_meets_every_goal_the_simulator_can_judge(sim_run: dict[str, Any]) -> None:
     goals = {g["key"]: g for g in sim_run["results"]["goals"]}
-    assert set(goals) == {"settle", "mae", "p95", "yield", "foreign", "memory", "cpu"}
+    assert set(goals) == {"settle", "mae", "p95", "yield", "foreign", "memory", "cpu", "metric_settle", "metric_mean",
+                          "metric_p95"}
     for key in ("settle", "mae", "p95", "yield"):
         assert goals[key]["pass"] is True, goals[key]
         assert goals[key]["measured"]["value"] is not None
@@ -122,7 +124,8 @@ def test_pi_meets_every_goal_the_simulator_can_judge(sim_run: dict[str, Any]) ->
     # signal alone takes 0.4 s to see the job, about half of which is ours. Whether it lands just above or just
     # below 0.99 depends on where our bursts fall in those 0.4 s (0.9877-0.9918 over six start phases).
     assert goals["foreign"]["measured"]["value"] >= 0.985, goals["foreign"]
-    for key in ("memory", "cpu"):  # footprint cannot be simulated: said so, not passed
+    # footprint cannot be simulated, nor GPM's metrics: said so, not passed
+    for key in ("memory", "cpu", "metric_settle", "metric_mean", "metric_p95"):
         assert goals[key]["pass"] is None and goals[key]["note"].startswith("n/a")
     pi = sim_run["results"]["tracking"]["pi"]
     for m in pi.values():
@@ -496,7 +499,8 @@ def test_real_gpu_short_run(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(out), "--track-s", "15", "--targets", "0.5",
-         "--controllers", "pi", "--variants", "visible", "--foreign-s", "5", "--start-timeout", "120"],
+         "--controllers", "pi", "--variants", "visible", "--foreign-s", "5", "--start-timeout", "120",
+         "--metric-s", "10"],
         capture_output=True, text=True, timeout=400, cwd=REPO)
     r = json.loads((out / "results.json").read_text())
     assert proc.returncode == 0, (proc.stderr[-3000:], r["failures"])
@@ -508,6 +512,13 @@ def test_real_gpu_short_run(tmp_path: Path) -> None:
     y = r["yield"]["pi_visible"]
     assert y["detected"] is True and y["yield_s"]["value"] is not None
     assert y["foreign_throughput_ratio"]["value"] is not None
+    # the metric scenario: run where the GPU has GPM (Hopper and newer), else skipped with its reason
+    if any(s.startswith("metric") for s in r["skipped"]):
+        assert r["metric"] == {} and "GPM" in next(s for s in r["skipped"] if s.startswith("metric"))
+    else:
+        assert list(r["metric"]) == ["sm_activity", "gr_activity"], r["metric"]
+        assert all(m["readings"]["value"] and m["read_meanwhile"]["utilization"]["value"] is not None
+                   for m in r["metric"].values()), r["metric"]
 
 
 def test_without_matplotlib_the_rest_is_written_and_it_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -646,7 +657,7 @@ def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
     (regenerate: python scripts/gpu_bench.py --render DIR --section docs/benchmarks.md)."""
     page = REPO / "docs" / "benchmarks.md"
     text = page.read_text()
-    for name in ("BENCH-TABLE", "BENCH-SECTION", "BENCH-CPU", "BENCH-ANNOUNCED"):
+    for name in ("BENCH-TABLE", "BENCH-SECTION", "BENCH-CPU", "BENCH-ANNOUNCED", "BENCH-METRIC"):
         pattern = rf"<!-- {name} -->.*?<!-- /{name} -->"
         block = re.search(pattern, text, re.S)
         assert block is not None, f"docs/benchmarks.md has no {name} block"
@@ -656,6 +667,7 @@ def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
         saved = json.loads((out_dir / f"{source.group(2)}.json").read_text())
         drawn = (render.render_cpu_section(saved, out_dir, page) if name == "BENCH-CPU"
                  else render.render_announced_section(saved, out_dir, page) if name == "BENCH-ANNOUNCED"
+                 else render.render_metric_section(saved, out_dir, page) if name == "BENCH-METRIC"
                  else render.render_section(saved, out_dir, page))
         expected = re.search(pattern, drawn, re.S)
         assert expected is not None and block.group(0) == expected.group(0), name

@@ -125,6 +125,50 @@ def test_filler_holds_half_the_gpu_for_real() -> None:
     assert events[0]["gpu_mem_mib"] is not None
 
 
+def test_filler_holds_sm_activity_read_through_gpm_for_real() -> None:
+    # FORGE_METRIC=sm_activity on a real Hopper or newer GPU: NVML's GPM, read here through sample pairs of this
+    # test's own (not the filler's), must see SM_UTIL near the target (docs/design.md §12; the virtual GPU's model
+    # of SM_UTIL is all the rest of the suite has).
+    from bench.metric import METRIC_TARGET, SETTLE_BAND_RATIO
+    from forge_load.config.load import load_config
+    from forge_load.gpu.backend import NvidiaBackend
+    from forge_load.gpu.nvml import NvmlProbe
+    from forge_load.service.loop import run_loop
+
+    probe = NvmlProbe("0")
+    try:
+        if not probe.info.gpm:
+            pytest.skip(f"{probe.info.name} has no NVML GPM (nvmlGpmQueryDeviceSupport: not supported; GPM needs "
+                        "Hopper, cc 9.0, or newer)")
+        config = load_config(f"--duration 20 --log-interval 2 --log-format json --target {METRIC_TARGET:g} "
+                             "--metric sm_activity".split(), env={})
+        readings: list[tuple[float, float]] = []  # (end of the reading's second, SM_UTIL) on the monotonic clock
+        done = threading.Event()
+
+        def read_gpm() -> None:
+            probe.activity()  # the first sample of the first pair
+            while not done.wait(1.0):
+                activity = probe.activity()
+                if activity is not None:
+                    readings.append((activity.t_s, activity.sm_ratio))
+
+        reader = threading.Thread(target=read_gpm, daemon=True)
+        start_s = time.monotonic()
+        reader.start()
+        out = io.StringIO()
+        run_loop(config, NvidiaBackend(), out, threading.Event(), threading.Event())
+        done.set()
+        reader.join(timeout=5.0)
+    finally:
+        probe.close()
+    print(out.getvalue())
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert events[0]["event"] == "start" and not [e for e in events if e["event"] == "error"], events
+    late = [round(v, 4) for t, v in readings if t >= start_s + 8.0]  # after start-up and settling
+    assert len(late) >= 5, readings
+    assert all(abs(v - METRIC_TARGET) <= SETTLE_BAND_RATIO for v in late), late
+
+
 def test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel() -> None:
     # The launcher's clock anchors rest on this (docs/design.md §8).
     from forge_load.gpu import burn_image
