@@ -6,14 +6,15 @@ device holds it (the parent asks the kubelet and passes the holds on), and /metr
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.prometheus_harness import wait_for
 from tests.test_mig_all_vgpu import FORGE_LOAD, _lines
 from tests.test_vgpu import ROOT
 from vgpu.pytest_plugin import VgpuFactory
@@ -21,31 +22,13 @@ from vgpu.pytest_plugin import VgpuFactory
 pytest.importorskip("grpc")
 from bench.kubelet import TestKubelet  # noqa: E402 - needs grpc
 
-SERIES = re.compile(r'^(forge_load_\w+)\{([^}]*)\} (\S+)$')
-
 
 def _scrape(port: int) -> dict[tuple[str, str, str], float]:
-    """(name, the series' UUID-like label of the MIG device, state or '') -> value, for the MIG devices' series."""
+    """(name, the MIG device's GPU_I_ID, state or '') -> value, for every series of /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    out: dict[tuple[str, str, str], float] = {}
-    for line in text.splitlines():
-        m = SERIES.match(line)
-        if m is None:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m[2]))
-        device = labels.get("mig_uuid") or labels.get("GPU_I_ID") or labels.get("UUID", "")
-        out[(m[1], device, labels.get("state", ""))] = float(m[3])
-    return out
-
-
-def _wait(predicate: object, timeout_s: float) -> bool:
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
+    return {(sample.name, sample.labels.get("GPU_I_ID", ""), sample.labels.get("state", "")): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def test_the_kubelets_mig_assignment_holds_that_child_and_metrics_show_each_child(
@@ -64,17 +47,20 @@ def test_the_kubelets_mig_assignment_holds_that_child_and_metrics_show_each_chil
         try:
             assert proc.stdout is not None
             port = int(next(line for line in proc.stdout if '"metrics"' in line).split('"port":')[1].split(",")[0])
-            assert _wait(lambda: {k.mig for k in gpu.kernels()} == {m.gi for m in migs}, 60)
+            wait_for("kernels on both MIG devices",
+                     lambda: {k.mig for k in gpu.kernels()} == {m.gi for m in migs} or None, 60, every_s=0.1)
             # Each child's own readings reach /metrics: its multiplier, not the 0 of a status it never sent
-            assert _wait(lambda: all(v > 0 for (name, _, _), v in _scrape(port).items()
-                                     if name == "forge_load_multiplier")
-                         and sum(name == "forge_load_multiplier" for (name, _, _) in _scrape(port)) == 2, 10)
+            wait_for("each child's multiplier in /metrics",
+                     lambda: (all(v > 0 for (name, _, _), v in _scrape(port).items() if name == "forge_load_multiplier")
+                              and sum(name == "forge_load_multiplier" for (name, _, _) in _scrape(port)) == 2) or None,
+                     10, every_s=0.1)
             server.assign("ml", "train", "main", "nvidia.com/mig-3g.40gb", [migs[0].uuid])
             assigned_s = time.time()
             held = [v for (name, _, state), v in _scrape(port).items() if name == "forge_load_state" and state]
             assert held  # the series are there
-            assert _wait(lambda: sum(v for (name, _, state), v in _scrape(port).items()
-                                     if name == "forge_load_state" and state == "held") == 1.0, 5)
+            wait_for("one MIG device held in /metrics",
+                     lambda: sum(v for (name, _, state), v in _scrape(port).items()
+                                 if name == "forge_load_state" and state == "held") == 1.0 or None, 5, every_s=0.1)
             time.sleep(1.5)
             late = [k for k in gpu.kernels() if k.mig == migs[0].gi and k.start > assigned_s + 1.0]
             assert late == []  # the assigned MIG device's child holds, within a second

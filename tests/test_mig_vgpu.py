@@ -304,14 +304,19 @@ def test_show_cuda_the_mig_device_names_it_only_where_the_operator_named_nothing
     assert env == {}
 
 
+def _fill_one(gpu: VirtualGpu, tmp_path: Path, mig_uuid: str, duration_s: int) -> subprocess.CompletedProcess[str]:
+    """`forge-load --gpu MIG-…` (JSON lines) for `duration_s`, CUDA_VISIBLE_DEVICES left to the filler to set."""
+    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", mig_uuid, "--duration",
+                           str(duration_s), "--log-format", "json", "--hold-dir", str(tmp_path / "holds")],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
 def test_the_filler_holds_a_mig_device_at_its_target_by_the_kernel_record(vgpu: VgpuFactory, tmp_path: Path) -> None:
     gpu = vgpu(mig=3)
     target = gpu.mig_devices()[1]
-    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", target.uuid, "--duration", "10",
-                           "--log-format", "json", "--hold-dir", str(tmp_path / "holds")],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = _fill_one(gpu, tmp_path, target.uuid, 10)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     import json
     start = json.loads(proc.stdout.splitlines()[0])
@@ -330,11 +335,7 @@ def test_a_mig_devices_filler_names_its_gpu_instance_profile_and_gpu_as_dcgm_exp
 
     gpu = vgpu(mig=3)
     target = gpu.mig_devices()[2]
-    env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", target.uuid, "--duration", "1",
-                           "--log-format", "json", "--hold-dir", str(tmp_path / "holds")],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = _fill_one(gpu, tmp_path, target.uuid, 1)
     assert proc.returncode == 0, proc.stderr[-2000:]
     start = json.loads(proc.stdout.splitlines()[0])
     assert (start["gpu_instance"], start["mig_profile"], start["gpu_uuid"]) == (target.gi, "2g.20gb",

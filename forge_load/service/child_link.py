@@ -79,9 +79,9 @@ class StatusReader:
         self._pending = b""
         self.latest: tuple[GpuStatus, float | None] | None = None
 
-    def read(self, now_s: float) -> bool:
-        """Take in what has arrived; whether a new report did."""
-        fresh = False
+    def read(self, now_s: float) -> tuple[GpuStatus, float | None] | None:
+        """Take in what has arrived; the newest report among it, None when no new one did."""
+        fresh: tuple[GpuStatus, float | None] | None = None
         while self.fd >= 0:
             try:
                 chunk = os.read(self.fd, 65536)
@@ -96,7 +96,7 @@ class StatusReader:
             for line in lines:
                 report = self._decode(line, now_s)
                 if report is not None:
-                    self.latest, fresh = report, True
+                    self.latest = fresh = report
         return fresh
 
     @staticmethod

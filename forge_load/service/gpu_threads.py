@@ -137,11 +137,12 @@ def fill_in_child(config: Config, backend: Backend, slot: GpuSlot, stop: threadi
                 child.send_holds(board.holds_for(info.uuid) + (board.holds_for(info.gpu_uuid) if info.gpu_uuid
                                                                else ()))
             state_before = status().state
-            if child.reports is not None and child.reports.read(time.monotonic()):
-                beat_s = child.reports.latest[1] if child.reports.latest is not None else None
+            report = child.reports.read(time.monotonic()) if child.reports is not None else None
+            if report is not None:
+                child_status, beat_s = report
                 if beat_s is not None and time.monotonic() - beat_s <= CHILD_BEAT_FRESH_S:
                     beat()
-                if status().state != state_before and controls.on_transition is not None:
+                if child_status.state != state_before and controls.on_transition is not None:
                     controls.on_transition()
             if stop.is_set() and asked_s is None:
                 asked_s = time.monotonic()

@@ -163,8 +163,7 @@ class HoldWatch:
         """(what began and ended, problems not said before); `now_s` on the filler's clock."""
         if self._changed(now_s):
             before = self._view.mtimes_ns
-            self._view = (disk.read_holds(self.hold_dir, self.gpu_uuid, now_unix_s) if len(self.uuids) == 1
-                          else disk.read_holds_of(self.hold_dir, self.uuids, now_unix_s))
+            self._view = disk.read_holds_of(self.hold_dir, self.uuids, now_unix_s)
             if self._view.mtimes_ns != before:
                 self.generation += 1  # a hold of this GPU placed, refreshed or removed: acknowledge it at once
         view = self._view

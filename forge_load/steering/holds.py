@@ -373,8 +373,8 @@ def list_dir(hold_dir: str) -> Listing:
 
 
 def read_holds_of(hold_dir: str, gpu_uuids: tuple[str, ...], now_unix_s: float) -> HoldsView:
-    """The holds honoured now on any of `gpu_uuids` (a MIG device and its GPU) from one listing, one per holder (the
-    first UUID's first): read_holds' view of them all."""
+    """The holds honoured now on any of `gpu_uuids` (a GPU; a MIG device and its GPU) from one listing, one per holder
+    (the first UUID's first): read_holds' view of them all, the same as read_holds' for one UUID."""
     try:
         listing = list_dir(hold_dir)
     except HoldError:
