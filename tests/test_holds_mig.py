@@ -119,3 +119,34 @@ def test_holds_lists_the_mig_devices_fillers_of_a_gpu_hold(tmp_path: Path, capsy
     b.acknowledge(1.0, "held", drained=True)
     assert hold_command.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
     assert '"filler": "drained (2 of 2 MIG devices\' fillers)"' in capsys.readouterr().out
+
+
+def test_a_hold_that_makes_the_directory_waits_for_every_mig_device_to_find_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first hold makes the directory; each MIG device's filler finds it at its own next refresh. One MIG device's
+    acknowledgement is not all of them: `hold --wait` returns only once the late one has drained too."""
+    hold_dir = tmp_path / "holds"
+    a = FillerHolds(str(hold_dir), MIG_A, os.getpid(), time.time, whole_gpu_uuid=GPU)
+    b = FillerHolds(str(hold_dir), MIG_B, os.getpid(), time.time, whole_gpu_uuid=GPU)
+    stop = threading.Event()
+
+    def loop() -> None:  # a finds the directory at once, b a second later (its refresh came just before the hold)
+        found_s: float | None = None
+        while not stop.wait(0.02):
+            found_s = found_s or (time.monotonic() if hold_dir.is_dir() else None)
+            for filler, late_s in ((a, 0.0), (b, 1.0)):
+                if found_s is not None and time.monotonic() - found_s >= late_s:
+                    filler.check(time.monotonic())
+                    filler.acknowledge(time.monotonic(), "held" if filler.held else "filling", drained=filler.held)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        code = hold_command.main(["hold", "--gpu", "0", "--holder", "job1", "--wait", "5", "--hold-dir",
+                                  str(hold_dir)], env={}, uuids_of_host=lambda: [GPU])
+        b_ack = holds.read_ack(str(hold_dir), MIG_B)
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 0, capsys.readouterr().err
+    assert b_ack is not None and b_ack.drained  # b had drained before the command returned

@@ -184,7 +184,9 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     def settled(uuid: str) -> bool:
         ack = holds.read_ack(hold_dir, uuid)
         migs = holds.mig_acks(hold_dir, uuid)  # a GPU in MIG mode: each MIG device's filler honours its holds
-        if ack is None and not migs and time.monotonic() < unsure_until_s:
+        # A just-made directory: until every filler has had its refresh to find it, no acknowledgement there is not
+        # "no filler", and one MIG device's is not its siblings' (how many MIG devices there are, only acks tell).
+        if ack is None and time.monotonic() < unsure_until_s:
             return False
         now_s, now_boot = time.time(), holds.boot_stamp()
         if not all(holds.acknowledged(a, holder, placed_s, now_s, placed_boot, now_boot) for a in [ack, *migs]):

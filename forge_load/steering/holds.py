@@ -44,7 +44,8 @@ ACK_MAX_BYTES: int = 1 << 20  # our own file: every holder of a GPU held fail sa
 ACK_STALE_S: float = 3.0  # an acknowledgement older than this has no live filler behind it
 ACK_REFRESH_S: float = 1.0
 # A filler writes its first acknowledgement into a directory that has just appeared within a refresh (and a burst
-# step): until then, no acknowledgement in a directory just made does not mean that no filler runs.
+# step): until then, no acknowledgement in a directory just made does not mean that no filler runs, and one MIG
+# device's does not mean that its siblings have found it.
 NEW_DIR_ACK_S: float = ACK_REFRESH_S + 0.5
 # A hold over a GPU without foreign work for this long has lost its holder (docs/holds.md: why a day).
 DEFAULT_IDLE_AGE_OUT_S: float = 86400.0
