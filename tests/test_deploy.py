@@ -353,12 +353,16 @@ BROKEN_RULES = {
     "a GPU without a filler left out": (
         "          or 0 * UUID:DCGM_FI_DEV_GPU_UTIL:ratio\n", "", "fleet:forge_load_real_utilization:avg"),
     "a pod back under a new address is down": (
-        "unless on(UUID, GPU_I_ID) forge_load_up", "unless forge_load_up", "ForgeLoadDown"),
+        "unless on(UUID) forge_load_up", "unless forge_load_up", "ForgeLoadDown"),
     "a gone MIG device hidden by another of its GPU": (
         "unless on(UUID, GPU_I_ID) forge_load_up", "unless on(UUID) forge_load_up", "ForgeLoadDown"),
     "a gone filler is not down": (
-        "          or\n          max_over_time(forge_load_up[1h]) unless on(UUID, GPU_I_ID) forge_load_up\n", "",
-        "ForgeLoadDown"),
+        "          or\n          max_over_time(forge_load_up{UUID=~\"GPU-.+\", GPU_I_ID=\"\"}[1h]) unless on(UUID) "
+        "forge_load_up\n", "", "ForgeLoadDown"),
+    "a starting filler's series without a GPU's UUID is gone": (
+        'forge_load_up{UUID=~"GPU-.+", GPU_I_ID=""}', 'forge_load_up{GPU_I_ID=""}', "ForgeLoadDown"),
+    "a GPU in MIG mode named as a whole is gone": (
+        "unless on(UUID) forge_load_up", "unless on(UUID, GPU_I_ID) forge_load_up", "ForgeLoadDown"),
     "one handover scrape alerts": ("        for: 30s\n", "        for: 0s\n", "ForgeLoadBusyBesideForeignWork"),
     "DCGM not a witness": (
         "            or on(UUID, GPU_I_ID)\n            UUID:forge_load_real_utilization:ratio > 0.2\n", "",
@@ -512,7 +516,12 @@ def groupings(expr: str) -> list[list[str]]:
 def test_grouping_by_uuid_tells_the_mig_devices_of_one_gpu_apart() -> None:
     # Two MIG devices of one GPU share its UUID (dcgm-exporter's labels, tests/test_metrics_mig.py): whatever
     # groups or joins by UUID takes GPU_I_ID too (a whole GPU has none, so there it changes nothing).
+    # One exception, on purpose: a whole GPU's series (no GPU instance) is gone only when no series of its UUID is
+    # left, its MIG devices' included (named as a whole, a GPU in MIG mode goes on as its MIG devices).
+    whole_gpu_gone = 'max_over_time(forge_load_up{UUID=~"GPU-.+", GPU_I_ID=""}[1h]) unless on(UUID) forge_load_up'
     exprs = [rule["expr"] for group in rule_groups() for rule in group["rules"]]
+    assert sum(expr.count(whole_gpu_gone) for expr in exprs) == 1
+    exprs = [expr.replace(whole_gpu_gone, "") for expr in exprs]
     exprs += dashboard_exprs(json.loads(DASHBOARD.read_text()))
     by_uuid = [labels for expr in exprs for labels in groupings(expr) if "UUID" in labels]
     assert by_uuid and all("GPU_I_ID" in labels for labels in by_uuid), by_uuid
