@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from forge_load.commands import hold as hold_command
+from forge_load.service.exclusive_child import take_context_lock, watch_holds
+from forge_load.service.runtime import StopEvent
 from forge_load.steering import holds
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, HoldWatch
 
@@ -150,3 +152,36 @@ def test_a_hold_that_makes_the_directory_waits_for_every_mig_device_to_find_it(
         thread.join()
     assert code == 0, capsys.readouterr().err
     assert b_ack is not None and b_ack.drained  # b had drained before the command returned
+
+
+def test_a_hold_on_the_gpu_is_not_no_filler_while_a_mig_devices_child_holds_its_context(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A MIG device in exclusive compute mode whose supervisor went silent (its acknowledgement stale) beside its live
+    child: `hold --wait` on the GPU does not return 0, and `holds` does not say "no filler"."""
+    holds.write_ack(str(tmp_path), holds.Ack(MIG_A, 1, "filling", (), False, time.time() - 60, of_gpu=GPU))
+    fd, _ = take_context_lock(str(tmp_path), MIG_A, threading.Event())  # as that child does
+    assert fd is not None
+    argv = ["hold", "--gpu", "0", "--holder", "job1", "--wait", "0.3", "--hold-dir", str(tmp_path)]
+    try:
+        assert hold_command.main(argv, env={}, uuids_of_host=lambda: [GPU]) == 1
+        assert hold_command.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
+        assert '"filler": "draining (our exclusive-mode child still holds the GPU)"' in capsys.readouterr().out
+    finally:
+        os.close(fd)  # the child's exit
+    assert hold_command.main(argv, env={}, uuids_of_host=lambda: [GPU]) == 0
+
+
+def test_a_mig_devices_exclusive_mode_child_ends_itself_on_a_hold_on_its_gpu(tmp_path: Path) -> None:
+    """Its own look at the holds (a supervisor gone silent): its GPU's holds are its own, a sibling's are not."""
+    holds.place(str(tmp_path), holds.Hold(MIG_B, "sibling", "", time.time()))
+    stop, wake = StopEvent(), threading.Event()
+    thread = threading.Thread(target=watch_holds, args=(str(tmp_path), MIG_A, {}, stop, wake, GPU))
+    thread.start()
+    try:
+        assert not stop.wait(1.0)  # past SUPERVISOR_GRACE_S: the sibling's hold is no reason
+        holds.place(str(tmp_path), holds.Hold(GPU, "job1", "whole GPU", time.time()))
+        assert stop.wait(5.0)
+    finally:
+        stop.set()
+        thread.join()
+    assert stop.reason.startswith("held by job1, and the supervisor has not ended the child")

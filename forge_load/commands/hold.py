@@ -193,7 +193,7 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
             return False
         # Exclusive mode: a live context of ours (its child's lock) is never "no filler", whatever the
         # acknowledgement says or how stale it is (a supervisor stopped or hung).
-        return not holds.context_held(hold_dir, uuid)
+        return not holds.any_context_held(hold_dir, uuid, migs)
 
     waiting = list(gpus)
     while True:
@@ -255,7 +255,8 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
     now_s, now_boot = time.time(), holds.boot_stamp()
     gpus = {h.gpu_uuid for h in found}
     # A GPU's own filler, and for a GPU in MIG mode each MIG device's: all honour its holds (mig_acks)
-    acks = {uuid: [a for a in (holds.read_ack(hold_dir, uuid), *holds.mig_acks(hold_dir, uuid))
+    migs = {uuid: holds.mig_acks(hold_dir, uuid) for uuid in gpus}
+    acks = {uuid: [a for a in (holds.read_ack(hold_dir, uuid), *migs[uuid])
                    if a is not None and holds.ack_live(a, now_s, now_boot)] for uuid in gpus}
     worst_first = ("not honoured (yet, or aged out)", "draining", "drained")
 
@@ -264,14 +265,14 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
             return "expired"
         live = acks[hold.gpu_uuid]
         if not live:
-            if holds.context_held(hold_dir, hold.gpu_uuid):  # a supervisor stopped or hung beside its child
+            if holds.any_context_held(hold_dir, hold.gpu_uuid, migs[hold.gpu_uuid]):  # a supervisor gone silent
                 return "draining (our exclusive-mode child still holds the GPU)"
             return "no filler"
         said = [worst_first[0] if hold.holder not in a.held_by else "drained" if a.drained else "draining"
                 for a in live]
         worst = min(said, key=worst_first.index)
-        migs = [a for a in live if a.of_gpu]
-        return worst if not migs else f"{worst} ({said.count(worst)} of {len(live)} MIG devices' fillers)"
+        of_mig = any(a.of_gpu for a in live)
+        return worst if not of_mig else f"{worst} ({said.count(worst)} of {len(live)} MIG devices' fillers)"
 
     if args.json:
         for hold in found:

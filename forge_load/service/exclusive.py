@@ -75,16 +75,17 @@ class ChildProcess:
     `whole_filler`: the child is a MIG device's whole filler (gpu_threads.fill_in_child): it keeps filling through
     yields, pauses and holds, as any filler does, takes SIGUSR1/SIGUSR2 from its parent, reports its status on a pipe
     (`reports`, child_link.py) and, with `board`, takes the kubelet's holds from it (send_holds); `env` is added to
-    its environment."""
+    its environment. `of_gpu`: the GPU of the MIG device it fills, whose holds hold it too."""
 
     def __init__(self, config: Config, start_s: float, hold_dir: str = "",
                  aged_out: Callable[[], dict[str, int]] = dict, whole_filler: bool = False,
-                 env: dict[str, str] | None = None, board: bool = False) -> None:
+                 env: dict[str, str] | None = None, board: bool = False, of_gpu: str = "") -> None:
         self.config = config
         self.start_s = start_s
         self.hold_dir = hold_dir
         self.aged_out = aged_out
         self.whole_filler = whole_filler
+        self.of_gpu = of_gpu
         self.env = env
         self.board = board
         self.reports: StatusReader | None = None  # a whole filler's status reports, once started
@@ -110,8 +111,10 @@ class ChildProcess:
         assert stdin is not None
         try:
             brief = (self.config, self.start_s, self.hold_dir, self.aged_out())
-            whole = {"status_fd": write_fd, "board": self.board}  # its status pipe keeps its number in the child
-            pickle.dump((*brief, whole) if self.whole_filler else brief, stdin)
+            extra: dict[str, object] = {"of_gpu": self.of_gpu}
+            if self.whole_filler:  # its status pipe keeps its number in the child
+                extra.update(whole_filler=True, status_fd=write_fd, board=self.board)
+            pickle.dump((*brief, extra), stdin)
             stdin.flush()
         except OSError:
             pass  # it died at once: poll() says so
@@ -334,8 +337,12 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     log.emit("exclusive", compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
                     "it fills, and ends on a hold, a pause or a foreign job")
-    holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s, board)
-    child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out)
+    holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s, board,
+                        whole_gpu_uuid=info.gpu_uuid)  # a MIG device: its GPU's holds are its own too
+    # A MIG device's child is shown it alone: CUDA shows a process one MIG device only (docs/design.md §12)
+    env = {"CUDA_VISIBLE_DEVICES": info.uuid} if info.gpu_uuid else None
+    child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out, env=env,
+                                  of_gpu=info.gpu_uuid)
     sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
                      on_change)
     sup.report = StatusWriter(hold_dir, info.uuid, info.index, os.getpid())

@@ -1,17 +1,18 @@
 """The child process of exclusive compute mode (exclusive.py): the ordinary filler of one GPU, whose CUDA context
 lives and dies with this process. Started by the supervisor as `python -m forge_load.service.exclusive_child`, with
-(config, the supervisor's start, the hold directory, the holds it let age out) pickled on stdin.
+(config, the supervisor's start, the hold directory, the holds it let age out, a dict: on a MIG device `of_gpu`, its
+GPU's UUID, whose holds are its own too) pickled on stdin.
 
 It does not trust the supervisor to stay alive and awake: before its context exists it takes the GPU's context lock
 in the hold directory (take_context_lock), which `hold --wait` reads and the kernel lets go only at its exit; and it
 watches the hold directory itself, ending on a hold the supervisor has not ended it for within SUPERVISOR_GRACE_S (a
 supervisor stopped or hung on NVML or on its stdout), so that a hold is honoured whatever becomes of its parent.
 
-The same child, told it is a whole filler (a fifth element, a dict: its status pipe, whether the kubelet's holds come
-from its parent), is a MIG device's filler (gpu_threads.fill_in_child; CUDA shows a process one MIG device only): it
-keeps filling through its yields, pauses and holds (the config's hold directory, read by its filler as any filler's,
-and the kubelet's holds its parent passes on), takes SIGUSR1/SIGUSR2 from its parent, reports its status to it
-(child_link.py), and has no context lock (that is exclusive mode's)."""
+The same child, told it is a whole filler (in that dict: `whole_filler`, its status pipe, whether the kubelet's holds
+come from its parent), is a MIG device's filler (gpu_threads.fill_in_child; CUDA shows a process one MIG device
+only): it keeps filling through its yields, pauses and holds (the config's hold directory, read by its filler as any
+filler's, and the kubelet's holds its parent passes on), takes SIGUSR1/SIGUSR2 from its parent, reports its status to
+it (child_link.py), and has no context lock (that is exclusive mode's)."""
 
 from __future__ import annotations
 
@@ -81,10 +82,11 @@ def take_context_lock(hold_dir: str, gpu_uuid: str, stop: threading.Event) -> tu
 
 
 def watch_holds(hold_dir: str, gpu_uuid: str, aged_out: dict[str, int], stop: runtime.StopEvent,
-                wake: threading.Event) -> None:
-    """Until `stop`: a hold on this GPU that the supervisor has not ended us for within SUPERVISOR_GRACE_S stops the
-    child. The holds the supervisor let age out (holder -> its file's mtime then) are no reason: it judged them."""
-    watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s=0.0)  # the age-out is the supervisor's to judge
+                wake: threading.Event, of_gpu: str = "") -> None:
+    """Until `stop`: a hold on this GPU (or, on a MIG device, on its GPU `of_gpu`) that the supervisor has not ended
+    us for within SUPERVISOR_GRACE_S stops the child. The holds the supervisor let age out (holder -> its file's
+    mtime then) are no reason: it judged them."""
+    watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s=0.0, whole_gpu_uuid=of_gpu)  # age-out: the supervisor's
     seen_s: float | None = None
     while not stop.wait(HOLDS_POLL_S):
         now_s = time.monotonic()
@@ -108,10 +110,11 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
     brief = pickle.load(stdin)
     config, parent_start_s = brief[0], brief[1]
     hold_dir, aged_out = (brief[2], brief[3]) if len(brief) >= 4 else ("", {})
-    whole = brief[4] if len(brief) == 5 and isinstance(brief[4], dict) else None  # a MIG device's (ChildProcess)
-    whole_filler = whole is not None
-    status_fd = whole.get("status_fd") if whole is not None else None
-    board = HoldBoard() if whole is not None and whole.get("board") is True else None  # the kubelet's, by its parent
+    extra = brief[4] if len(brief) == 5 and isinstance(brief[4], dict) else {}  # ChildProcess.start
+    whole_filler = extra.get("whole_filler") is True  # a MIG device's whole filler
+    status_fd = extra.get("status_fd")
+    board = HoldBoard() if extra.get("board") is True else None  # the kubelet's, passed on by its parent
+    of_gpu = extra.get("of_gpu") if isinstance(extra.get("of_gpu"), str) else ""  # a MIG device's GPU
     if (not isinstance(config, Config) or not isinstance(parent_start_s, float) or not isinstance(hold_dir, str)
             or not isinstance(aged_out, dict)):
         raise TypeError("the supervisor sent something other than (Config, its start time, the hold directory, "
@@ -147,8 +150,8 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
         if why_not is not None:
             say(f"forge-load: exclusive-mode child: {why_not}: `forge-load hold --wait` sees this child only "
                         "through the supervisor's acknowledgement")
-        threading.Thread(target=watch_holds, args=(hold_dir, config.gpu or "", aged_out, stop, wake), name="holds",
-                         daemon=True).start()
+        threading.Thread(target=watch_holds, args=(hold_dir, config.gpu or "", aged_out, stop, wake, of_gpu),
+                         name="holds", daemon=True).start()
     started: list[runtime.Runtime] = []
     slot = GpuSlot(config.gpu)
     changed = threading.Event()  # the filler's state changed: its parent is told at once

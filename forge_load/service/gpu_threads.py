@@ -21,7 +21,7 @@ from forge_load.gpu.backend import Backend, backend_for
 from forge_load.log import EventLog, LogStream, internal_error, say
 from forge_load.service.exclusive import END_WAIT_S, ENDING_POLL_S, ChildProcess, supervisor_status
 from forge_load.service.exclusive import supervise as run_exclusive
-from forge_load.service.loop import run_loop
+from forge_load.service.loop import handed_on, run_loop
 from forge_load.service.runtime import (
     DRAIN_LIMIT_S,
     GpuTakenError,
@@ -93,13 +93,17 @@ def in_child(selector: str, selectors: list[str]) -> bool:
 
 
 def fill_in_child(config: Config, backend: Backend, slot: GpuSlot, stop: threading.Event, wake: threading.Event,
-                  controls: Controls, beat: Callable[[], None], child: ChildProcess | None = None) -> int:
+                  controls: Controls, beat: Callable[[], None], child: ChildProcess | None = None,
+                  exclusive: Callable[[Probe], None] | None = None) -> int:
     """A MIG device's whole filler in a child process (exclusive_child, told it is one) until it ends, or until
     `stop`, when it is asked to end (SIGTERM; killed after END_WAIT_S). Its lines are its own, on our stdout; the
     pause signals and the kubelet's holds of its MIG device and GPU are passed on to it; its status reports
     (child_link.py) are its slot's, and each one whose loop heartbeat is fresh beats ours. Its exit code (0 when it
-    ended as asked)."""
+    ended as asked). A MIG device in an exclusive compute mode (NVML sets it per MIG device) is handed to
+    `exclusive` as a whole GPU in one is: a filler that keeps its context would fail a job given it."""
     probe = backend.open_probe(config.gpu)  # NVML only: its info for /metrics and /health
+    if handed_on(probe, exclusive):
+        return EXIT_OK
     info = probe.info
     probe.close()
     board = controls.board
@@ -200,7 +204,8 @@ def run_gpu(config: Config, backend: Backend, slot: GpuSlot, stream: TextIO, sto
 
     try:
         if child:
-            code = fill_in_child(config, backend, slot, stop, wake, controls, beat)
+            code = fill_in_child(config, backend, slot, stop, wake, controls, beat,
+                                 exclusive=exclusive if supervise else None)
             if code == EXIT_OK:
                 slot.stopped()
             else:  # its own error line said why

@@ -49,20 +49,28 @@ def run_loop(config: Config, backend: Backend, stream: TextIO, stop: threading.E
             source.listeners.remove(wake.set)
 
 
+def handed_on(probe: Probe, exclusive: Callable[[Probe], None] | None) -> bool:
+    """Whether the GPU is not ours to hold a context on at will, its probe then closed: in PROHIBITED compute mode
+    (NoGpuError), or, given `exclusive`, in an exclusive one, which it is handed to (docs/exclusive.md)."""
+    mode = probe.info.compute_mode
+    if mode is not ComputeMode.PROHIBITED and (exclusive is None or not mode.exclusive):
+        return False
+    try:
+        if mode is ComputeMode.PROHIBITED:
+            raise prohibited_error(probe.info)
+        assert exclusive is not None
+        exclusive(probe)
+    finally:
+        with contextlib.suppress(Exception):
+            probe.close()
+    return True
+
+
 def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event, wake: threading.Event,
          controls: Controls, exclusive: Callable[[Probe], None] | None,
          on_start: Callable[[Runtime], None] | None) -> Runtime | None:
     probe = backend.open_probe(config.gpu)
-    mode = probe.info.compute_mode
-    if mode is ComputeMode.PROHIBITED or (exclusive is not None and mode.exclusive):
-        try:
-            if mode is ComputeMode.PROHIBITED:
-                raise prohibited_error(probe.info)
-            assert exclusive is not None
-            exclusive(probe)
-        finally:
-            with contextlib.suppress(Exception):
-                probe.close()
+    if handed_on(probe, exclusive):
         return None
     clock = backend.open_clock(probe)
     rt: Runtime | None = None

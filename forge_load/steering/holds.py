@@ -489,6 +489,12 @@ def context_held(hold_dir: str, gpu_uuid: str) -> bool:
     return lock_taken(os.path.join(hold_dir, context_lock_name(gpu_uuid))) is True
 
 
+def any_context_held(hold_dir: str, gpu_uuid: str, migs: list[Ack]) -> bool:
+    """context_held on the GPU or on any of its MIG devices (`migs`: its MIG devices' acknowledgements, stale ones
+    too, as mig_acks reads them: a MIG device in exclusive mode has a child and a lock of its own)."""
+    return any(context_held(hold_dir, uuid) for uuid in (gpu_uuid, *(ack.gpu_uuid for ack in migs)))
+
+
 def write_ack(hold_dir: str, ack: Ack) -> None:
     write_atomic(hold_dir, ack_name(ack.gpu_uuid), ack_to_json(ack))
 
