@@ -74,25 +74,27 @@ class ChildProcess:
 
     `whole_filler`: the child is a MIG device's whole filler (gpu_threads.fill_in_child): it keeps filling through
     yields, pauses and holds, as any filler does, takes SIGUSR1/SIGUSR2 from its parent, reports its status on a pipe
-    (`reports`, child_link.py) and, with `board`, takes the kubelet's holds from it (send_holds); `env` is added to
-    its environment. `of_gpu`: the GPU of the MIG device it fills, whose holds hold it too."""
+    (`reports`, child_link.py) and, with `board`, takes the kubelet's holds from it (send_holds). Where
+    `config.gpu` is a MIG device (`MIG-…`), the child is shown it alone (CUDA_VISIBLE_DEVICES), whatever this
+    process's CUDA_VISIBLE_DEVICES names: CUDA shows a process one MIG device only (docs/design.md §12). `of_gpu`: the
+    GPU of the MIG device it fills, whose holds hold it too."""
 
     def __init__(self, config: Config, start_s: float, hold_dir: str = "",
                  aged_out: Callable[[], dict[str, int]] = dict, whole_filler: bool = False,
-                 env: dict[str, str] | None = None, board: bool = False, of_gpu: str = "") -> None:
+                 board: bool = False, of_gpu: str = "") -> None:
         self.config = config
         self.start_s = start_s
         self.hold_dir = hold_dir
         self.aged_out = aged_out
         self.whole_filler = whole_filler
         self.of_gpu = of_gpu
-        self.env = env
         self.board = board
         self.reports: StatusReader | None = None  # a whole filler's status reports, once started
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> int:
-        env = None if self.env is None else {**os.environ, **self.env}
+        gpu = self.config.gpu or ""
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu} if gpu.startswith("MIG-") else None
         # The pause signals stay blocked in the child (the mask is inherited) until its handlers are in: a SIGUSR1
         # forwarded before then would otherwise end it (their default action).
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(PAUSE_SIGNALS)) if self.whole_filler else None
@@ -339,9 +341,7 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
                     "it fills, and ends on a hold, a pause or a foreign job")
     holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s, board,
                         whole_gpu_uuid=info.gpu_uuid)  # a MIG device: its GPU's holds are its own too
-    # A MIG device's child is shown it alone: CUDA shows a process one MIG device only (docs/design.md §12)
-    env = {"CUDA_VISIBLE_DEVICES": info.uuid} if info.gpu_uuid else None
-    child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out, env=env,
+    child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out,
                                   of_gpu=info.gpu_uuid)
     sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
                      on_change)

@@ -108,9 +108,7 @@ def fill_in_child(config: Config, backend: Backend, slot: GpuSlot, stop: threadi
     probe.close()
     board = controls.board
     child_cfg = dataclasses.replace(config, gpus=None, metrics_port=None, kubelet_socket=None)
-    # CUDA_VISIBLE_DEVICES names its MIG device, whatever this process's names: a CUDA process sees one only.
-    child = child or ChildProcess(child_cfg, time.monotonic(), whole_filler=True,
-                                  env={"CUDA_VISIBLE_DEVICES": config.gpu}, board=board is not None)
+    child = child or ChildProcess(child_cfg, time.monotonic(), whole_filler=True, board=board is not None)
     switch = controls.switch
     starting = supervisor_status(State.FILLING.value)
 
