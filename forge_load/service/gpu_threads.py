@@ -31,6 +31,7 @@ from forge_load.service.runtime import (
     stop_reason,
 )
 from forge_load.service.unix_signals import PAUSE_SIGNALS
+from forge_load.steering.hold_watch import held_uuids
 
 CHILD_POLL_S = 0.1  # a MIG device's child: how soon its exit and its reports are seen
 # A child's report whose loop heartbeat is older than this does not beat its slot: /health sees a stalled child.
@@ -136,8 +137,7 @@ def fill_in_child(config: Config, backend: Backend, slot: GpuSlot, stop: threadi
         while (code := child.poll()) is None:
             if board is not None and board.generation != sent_generation:
                 sent_generation = board.generation
-                child.send_holds(board.holds_for(info.uuid) + (board.holds_for(info.gpu_uuid) if info.gpu_uuid
-                                                               else ()))
+                child.send_holds(board.holds_of(held_uuids(info.uuid, info.gpu_uuid)))
             state_before = status().state
             report = child.reports.read(time.monotonic()) if child.reports is not None else None
             if report is not None:

@@ -87,6 +87,16 @@ class HoldBoard:
         with self._lock:
             return self._holds.get(disk.canonical_gpu_uuid(gpu_uuid), ())
 
+    def holds_of(self, gpu_uuids: tuple[str, ...]) -> tuple[Hold, ...]:
+        """The holds of each of `gpu_uuids` in turn (held_uuids: a MIG device's, then its GPU's)."""
+        return tuple(hold for uuid in gpu_uuids for hold in self.holds_for(uuid))
+
+
+def held_uuids(gpu_uuid: str, whole_gpu_uuid: str = "") -> tuple[str, ...]:
+    """Whose holds hold a GPU's filler: its own, and on a MIG device its GPU's (`whole_gpu_uuid`), since a job given
+    the whole GPU runs on every MIG device of it."""
+    return (gpu_uuid, whole_gpu_uuid) if whole_gpu_uuid else (gpu_uuid,)
+
 
 def jobs_announced(hold_dir: str, board: HoldBoard | None) -> bool:
     """Whether holds can tell a filler of a job: the kubelet's board, or a hold directory that exists."""
@@ -110,7 +120,7 @@ class HoldWatch:
                  board: HoldBoard | None = None, whole_gpu_uuid: str = "") -> None:
         self.hold_dir = hold_dir
         self.gpu_uuid = gpu_uuid
-        self.uuids = (gpu_uuid, whole_gpu_uuid) if whole_gpu_uuid else (gpu_uuid,)  # whose holds are this GPU's
+        self.uuids = held_uuids(gpu_uuid, whole_gpu_uuid)
         self.board = board
         self.idle_age_out_s = idle_age_out_s  # 0: never
         self.honoured: dict[str, Hold] = {}
@@ -170,7 +180,7 @@ class HoldWatch:
         holds, stamps = list(view.holds), dict(view.mtimes_ns)
         if self.board is not None:
             from_files = {h.holder for h in view.holds} | {h.holder for h in view.expired}
-            for hold in (hold for uuid in self.uuids for hold in self.board.holds_for(uuid)):
+            for hold in self.board.holds_of(self.uuids):
                 if hold.holder not in from_files:
                     from_files.add(hold.holder)  # one holder of the device and of its GPU: one hold
                     holds.append(hold)
