@@ -11,8 +11,8 @@ class Clocks:
     """A monotonic clock and a wall clock OFFSET_S ahead of it, each read taking 1 µs; the thread is preempted
     right after the wall read of each try for the seconds `preempted_s` gives that try."""
 
-    def __init__(self, *preempted_s: float) -> None:
-        self.true_s = 100.0
+    def __init__(self, *preempted_s: float, mono_s: float = 100.0) -> None:
+        self.true_s = mono_s
         self.preempted_s = list(preempted_s)
 
     def mono(self) -> float:

@@ -15,6 +15,7 @@ from forge_load.gpu.clocks import WallLoopClock
 from forge_load.service import runtime
 from forge_load.service.loop import open_simulated, run_simulated
 from forge_load.service.runtime import log_start
+from tests.test_clock import OFFSET_S, Clocks
 
 ESSENTIALS = ["t", "event", "state", "target", "gpu_mem_mib", "gpu", "uuid", "gpu_name", "controller",
               "metric", "resume_after_s", "signals", "wall_time", "version", "simulated"]
@@ -58,31 +59,27 @@ def test_hold_dir_is_not_on_a_simulated_start_unless_set() -> None:
     assert "hold_dir=/tmp/forge-sim-holds" in settings
 
 
-WALL_MINUS_MONO_S = 1_000_000_000.0  # the stand-in clocks' wall clock, ahead of their monotonic one
 PREEMPTED_S = 0.05
 
 
 class PreemptedClock(WallLoopClock):
-    """A real GPU's loop clock stood in for: monotonic seconds from `mono_s` and a wall clock WALL_MINUS_MONO_S
-    ahead of it, each read taking 1 µs; the thread is preempted for PREEMPTED_S right after its first read of the
-    wall clock (a busy host, or another thread holding the GIL)."""
+    """A real GPU's loop clock stood in for by tests/test_clock.py's Clocks: monotonic seconds from `mono_s` and a
+    wall clock OFFSET_S ahead of it, the thread preempted for PREEMPTED_S right after its first read of the wall
+    clock (a busy host, or another thread holding the GIL)."""
 
     def __init__(self, mono_s: float) -> None:
         super().__init__()
-        self.true_s = mono_s
-        self.preempted = False
+        self.clocks = Clocks(PREEMPTED_S, mono_s=mono_s)
 
     def now(self) -> float:
-        self.true_s += 1e-6
-        return self.true_s
+        return self.clocks.mono()
 
     def wall_s(self) -> float:
-        self.true_s += 1e-6
-        wall_s = self.true_s + WALL_MINUS_MONO_S
-        if not self.preempted:
-            self.preempted = True
-            self.true_s += PREEMPTED_S
-        return wall_s
+        return self.clocks.wall()
+
+    @property
+    def preempted(self) -> bool:
+        return not self.clocks.preempted_s
 
 
 def test_the_start_lines_wall_time_survives_a_preemption_between_its_clock_reads(
@@ -99,4 +96,4 @@ def test_the_start_lines_wall_time_survives_a_preemption_between_its_clock_reads
     log_start(rt, {})
     assert clock.preempted
     start = next(line for line in map(json.loads, out.getvalue().splitlines()) if line["event"] == "start")
-    assert abs(start["wall_time"] - (rt.start_s + WALL_MINUS_MONO_S)) < 1e-4, start["wall_time"] - WALL_MINUS_MONO_S
+    assert abs(start["wall_time"] - (rt.start_s + OFFSET_S)) < 1e-4, start["wall_time"] - OFFSET_S
