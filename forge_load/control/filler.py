@@ -6,16 +6,15 @@ energy.py's EnergyMeter."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from forge_load.control.controller import Controller
-from forge_load.control.detectors import ShareSample
 from forge_load.control.energy import EnergyMeter
 from forge_load.control.lines import LineGate
 from forge_load.control.monitor import Monitor, Reading
 from forge_load.control.policy import FILLING_STATES, Policy, State, Transition
 from forge_load.control.powercap import CapChange, PowerCap, PowerWatch
-from forge_load.control.quantity import UTILIZATION, Quantity
+from forge_load.control.quantity import UTILIZATION, Held, HeldNow, Quantity, held_mean
 from forge_load.control.status import GpuStatus
 from forge_load.control.worker import IDLE_PLAN, Worker
 from forge_load.steering.filler_status import StatusWriter
@@ -25,12 +24,14 @@ from forge_load.steering.pause import Pauses, PauseSwitch
 
 @dataclass
 class IntervalStats:
-    """Means over the NVML samples of one status interval."""
+    """Means over the NVML samples of one status interval (GPM's GRAPHICS_UTIL readings where NVML has no
+    utilization), and the held quantity's readings of it where that is another."""
 
     util_sum: float = 0.0
     own_sum: float = 0.0
     foreign_sum: float = 0.0
     count: int = 0
+    held: list[Held] = field(default_factory=list)
 
     def mean(self, total: float) -> float | None:
         return total / self.count if self.count else None
@@ -87,7 +88,9 @@ class Filler:
         self.yields = 0
         self.yielding_s = 0.0
         self.last: Reading | None = None
-        self.last_share: ShareSample | None = None
+        self.last_share: Held | None = None  # the latest utilization reading (NVML's, or GPM's where it has none)
+        self.util_now = HeldNow()  # utilization's readings of the latest second
+        self.held_now = self.util_now if quantity is UTILIZATION else HeldNow()  # the held quantity's
         self._seq = 0
         self._stats = IntervalStats()
         self._next_status_s = timing.start_s + timing.log_interval_s
@@ -170,13 +173,19 @@ class Filler:
 
     def _react(self, now_s: float, reading: Reading) -> None:
         self.last = reading
-        if reading.samples:
-            self.last_share = reading.samples[-1]
-        for share in reading.samples:
-            self._stats.util_sum += share.util_ratio
+        shares = UTILIZATION.held(reading)
+        if shares:
+            self.last_share = shares[-1]
+        for share in shares:
+            self._stats.util_sum += share.ratio
             self._stats.own_sum += share.own_ratio
-            self._stats.foreign_sum += share.foreign_ratio
+            self._stats.foreign_sum += max(share.ratio - share.own_ratio, 0.0)
             self._stats.count += 1
+        self.util_now.add(shares)
+        if self.quantity is not UTILIZATION:
+            held = self.quantity.held(reading)
+            self.held_now.add(held)
+            self._stats.held.extend(held)
         self.energy.add(reading)
         self._decide(now_s, reading.reason, reading)
         if self.power_watch is not None:
@@ -277,7 +286,11 @@ class Filler:
             extra["power_capped"] = self.power_cap.binding
         fields = self.fields(now_s)
         fields.update(util=stats.mean(stats.util_sum), own=stats.mean(stats.own_sum),
-                      foreign=stats.mean(stats.foreign_sum), samples=stats.count, **extra)
+                      foreign=stats.mean(stats.foreign_sum))
+        if self.quantity is not UTILIZATION:  # the held quantity under its own name (utilization's is the line's)
+            held = held_mean(stats.held)
+            fields[self.quantity.field], fields[self.quantity.own_field] = held if held is not None else (None, None)
+        fields.update(samples=stats.count, **extra)
         self.lines.emit(now_s, "status", fields)
         self._stats = IntervalStats()
         while self._next_status_s <= now_s:
@@ -285,16 +298,23 @@ class Filler:
 
     def status(self, now_s: float) -> GpuStatus:
         """The snapshot the log lines and the metrics both read."""
-        last, share, policy = self.last, self.last_share, self.policy
+        last, policy = self.last, self.policy
+        held = self.held_now.mean()
+        # NVML's latest sample window; GPM's readings of the latest second where GPM stands in for it (a single one
+        # is shorter than the period our bursts repeat on, and swings with where it falls)
+        share = self.last_share
+        if last is not None and last.utilization_by_gpm:
+            util_now = self.util_now.mean()
+            share = Held(last.t_s, 0.0, *util_now) if util_now is not None else None
         plan = self.worker.plan
         filling = policy.state in FILLING_STATES
         return GpuStatus(
             state=policy.state.value,
             target=policy.current_target if filling else policy.target,
             holding=policy.current_target,
-            util_ratio=share.util_ratio if share else None,
+            util_ratio=share.ratio if share else None,
             own_ratio=share.own_ratio if share else None,
-            foreign_ratio=share.foreign_ratio if share else None,
+            foreign_ratio=max(share.ratio - share.own_ratio, 0.0) if share else None,
             multiplier=plan.multiplier if plan.duty_ratio > 0 else 0,
             own_mem_mib=last.own_mem_mib if last is not None else None,
             power_w=last.power_w if last is not None else None,
@@ -307,6 +327,9 @@ class Filler:
             power_capped=self.power_cap is not None and self.power_cap.binding and filling,
             holds=len(self.holds.watch.honoured) if self.holds is not None else 0,
             holds_begun=self.holds_begun,
+            metric=self.quantity.name,
+            metric_ratio=held[0] if held is not None else None,
+            metric_own_ratio=held[1] if held is not None else None,
         )
 
     def fields(self, now_s: float) -> dict[str, object]:

@@ -70,6 +70,8 @@ class Reading:
     energy_j: float | None = None  # the board's energy counter, where NVML offers one
     power_t_s: float | None = None  # when power and temperature were read (about once a second)
     activity: tuple[ActivityShare, ...] = ()  # GPM's, new since the previous reading (where the GPU has GPM)
+    # NVML reports no utilization here (MIG) and GPM is there: its GRAPHICS_UTIL stands in for it (quantity.py)
+    utilization_by_gpm: bool = False
 
     @property
     def foreign(self) -> bool:
@@ -244,7 +246,7 @@ class Monitor:
             foreign_pids=foreign_pids, signals=tuple(name for name, _ in fired),
             reason="; ".join(reason for _, reason in fired) or None,
             power_w=power_w, temperature_c=temperature_c, energy_j=energy_j, power_t_s=self._power_t_s,
-            activity=tuple(activity),
+            activity=tuple(activity), utilization_by_gpm=self._samples.blind and self.probe.info.gpm,
         )
 
     def _read_processes(self, now_s: float, used_mib: float | None) -> list[GpuProcess] | None:

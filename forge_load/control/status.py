@@ -27,8 +27,8 @@ class GpuStatus:
     target: float  # the target (the boost target when boosted); while yielding or paused, the one to return to
     holding: float  # what the filler holds now: the target, or 0 while yielding or paused (both in the held
     # quantity's unit: quantity.py)
-    util_ratio: float | None  # the latest NVML sample window: the device's utilization,
-    own_ratio: float | None  # our own share of it,
+    util_ratio: float | None  # the latest NVML sample window (GPM's GRAPHICS_UTIL span where NVML has none): the
+    own_ratio: float | None  # device's utilization, our own share of it,
     foreign_ratio: float | None  # and the rest
     multiplier: int  # blocks per SM in each launch; 0 while not launching
     own_mem_mib: float | None  # device memory our process holds
@@ -42,6 +42,9 @@ class GpuStatus:
     power_capped: bool = False  # the cap sets our duty now, below what the target asks
     holds: int = 0  # holds honoured now (holds.py)
     holds_begun: int = 0  # holds honoured since the start
+    metric: str = "utilization"  # what the target is a target of (FORGE_METRIC: quantity.py)
+    metric_ratio: float | None = None  # its readings of the latest second (quantity.HeldNow), the device's,
+    metric_own_ratio: float | None = None  # and our own share of them; None before the first, and for a supervisor
 
 
 class GpuSlot:

@@ -1,0 +1,166 @@
+"""The held metric (FORGE_METRIC) shown wherever an operator looks: each `status` line carries its reading under its
+own name (`sm_activity`, `gr_activity`; utilization's is `util`) and our own share of it; `forge-load status` has a
+METRIC column and `--json` its fields; `/metrics` a gauge of it with dcgm-exporter's labels. On a MIG device, where
+NVML reports no utilization, GPM's GRAPHICS_UTIL stands in for it (`util`, `own`, `foreign`). On the simulated GPU
+with GPM (tests/sim_gpm.py), in virtual time: each reading within 0.05 of the target once it has settled. On the
+virtual GPU: tests/test_held_metric_vgpu.py."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from forge_load.commands import status as status_command
+from forge_load.config.load import load_config
+from forge_load.control.quantity import Held, HeldNow
+from forge_load.control.status import GpuSlots
+from forge_load.service import metrics
+from forge_load.service.loop import run_loop
+from forge_load.service.runtime import Runtime
+from tests.sim_gpm import GpmSimBackend, run_with_gpm
+
+TARGET = 0.5
+CLOSE = 0.05  # the goal: the held metric's reading within this of the target, wherever it is shown
+SETTLE_S = 5.0
+METRICS = ("utilization", "sm_activity", "gr_activity")
+FIELDS = {"utilization": ("util", "own"), "sm_activity": ("sm_activity", "sm_activity_own"),
+          "gr_activity": ("gr_activity", "gr_activity_own")}
+GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
+
+
+@dataclass
+class Looks:
+    """What an operator sees of one run, each virtual second after SETTLE_S: `forge-load status --json` rows and its
+    table, and `/metrics` (sample name -> [(labels, value)]); and the run's JSON lines."""
+
+    lines: list[dict[str, object]] = field(default_factory=list)
+    rows: list[dict[str, object]] = field(default_factory=list)
+    tables: list[list[str]] = field(default_factory=list)
+    scrapes: list[dict[str, list[tuple[dict[str, str], float]]]] = field(default_factory=list)
+
+    def status_lines(self) -> list[dict[str, object]]:
+        return [line for line in self.lines if line["event"] == "status" and float(line["t"]) > SETTLE_S]  # type: ignore[arg-type]
+
+
+def scrape_values(gpu_slots: GpuSlots) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = generate_latest(metrics.make_registry(gpu_slots)).decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def look(tmp_path: Path, metric: str, mig: bool, seconds: int = 20) -> Looks:
+    """Fill the simulated GPU with GPM at TARGET for `seconds`, looking each virtual second after SETTLE_S."""
+    looks = Looks()
+    gpu_slots = GpuSlots(simulated=True)
+    slot = gpu_slots.add("0")
+
+    def on_start(rt: Runtime) -> None:
+        slot.attach(rt.info, lambda: rt.filler.status(rt.now()))
+        assert rt.filler.report is not None
+        rt.filler.report.monotonic = rt.now  # written every virtual second, as every real one on a GPU
+        real = rt.filler.step
+        due = [rt.start_s + SETTLE_S]
+
+        def step(now_s: float) -> float:
+            next_s = real(now_s)
+            slot.beat()
+            if now_s >= due[0]:
+                due[0] += 1.0
+                rows, problems = status_command.read(str(tmp_path), "--hold-dir")
+                assert problems == [] and len(rows) == 1
+                looks.rows.append(status_command.as_json(rows[0], time.time()))
+                looks.tables.append(status_command.table(rows))
+                looks.scrapes.append(scrape_values(gpu_slots))
+            return next_s
+
+        rt.filler.step = step  # type: ignore[method-assign]
+
+    _, looks.lines = run_with_gpm(f"--metric {metric} --target {TARGET} --duration {seconds} --log-interval 1 "
+                                  f"--hold-dir {tmp_path}", mig=mig, on_start=on_start)
+    assert len(looks.rows) >= seconds - SETTLE_S - 1
+    return looks
+
+
+def near(value: object) -> bool:
+    return isinstance(value, float) and abs(value - TARGET) <= CLOSE
+
+
+# --- the status lines --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", ["sm_activity", "gr_activity"])
+@pytest.mark.parametrize("mig", [False, True], ids=["whole", "mig"])
+def test_each_status_line_carries_the_held_gpm_metric_under_its_own_name(tmp_path: Path, metric: str,
+                                                                         mig: bool) -> None:
+    looks = look(tmp_path, metric, mig)
+    lines = looks.status_lines()
+    assert len(lines) >= 10
+    name, own = FIELDS[metric]
+    for line in lines:
+        assert near(line[name]) and isinstance(line[own], float), line
+        assert abs(float(line[own]) - float(line[name])) <= CLOSE, line  # type: ignore[arg-type]
+    other = "gr_activity" if metric == "sm_activity" else "sm_activity"
+    assert not [line for line in looks.lines if other in line or f"{other}_own" in line]  # the held one only
+    assert looks.lines[0]["metric"] == metric
+
+
+def test_a_utilization_status_line_is_as_it_was(tmp_path: Path) -> None:
+    looks = look(tmp_path, "utilization", mig=False, seconds=10)
+    for line in looks.status_lines():
+        assert near(line["util"]) and not {"sm_activity", "gr_activity", "utilization"} & set(line), line
+
+
+def test_the_held_metric_in_key_value_lines_has_three_decimals() -> None:
+    config = load_config("--simulate --sim-speed 0 --metric sm_activity --duration 3 --log-interval 1".split(), env={})
+    out = io.StringIO()
+    run_loop(config, GpmSimBackend(config), out, threading.Event(), threading.Event())
+    status = [line for line in out.getvalue().splitlines() if " event=status " in line]
+    assert status and all(" sm_activity=0." in line and " sm_activity_own=0." in line for line in status), status
+    value = status[-1].split(" sm_activity=")[1].split(" ")[0]
+    assert len(value.split(".")[1]) == 3, status[-1]
+
+
+# --- MIG: GPM where NVML has no utilization ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_on_a_mig_device_gpms_graphics_activity_stands_for_utilization(tmp_path: Path, metric: str) -> None:
+    looks = look(tmp_path, metric, mig=True, seconds=12)
+    lines = looks.status_lines()
+    assert lines and all(line["util"] is not None and line["own"] is not None and line["foreign"] is not None
+                         for line in lines), lines
+    assert all(near(line["util"]) and float(line["foreign"]) <= CLOSE and int(line["samples"]) >= 4  # type: ignore[arg-type]
+               for line in lines), lines
+    # the event lines' latest shares too, and the status file's
+    assert all(row["util"] is not None and near(row["util"]) for row in looks.rows), looks.rows
+
+
+# --- the snapshot -----------------------------------------------------------------------------------------------------
+
+
+def test_a_supervisors_row_and_its_series_have_no_held_metric_to_show() -> None:
+    from forge_load.service.exclusive import supervisor_status
+
+    status = supervisor_status("filling")
+    assert status.metric_ratio is None and status.metric_own_ratio is None
+
+
+def test_held_now_is_the_latest_second_weighted_by_span() -> None:
+    now = HeldNow()
+    assert now.mean() is None
+    now.add([Held(0.2 * k, 0.2, 1.0 if k < 5 else 0.5, 0.5) for k in range(1, 11)])  # 0.2 ... 2.0
+    assert now.mean() == pytest.approx((0.5, 0.5))  # the first second's readings are gone
+    now.add([Held(2.3, 0.3, 0.0, 0.0)])  # spans from 1.3 on stay: 1.4-2.0 (0.6 s at 0.5) and 2.0-2.3 (0.3 s at 0)
+    assert now.mean() == pytest.approx((0.5 * 0.6 / 0.9, 0.5 * 0.6 / 0.9))
+    now.add([Held(5.0, 2.0, 0.25, 0.2)])  # longer than the second: kept alone
+    assert now.mean() == pytest.approx((0.25, 0.2))
