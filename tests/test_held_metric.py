@@ -8,6 +8,8 @@ virtual GPU: tests/test_held_metric_vgpu.py."""
 from __future__ import annotations
 
 import io
+import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from forge_load.clock import boot_time_s
 from forge_load.commands import status as status_command
 from forge_load.config.load import load_config
 from forge_load.control.quantity import Held, HeldNow
@@ -24,6 +27,8 @@ from forge_load.control.status import GpuSlots
 from forge_load.service import metrics
 from forge_load.service.loop import run_loop
 from forge_load.service.runtime import Runtime
+from forge_load.steering import filler_status
+from forge_load.steering.filler_status import FillerStatus
 from tests.sim_gpm import GpmSimBackend, run_with_gpm
 
 TARGET = 0.5
@@ -145,6 +150,23 @@ def test_on_a_mig_device_gpms_graphics_activity_stands_for_utilization(tmp_path:
     assert all(row["util"] is not None and near(row["util"]) for row in looks.rows), looks.rows
 
 
+# --- forge-load status ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("mig", [False, True], ids=["whole", "mig"])
+def test_forge_load_status_shows_the_held_metric(tmp_path: Path, metric: str, mig: bool) -> None:
+    looks = look(tmp_path, metric, mig)
+    for row in looks.rows:
+        assert row["metric"] == metric and near(row["metric_value"]), row
+        assert isinstance(row["metric_own"], float) and abs(row["metric_own"] - TARGET) <= 2 * CLOSE, row
+    for table in looks.tables:
+        head, body = table[0].split(), table[1].split()
+        assert head[:7] == ["GPU", "UUID", "PID", "STATE", "TARGET", "METRIC", "UTIL"], table
+        name, value = body[5].split("=")
+        assert name == metric and abs(float(value) - TARGET) <= CLOSE, table
+
+
 # --- the snapshot -----------------------------------------------------------------------------------------------------
 
 
@@ -153,6 +175,46 @@ def test_a_supervisors_row_and_its_series_have_no_held_metric_to_show() -> None:
 
     status = supervisor_status("filling")
     assert status.metric_ratio is None and status.metric_own_ratio is None
+
+
+# --- the status file: optional fields, an older filler's file still shows -------------------------------------------
+
+
+def write_status(hold_dir: Path, record: dict[str, object]) -> None:
+    (hold_dir / filler_status.status_name(GPU0)).write_text(json.dumps(record))
+
+
+def older_record() -> dict[str, object]:
+    """A status file as a filler before the held metric wrote it."""
+    return {"format": 1, "gpu_uuid": GPU0, "gpu_index": 0, "pid": os.getpid(), "state": "filling",
+            "target_ratio": 0.5, "util_ratio": 0.49, "own_ratio": 0.48, "power_w": 300.0, "reason": None,
+            "held_by": [], "simulated": False, "pid_namespace": None, "pid_start_ticks": None,
+            "written_unix_s": time.time(), "written_boot_s": boot_time_s(), "locked": False}
+
+
+def test_an_older_fillers_status_file_still_shows_with_no_metric(tmp_path: Path) -> None:
+    write_status(tmp_path, older_record())
+    rows, problems = status_command.read(str(tmp_path), "--hold-dir")
+    assert problems == [] and len(rows) == 1
+    shown = status_command.as_json(rows[0], time.time())
+    assert (shown["metric"], shown["metric_value"], shown["metric_own"], shown["util"]) == (None, None, None, 0.49)
+    head, body = (line.split() for line in status_command.table(rows)[:2])
+    assert body[head.index("METRIC")] == "-" and body[head.index("UTIL")] == "0.49"
+
+
+def test_the_metric_fields_are_written_and_read_back_and_bad_ones_are_unknown(tmp_path: Path) -> None:
+    writer = filler_status.StatusWriter(str(tmp_path), GPU0, 0, os.getpid())
+    writer.write("filling", (), 0.5, 0.5, 0.5, 300.0, metric="sm_activity", metric_ratio=0.51, metric_own_ratio=0.52)
+    [seen] = filler_status.read_all(str(tmp_path))[0]
+    assert (seen.status.metric, seen.status.metric_ratio, seen.status.metric_own_ratio) == ("sm_activity", 0.51, 0.52)
+    writer.close()
+    for bad in ({"metric": 7, "metric_ratio": "0.5"}, {"metric": "x" * 100, "metric_ratio": True},
+                {"metric": "sm activity\n", "metric_own_ratio": float("nan")}):
+        raw = json.dumps({**older_record(), **bad}).encode()
+        status = filler_status.from_json(raw, GPU0)
+        assert (status.metric, status.metric_ratio, status.metric_own_ratio) == (None, None, None), bad
+    assert isinstance(filler_status.from_json(filler_status.to_json(FillerStatus(GPU0, 0, 1, "filling")), GPU0),
+                      FillerStatus)
 
 
 def test_held_now_is_the_latest_second_weighted_by_span() -> None:

@@ -83,20 +83,23 @@ def as_json(row: Row, now_unix_s: float) -> dict[str, object]:
     seen = row.seen
     status = seen.status
     return {"gpu": row.index, "filler_gpu": status.gpu_index, "uuid": status.gpu_uuid, "pid": status.pid,
-            "state": seen.state, "filler_state": status.state, "target": status.target_ratio, "util": status.util_ratio,
+            "state": seen.state, "filler_state": status.state, "target": status.target_ratio, "metric": status.metric,
+            "metric_value": status.metric_ratio, "metric_own": status.metric_own_ratio, "util": status.util_ratio,
             "own": status.own_ratio, "power_w": status.power_w, "held_by": list(status.held_by),
             "reason": status.reason, "age_s": round(seen.age_s, 3), "alive": seen.alive,
             "simulated": status.simulated, "time_unix_s": round(now_unix_s, 3)}
 
 
 def table(rows: list[Row]) -> list[str]:
-    head = ("GPU", "UUID", "PID", "STATE", "TARGET", "UTIL", "OWN", "POWER", "AGE")
+    head = ("GPU", "UUID", "PID", "STATE", "TARGET", "METRIC", "UTIL", "OWN", "POWER", "AGE")
     cells = [head]
     for row in rows:
         seen, s = row.seen, row.seen.status
         power = "-" if s.power_w is None else f"{s.power_w:.0f}W"
+        metric = "-" if s.metric is None or s.metric_ratio is None else f"{s.metric}={s.metric_ratio:.2f}"
         cells.append((str(row.index) + ("*" if s.simulated else ""), s.gpu_uuid, str(s.pid), seen.state,
-                      _ratio(s.target_ratio), _ratio(s.util_ratio), _ratio(s.own_ratio), power, f"{seen.age_s:.1f}s"))
+                      _ratio(s.target_ratio), metric, _ratio(s.util_ratio), _ratio(s.own_ratio), power,
+                      f"{seen.age_s:.1f}s"))
     widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
     reasons = ["REASON / HOLDER"] + [escape_controls(why(row.seen)) for row in rows]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cell, widths)) + "  " + reason

@@ -169,7 +169,7 @@ class Filler:
         assert self.report is not None
         status = self.status(now_s)
         self.report.write(status.state, held_by, status.target, status.util_ratio, status.own_ratio, status.power_w,
-                          self.reason)
+                          self.reason, status.metric, status.metric_ratio, status.metric_own_ratio)
 
     def _react(self, now_s: float, reading: Reading) -> None:
         self.last = reading

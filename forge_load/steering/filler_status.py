@@ -24,6 +24,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import stat
 import time
 from collections.abc import Callable
@@ -99,6 +100,10 @@ class FillerStatus:
     written_unix_s: float = 0.0
     written_boot_s: float | None = None
     locked: bool = False  # the writer held its alive lock: a free lock means it has ended
+    # The held metric (FORGE_METRIC) over its latest second, and our own share of it; None from an older filler
+    metric: str | None = None
+    metric_ratio: float | None = None
+    metric_own_ratio: float | None = None
 
 
 def to_json(status: FillerStatus) -> bytes:
@@ -111,6 +116,11 @@ def _ratio(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _metric(value: object) -> str | None:
+    """A metric's name as a filler writes it (utilization, sm_activity...); None for anything else."""
+    return value if isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,31}", value) else None
 
 
 def from_json(data: bytes, gpu_uuid: str) -> FillerStatus:
@@ -135,7 +145,8 @@ def from_json(data: bytes, gpu_uuid: str) -> FillerStatus:
         _ratio(loaded.get("own_ratio")), _ratio(loaded.get("power_w")), reason if isinstance(reason, str) else None,
         tuple(held_by), loaded.get("simulated") is True, ns if isinstance(ns, str) else None,
         ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None, written,
-        _ratio(loaded.get("written_boot_s")), loaded.get("locked") is True)
+        _ratio(loaded.get("written_boot_s")), loaded.get("locked") is True, _metric(loaded.get("metric")),
+        _ratio(loaded.get("metric_ratio")), _ratio(loaded.get("metric_own_ratio")))
 
 
 # --- the filler's side -----------------------------------------------------------------------------------
@@ -167,13 +178,14 @@ class StatusWriter:
 
     def write(self, state: str, held_by: tuple[str, ...], target_ratio: float | None = None,
               util_ratio: float | None = None, own_ratio: float | None = None, power_w: float | None = None,
-              reason: str | None = None) -> None:
+              reason: str | None = None, metric: str | None = None, metric_ratio: float | None = None,
+              metric_own_ratio: float | None = None) -> None:
         self._said, self._written_s = (state, held_by), self.monotonic()
         if self._alive_fd is None:
             self._alive_fd = claim_alive(self.hold_dir, self.gpu_uuid)
         record = FillerStatus(self.gpu_uuid, self.gpu_index, self.pid, state, target_ratio, util_ratio, own_ratio,
                               power_w, reason, held_by, self.simulated, self._ns, self._ticks, self.wall_clock(),
-                              boot_time_s(), self._alive_fd is not None)
+                              boot_time_s(), self._alive_fd is not None, metric, metric_ratio, metric_own_ratio)
         try:
             disk.write_atomic(self.hold_dir, status_name(self.gpu_uuid), to_json(record))
             self._wrote = True
