@@ -29,7 +29,7 @@ from forge_load.service.loop import run_loop
 from forge_load.service.runtime import Runtime
 from forge_load.steering import filler_status
 from forge_load.steering.filler_status import FillerStatus
-from tests.sim_gpm import GpmSimBackend, run_with_gpm
+from tests.sim_gpm import MIG_INSTANCE, MIG_PROFILE, GpmSimBackend, run_with_gpm
 
 TARGET = 0.5
 CLOSE = 0.05  # the goal: the held metric's reading within this of the target, wherever it is shown
@@ -165,6 +165,25 @@ def test_forge_load_status_shows_the_held_metric(tmp_path: Path, metric: str, mi
         assert head[:7] == ["GPU", "UUID", "PID", "STATE", "TARGET", "METRIC", "UTIL"], table
         name, value = body[5].split("=")
         assert name == metric and abs(float(value) - TARGET) <= CLOSE, table
+
+
+# --- /metrics ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("mig", [False, True], ids=["whole", "mig"])
+def test_metrics_export_the_held_metric_with_dcgm_exporters_labels(tmp_path: Path, metric: str, mig: bool) -> None:
+    looks = look(tmp_path, metric, mig)
+    labels = ({"gpu": "0", "UUID": GPU0, "GPU_I_ID": str(MIG_INSTANCE), "GPU_I_PROFILE": MIG_PROFILE} if mig
+              else {"gpu": "0", "UUID": GPU0, "GPU_I_ID": "", "GPU_I_PROFILE": ""})
+    for values in looks.scrapes:
+        [(held_labels, held)] = values["forge_load_metric_ratio"]
+        [(own_labels, own)] = values["forge_load_own_metric_ratio"]
+        assert held_labels == own_labels == {**labels, "metric": metric}
+        assert abs(held - TARGET) <= CLOSE and abs(own - TARGET) <= 2 * CLOSE, (held, own)
+        if mig:  # GPM's graphics activity where NVML has no utilization
+            [(_, util)] = values["forge_load_device_utilization_ratio"]
+            assert abs(util - TARGET) <= CLOSE
 
 
 # --- the snapshot -----------------------------------------------------------------------------------------------------

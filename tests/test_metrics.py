@@ -136,7 +136,8 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     # A whole GPU: no GPU instance (empty, which Prometheus reads as absent: tests/test_metrics_mig.py).
     gpu_labels = {"gpu": "0", "UUID": slot.uuid, "GPU_I_ID": "", "GPU_I_PROFILE": ""}
     assert slot.uuid.startswith("GPU-") and list(gpu_labels) == metrics.GPU_LABELS
-    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "hostname"}}
+    extra = {"forge_load_state": {"state"}, "forge_load_gpu_info": {"modelName", "hostname"},
+             "forge_load_metric_ratio": {"metric"}, "forge_load_own_metric_ratio": {"metric"}}
     for name, samples in values.items():
         if name == "forge_load_build_info":
             assert samples == [({"version": samples[0][0]["version"], "python_version": samples[0][0]["python_version"],
@@ -161,6 +162,9 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     # Foreign is what NVML counts beyond our own share (none where our event-timed share reads above it).
     assert one["forge_load_foreign_utilization_ratio"] == pytest.approx(
         max(one["forge_load_device_utilization_ratio"] - one["forge_load_own_utilization_ratio"], 0.0))
+    # The held metric (FORGE_METRIC, utilization by default) over its latest second
+    assert values["forge_load_metric_ratio"][0][0]["metric"] == "utilization"
+    assert abs(one["forge_load_metric_ratio"] - 0.5) < 0.05 and abs(one["forge_load_own_metric_ratio"] - 0.5) < 0.05
     assert one["forge_load_up"] == 1.0
     assert one["forge_load_gpu_info"] == 1.0
     states = {labels["state"]: value for labels, value in values["forge_load_state"]}

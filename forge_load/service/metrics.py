@@ -34,11 +34,18 @@ METRICS: dict[str, tuple[str, str]] = {
                                      "(MIG-...), as the logs, holds and forge-load status name it"),
     "forge_load_up": ("gauge", "1 while this GPU's filler loop is alive and fresh (what /health checks), else 0"),
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
-    "forge_load_target_ratio": ("gauge", "Utilization the filler holds now: the target, the boost target "
-                                         "when boosted, 0 while yielding"),
+    "forge_load_target_ratio": ("gauge", "What the filler holds the held metric (forge_load_metric_ratio) at now: "
+                                         "the target, the boost target when boosted, 0 while yielding"),
+    "forge_load_metric_ratio": ("gauge", "The held metric over its latest second, ours and foreign; label metric: "
+                                         "FORGE_METRIC (utilization: NVML's, or GPM's graphics activity where NVML has "
+                                         "none; sm_activity, gr_activity: GPM's)"),
+    "forge_load_own_metric_ratio": ("gauge", "Our own share of the held metric over its latest second (our kernels' "
+                                             "busy share, timed with CUDA events); label metric"),
     "forge_load_device_utilization_ratio": ("gauge", "Device utilization (NVML) in the latest sample window, "
-                                                     "ours and foreign"),
-    "forge_load_own_utilization_ratio": ("gauge", "Share of the latest sample window our own kernels ran"),
+                                                     "ours and foreign; on a MIG device, where NVML has none, GPM's "
+                                                     "graphics activity over the latest second"),
+    "forge_load_own_utilization_ratio": ("gauge", "Share of the latest sample window (on a MIG device: second) our "
+                                                  "own kernels ran"),
     "forge_load_foreign_utilization_ratio": ("gauge", "Device utilization beyond our own in the latest sample "
                                                       "window (a foreign job's)"),
     "forge_load_multiplier": ("gauge", "Blocks per SM in each of our launches; 0 while not launching"),
@@ -94,13 +101,15 @@ class FillerCollector:
         mig = family("forge_load_mig_info", ["mig_uuid"])
         up, state = family("forge_load_up"), family("forge_load_state", ["state"])
         target, util = family("forge_load_target_ratio"), family("forge_load_device_utilization_ratio")
+        held, held_own = (family("forge_load_metric_ratio", ["metric"]),
+                          family("forge_load_own_metric_ratio", ["metric"]))
         own, foreign = family("forge_load_own_utilization_ratio"), family("forge_load_foreign_utilization_ratio")
         multiplier, memory = family("forge_load_multiplier"), family("forge_load_process_gpu_memory_bytes")
         yields, yielding = family("forge_load_yields_total"), family("forge_load_yielding_seconds_total")
         busy = family("forge_load_own_busy_seconds_total")
         power, cap = family("forge_load_power_watts"), family("forge_load_power_cap_watts")
         capped, energy = family("forge_load_power_capped"), family("forge_load_energy_joules_total")
-        held, begun = family("forge_load_holds"), family("forge_load_holds_begun_total")
+        holds, begun = family("forge_load_holds"), family("forge_load_holds_begun_total")
 
         for slot in self.gpu_slots.slots:
             labels = gpu_labels(slot)
@@ -122,6 +131,9 @@ class FillerCollector:
             if slot.status != "running":
                 continue  # a stopped or failed GPU's last readings would read as current
             target.add_metric(labels, snapshot.holding)
+            for family_, value in ((held, snapshot.metric_ratio), (held_own, snapshot.metric_own_ratio)):
+                if value is not None:
+                    family_.add_metric([*labels, snapshot.metric], value)
             multiplier.add_metric(labels, float(snapshot.multiplier))
             for family_, value in ((util, snapshot.util_ratio), (own, snapshot.own_ratio),
                                    (foreign, snapshot.foreign_ratio)):
@@ -134,9 +146,9 @@ class FillerCollector:
             if snapshot.power_cap_w is not None:
                 cap.add_metric(labels, snapshot.power_cap_w)
             capped.add_metric(labels, 1.0 if snapshot.power_capped else 0.0)
-            held.add_metric(labels, float(snapshot.holds))
-        yield from (build, info, mig, up, state, target, util, own, foreign, multiplier, memory, yields, yielding, busy,
-                    power, cap, capped, energy, held, begun)
+            holds.add_metric(labels, float(snapshot.holds))
+        yield from (build, info, mig, up, state, target, held, held_own, util, own, foreign, multiplier, memory, yields,
+                    yielding, busy, power, cap, capped, energy, holds, begun)
 
 
 # --- the registry ---------------------------------------------------------------------------------------------
