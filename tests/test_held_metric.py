@@ -236,12 +236,12 @@ def test_the_metric_fields_are_written_and_read_back_and_bad_ones_are_unknown(tm
                       FillerStatus)
 
 
-def test_held_now_is_the_latest_second_weighted_by_span() -> None:
+def test_held_now_is_the_fewest_latest_readings_that_cover_two_seconds_weighted_by_span() -> None:
     now = HeldNow()
     assert now.mean() is None
-    now.add([Held(0.2 * k, 0.2, 1.0 if k < 5 else 0.5, 0.5) for k in range(1, 11)])  # 0.2 ... 2.0
-    assert now.mean() == pytest.approx((0.5, 0.5))  # the first second's readings are gone
-    now.add([Held(2.3, 0.3, 0.0, 0.0)])  # spans from 1.3 on stay: 1.4-2.0 (0.6 s at 0.5) and 2.0-2.3 (0.3 s at 0)
-    assert now.mean() == pytest.approx((0.5 * 0.6 / 0.9, 0.5 * 0.6 / 0.9))
-    now.add([Held(5.0, 2.0, 0.25, 0.2)])  # longer than the second: kept alone
+    now.add([Held(0.2 * k, 0.2, 1.0 if k <= 5 else 0.5, 0.5) for k in range(1, 16)])  # 0.2 ... 3.0
+    assert now.mean() == pytest.approx((0.5, 0.5))  # the first second's readings are gone: 1.0-3.0 is kept
+    now.add([Held(3.3, 0.3, 0.0, 0.0)])  # 1.2-3.0 (1.8 s at 0.5) and 3.0-3.3 (0.3 s at 0): 2.1 s, the fewest
+    assert now.mean() == pytest.approx((0.5 * 1.8 / 2.1, 0.5 * 1.8 / 2.1))
+    now.add([Held(6.0, 2.5, 0.25, 0.2)])  # longer than two seconds: kept alone
     assert now.mean() == pytest.approx((0.25, 0.2))

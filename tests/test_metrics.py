@@ -162,7 +162,7 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     # Foreign is what NVML counts beyond our own share (none where our event-timed share reads above it).
     assert one["forge_load_foreign_utilization_ratio"] == pytest.approx(
         max(one["forge_load_device_utilization_ratio"] - one["forge_load_own_utilization_ratio"], 0.0))
-    # The held metric (FORGE_METRIC, utilization by default) over its latest second
+    # The held metric (FORGE_METRIC, utilization by default) over its latest 2 s
     assert values["forge_load_metric_ratio"][0][0]["metric"] == "utilization"
     assert abs(one["forge_load_metric_ratio"] - 0.5) < 0.05 and abs(one["forge_load_own_metric_ratio"] - 0.5) < 0.05
     assert one["forge_load_up"] == 1.0

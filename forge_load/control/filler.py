@@ -89,7 +89,7 @@ class Filler:
         self.yielding_s = 0.0
         self.last: Reading | None = None
         self.last_share: Held | None = None  # the latest utilization reading (NVML's, or GPM's where it has none)
-        self.util_now = HeldNow()  # utilization's readings of the latest second
+        self.util_now = HeldNow()  # utilization's readings of the latest 2 s
         self.held_now = self.util_now if quantity is UTILIZATION else HeldNow()  # the held quantity's
         self._seq = 0
         self._stats = IntervalStats()
@@ -300,8 +300,8 @@ class Filler:
         """The snapshot the log lines and the metrics both read."""
         last, policy = self.last, self.policy
         held = self.held_now.mean()
-        # NVML's latest sample window; GPM's readings of the latest second where GPM stands in for it (a single one
-        # is shorter than the period our bursts repeat on, and swings with where it falls)
+        # NVML's latest sample window; where GPM stands in for it, its readings of the latest 2 s (quantity.HeldNow:
+        # a single one holds one period of our bursts and part of the next, and swings with where it falls)
         share = self.last_share
         if last is not None and last.utilization_by_gpm:
             util_now = self.util_now.mean()

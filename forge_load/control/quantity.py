@@ -94,7 +94,7 @@ QUANTITIES: dict[str, Quantity] = {q.name: q for q in (UTILIZATION, SM_ACTIVITY,
 NEEDS_GPM = frozenset({SM_ACTIVITY.name, GR_ACTIVITY.name})
 
 
-HELD_OVER_S = 1.0  # the held metric as shown now: its readings of the latest second
+HELD_OVER_S = 2.0  # the held metric as shown now: its readings of the latest two seconds
 
 
 def held_mean(readings: Sequence[Held]) -> tuple[float, float] | None:
@@ -107,21 +107,21 @@ def held_mean(readings: Sequence[Held]) -> tuple[float, float] | None:
 
 
 class HeldNow:
-    """A quantity's readings of the latest HELD_OVER_S (up to the newest one's end): what the status file and the
-    metrics show of it. A single GPM reading (about 0.2 s) holds one period of our bursts and part of the next, so it
-    swings with where it falls (by 0.08 at a 0.5 target); a second of readings holds whole periods (1/6 s or less),
-    as NVML's sample windows do."""
+    """A quantity's latest readings, the fewest that cover HELD_OVER_S: what the status file and the metrics show of
+    it. A single GPM reading (about 0.2 s) holds one period of our bursts (1/6 s or less) and part of the next, so it
+    swings with where it falls, by 0.08 at a 0.5 target; over a stretch of W seconds the part-period is off by at
+    most a quarter of a period, 0.04 / W at most (NVML's sample windows hold whole periods: it is exact there)."""
 
     def __init__(self) -> None:
         self._recent: deque[Held] = deque()
+        self._span_s = 0.0
 
     def add(self, readings: Sequence[Held]) -> None:
-        self._recent.extend(readings)
-        if not self._recent:
-            return
-        from_s = self._recent[-1].t_s - HELD_OVER_S - 1e-9  # the newest one is kept, however long its span
-        while len(self._recent) > 1 and self._recent[0].t_s - self._recent[0].span_s < from_s:
-            self._recent.popleft()
+        for reading in readings:
+            self._recent.append(reading)
+            self._span_s += reading.span_s
+        while len(self._recent) > 1 and self._span_s - self._recent[0].span_s >= HELD_OVER_S - 1e-9:
+            self._span_s -= self._recent.popleft().span_s
 
     def mean(self) -> tuple[float, float] | None:
         return held_mean(self._recent)

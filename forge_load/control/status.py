@@ -43,7 +43,7 @@ class GpuStatus:
     holds: int = 0  # holds honoured now (holds.py)
     holds_begun: int = 0  # holds honoured since the start
     metric: str = "utilization"  # what the target is a target of (FORGE_METRIC: quantity.py)
-    metric_ratio: float | None = None  # its readings of the latest second (quantity.HeldNow), the device's,
+    metric_ratio: float | None = None  # its readings of the latest 2 s (quantity.HeldNow), the device's,
     metric_own_ratio: float | None = None  # and our own share of them; None before the first, and for a supervisor
 
 

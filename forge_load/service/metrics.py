@@ -36,15 +36,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "forge_load_state": ("gauge", "1 for the GPU's current state (label state), 0 for the others"),
     "forge_load_target_ratio": ("gauge", "What the filler holds the held metric (forge_load_metric_ratio) at now: "
                                          "the target, the boost target when boosted, 0 while yielding"),
-    "forge_load_metric_ratio": ("gauge", "The held metric over its latest second, ours and foreign; label metric: "
+    "forge_load_metric_ratio": ("gauge", "The held metric over its latest 2 s, ours and foreign; label metric: "
                                          "FORGE_METRIC (utilization: NVML's, or GPM's graphics activity where NVML has "
                                          "none; sm_activity, gr_activity: GPM's)"),
-    "forge_load_own_metric_ratio": ("gauge", "Our own share of the held metric over its latest second (our kernels' "
+    "forge_load_own_metric_ratio": ("gauge", "Our own share of the held metric over its latest 2 s (our kernels' "
                                              "busy share, timed with CUDA events); label metric"),
     "forge_load_device_utilization_ratio": ("gauge", "Device utilization (NVML) in the latest sample window, "
                                                      "ours and foreign; on a MIG device, where NVML has none, GPM's "
-                                                     "graphics activity over the latest second"),
-    "forge_load_own_utilization_ratio": ("gauge", "Share of the latest sample window (on a MIG device: second) our "
+                                                     "graphics activity over the latest 2 s"),
+    "forge_load_own_utilization_ratio": ("gauge", "Share of the latest sample window (on a MIG device: 2 s) our "
                                                   "own kernels ran"),
     "forge_load_foreign_utilization_ratio": ("gauge", "Device utilization beyond our own in the latest sample "
                                                       "window (a foreign job's)"),

@@ -100,7 +100,7 @@ class FillerStatus:
     written_unix_s: float = 0.0
     written_boot_s: float | None = None
     locked: bool = False  # the writer held its alive lock: a free lock means it has ended
-    # The held metric (FORGE_METRIC) over its latest second, and our own share of it; None from an older filler
+    # The held metric (FORGE_METRIC) over its latest 2 s, and our own share of it; None from an older filler
     metric: str | None = None
     metric_ratio: float | None = None
     metric_own_ratio: float | None = None
