@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,12 +24,13 @@ from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
 from forge_load.service.loop import run_loop
 from forge_load.service.runtime import Runtime
 from forge_load.steering.pause import PauseSwitch
+from tests.host_paths import settings_free
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def forge(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env = settings_free("TARGET")
     full_env.update(env or {})
     full_env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, "-m", "forge_load", *args], capture_output=True, text=True,
@@ -89,7 +89,7 @@ def test_legacy_target_percent_is_understood() -> None:
 
 @pytest.mark.parametrize("signum", (signal.SIGTERM, signal.SIGINT))
 def test_signal_stops_cleanly_within_a_second(signum: int) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env.update(PYTHONPATH=str(ROOT), FORGE_LOG_FORMAT="json", FORGE_LOG_INTERVAL="0.5")
     proc = subprocess.Popen([sys.executable, "-m", "forge_load", "--simulate"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -320,7 +320,7 @@ def filler_modules(env: dict[str, str], tmp_path: Path, args: tuple[str, ...] = 
                    wrap: Callable[[dict[str, str]], dict[str, str]] = dict) -> set[str]:
     """The modules a filler's process holds once it has run a second and stopped (simulated unless `args` say
     otherwise; `wrap` puts a virtual GPU's variables into the environment)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env = settings_free("TARGET")
     full_env.update(PYTHONPATH=str(ROOT), FORGE_HEARTBEAT_FILE=str(tmp_path / "heartbeat"),
                     FORGE_HOLD_DIR=str(tmp_path), **env)
     done = subprocess.run([sys.executable, "-c", SHOW_MODULES, *args, "--duration", "1"], capture_output=True,

@@ -14,6 +14,7 @@ import pytest
 
 from forge_load.config.load import load_config
 from forge_load.service import health
+from tests.host_paths import settings_free
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,7 @@ HEALTH_COMMANDS = [("forge_load", "health"), ("forge_load.health",)]
 
 def run_health(path: Path, max_age: str | None = None,
                command: tuple[str, ...] = ("forge_load.health",)) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env["FORGE_HEARTBEAT_FILE"] = str(path)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if max_age is not None:

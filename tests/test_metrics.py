@@ -27,6 +27,7 @@ from forge_load.control.status import GpuSlot, GpuSlots
 from forge_load.service import http_server, metrics
 from forge_load.service.loop import run_simulated
 from forge_load.service.runtime import Runtime
+from tests.host_paths import settings_free
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -293,7 +294,7 @@ def test_a_taken_port_is_a_config_error() -> None:
 
 
 def forge_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    env = settings_free("TARGET")
     env.update(PYTHONPATH=str(ROOT), FORGE_HEARTBEAT_FILE=os.devnull + ".none/heartbeat", **(extra or {}))
     return env
 
