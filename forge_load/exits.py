@@ -9,13 +9,18 @@ from __future__ import annotations
 
 # Every command: done.
 EXIT_OK = 0
+# Every command, the filler's --help included (forge_load/cli.py): stdout could not be written (closed, full), said in
+# one line on stderr; or the reader of its pipe stopped reading (`| head -1`), said in none, as a shell reports a tool
+# that SIGPIPE ended (128 + 13). The filler's log has its own: EXIT_LOG_LOST.
+EXIT_OUTPUT_LOST = 5
+EXIT_BROKEN_PIPE = 141
 
 # The filler (`forge-load` without a command; service/app.py says when each applies).
 EXIT_INTERNAL = 1  # a bug, said in one line
 EXIT_CONFIG = 2  # a bad setting, too few open files, or GPUs another filler of this user fills
 EXIT_NO_GPU = 3  # no usable GPU or NVML
 EXIT_GPU_FAILED = 4  # a GPU failed while running
-EXIT_LOG_LOST = 5  # stdout could not be written: the fillers stopped as for a signal
+EXIT_LOG_LOST = 5  # stdout could not be written (a closed pipe too): the fillers stopped as for a signal
 
 # hold, release, holds, status, plot: bad input in one line (or a hold directory that cannot be used).
 EXIT_BAD_INPUT = 2

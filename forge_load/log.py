@@ -112,6 +112,17 @@ def to_devnull(stream: TextIO) -> None:
         os.close(devnull)
 
 
+class OutputLost(BaseException):
+    """A write to stdout failed (`error`): the end of a command, raised by forge_load/cli.py's stdout past whatever
+    the command catches (a BaseException, as KeyboardInterrupt is: no `except Exception` or `except OSError` of a
+    command's own mistakes it for one of them) to the dispatcher, which says it in one line, or in none for a reader
+    that stopped reading."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class LogStream:
     """stdout for the event log, shared by every GPU thread: one whole line per write, never two interleaved.
 
@@ -131,7 +142,7 @@ class LogStream:
             if self.failure is None:
                 try:
                     return self._stream.write(text)
-                except (OSError, ValueError) as error:  # ValueError: the stream was closed under us
+                except (OSError, ValueError, OutputLost) as error:  # ValueError: the stream was closed under us
                     self._failed(error)
             return len(text)
 
@@ -140,10 +151,12 @@ class LogStream:
             if self.failure is None:
                 try:
                     self._stream.flush()
-                except (OSError, ValueError) as error:
+                except (OSError, ValueError, OutputLost) as error:
                     self._failed(error)
 
-    def _failed(self, error: OSError | ValueError) -> None:
+    def _failed(self, error: OSError | ValueError | OutputLost) -> None:
+        if isinstance(error, OutputLost):
+            error = error.error
         self.failure = error if isinstance(error, OSError) else OSError(f"stdout is closed ({error})")
         self._on_failure(self.failure)
 
