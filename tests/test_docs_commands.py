@@ -46,3 +46,19 @@ def test_the_slurm_nodes_install_is_pinned_and_has_the_metrics_extra() -> None:
     assert installs
     for line in installs:
         assert "-r requirements.txt" in line and "'.[metrics]'" in line, line
+
+
+def test_the_test_command_says_what_it_installs_as_root_and_how_not_to() -> None:
+    # `scripts/test.sh` as root with apt-get installs Docker, Slurm, munge and Prometheus and starts a dockerd: a
+    # reader of the quick start must learn that before typing it, and how to skip it.
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert '"${FORGE_SKIP_SYSTEM_TOOLS:-0}" != 1' in script
+    readme = (ROOT / "README.md").read_text()
+    quick = readme[readme.index("### Try it without a GPU"):readme.index("### A GPU host with Docker")]
+    testing = (ROOT / "docs" / "testing.md").read_text()
+    setup = testing[testing.index("## Set up and run"):testing.index("## The layers")]
+    for text in (quick, setup):
+        flat = " ".join(text.split())
+        assert "FORGE_SKIP_SYSTEM_TOOLS=1 scripts/test.sh" in flat
+        for what in ("root", "apt", "Docker", "Slurm", "munge", "Prometheus", "dockerd"):
+            assert what in flat, what
