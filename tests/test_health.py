@@ -73,6 +73,18 @@ def test_check_fresh_stale_missing(tmp_path: Path) -> None:
     assert health.check(path, 300.0)[0]
 
 
+def test_every_verdict_names_the_file_it_judged(tmp_path: Path) -> None:
+    # An operator who gave the wrong settings must see which heartbeat was read, healthy or not.
+    path = tmp_path / "heartbeat-gpu0"
+    assert str(path) in health.check(path, 30.0)[1]  # missing
+    health.Heartbeat(path)()
+    ok, message = health.check(path, 30.0)
+    assert ok and message.startswith(f"heartbeat {path} ") and message.endswith(" s old"), message
+    make_stale(path, 120.0)
+    ok, message = health.check(path, 30.0)
+    assert not ok and str(path) in message and "120 s old" in message
+
+
 def test_heartbeat_path_from_the_settings(tmp_path: Path) -> None:
     config = load_config([], {"FORGE_HEARTBEAT_FILE": str(tmp_path / "x")})
     assert health.heartbeat_location(config) == (tmp_path / "x", False)

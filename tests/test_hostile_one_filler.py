@@ -50,6 +50,8 @@ def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch
     (["--gpus", "0,1"], ["--gpu", "0"]),
     (["--gpus", "all"], ["--gpus", "0,1"]),
     (["--simulate"], []),
+    (["--simulate", "--sim-seed", "1"], ["--simulate"]),  # other simulated GPUs: other UUIDs
+    (["--simulate", "--sim-seed", "1", "--gpus", "all"], ["--simulate", "--gpus", "all"]),
     (["--gpu", "GPU-00000000-0000-4000-8000-000000000000"], ["--gpu", "0"]),
 ])
 def test_fillers_of_other_gpus_have_other_default_heartbeats(one: list[str], other: list[str]) -> None:
