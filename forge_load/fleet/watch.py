@@ -49,7 +49,7 @@ def engine_files(containers_dir: str | None, container_id: str) -> dict[str, Any
 def short_json(value: object) -> str:
     """A value from the engine, as JSON, in at most 200 characters: for a line that says what was ignored."""
     text = json.dumps(value, default=str)
-    return text if len(text) <= 200 else text[:199] + "\u2026"
+    return text if len(text) <= 200 else text[:197] + "..."  # ASCII: a log line escapes the rest
 
 
 class Watch:
