@@ -72,12 +72,16 @@ def no_nvml() -> None:
         pass
 
 
-def test_no_gpu_exits_3_with_a_hint() -> None:
+@pytest.mark.parametrize("gpus", [[], ["--gpu", "0"], ["--gpus", "all"], ["--gpus", "0,1"]])
+def test_no_gpu_exits_3_with_a_hint_said_once_in_the_log(gpus: list[str]) -> None:
+    # It was said twice (an error line, then the same on stderr) for one GPU, and never in the log for all of them.
     no_nvml()
-    result = forge("--duration", "1")
-    assert result.returncode == 3
-    assert "--simulate" in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    result = forge(*gpus, "--duration", "1")
+    assert (result.returncode, result.stderr) == (3, "")
+    lines = result.stdout.splitlines()
+    assert len(lines) == (2 if "0,1" in gpus else 1), lines
+    for line in lines:
+        assert " event=error " in line and "no usable GPU" in line and "--simulate" in line and "exit_code=3" in line
 
 
 def test_legacy_target_percent_is_understood() -> None:
