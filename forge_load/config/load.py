@@ -94,6 +94,29 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
 
     A value overridden by a flag is not read, so a stale variable cannot stop a corrected command line.
     """
+    return _load(argv, env)[0]
+
+
+def load_settings(argv: Sequence[str] | None = None,
+                  env: Mapping[str, str] | None = None) -> tuple[Config, list[str]]:
+    """load_config(), and a warning line for each thing given that does less than it seems to: a FORGE_ variable
+    that is no setting (unknown_variables), simulated GPUs that no filler fills."""
+    env = os.environ if env is None else env
+    config, given = _load(argv, env)
+    warnings = unknown_variables(env)
+    sim_gpus = given.get("sim.gpus")
+    if config.simulate and config.sim.gpus > 1 and sim_gpus is not None and "gpu" not in given \
+            and "gpus" not in given:
+        # As on a real host with several GPUs, the default fills GPU 0 alone: said, since a simulated GPU is this
+        # process's own and nothing else will ever fill the others.
+        warnings.append(
+            f"warning: {sim_gpus.name}={config.sim.gpus} simulates {config.sim.gpus} GPUs, and only GPU 0 "
+            f"is filled ({BY_KEY['gpu'].env}'s default, as on a real host): --gpus all "
+            f"({BY_KEY['gpus'].env}=all) fills every one, --gpu N another")
+    return config, warnings
+
+
+def _load(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> tuple[Config, dict[str, _Given]]:
     env = os.environ if env is None else env
     try:
         args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -131,7 +154,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     _check_sim_devices(config.sim, given)
     _check_sim_jobs(config.sim, given)
     config = _check_time_zone(config, given, env)
-    return _check_health_max_age(config, given)
+    return _check_health_max_age(config, given), given
 
 
 def _check_metric(config: Config, given: Mapping[str, _Given]) -> None:

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO, cast
 
-from forge_load.config.load import load_config, unknown_variables
+from forge_load.config.load import load_settings
 from forge_load.config.settings import Config
 from forge_load.config.values import ConfigError, url_host
 from forge_load.control.filler import Controls
@@ -74,11 +74,11 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     if title is not None:
         title.set(describe_title([]))
     try:
-        config = load_config(argv)
+        config, warnings = load_settings(argv)
     except ConfigError as error:
         say(f"forge-load: {error}")
         return EXIT_CONFIG
-    for warning in unknown_variables(os.environ):
+    for warning in warnings:
         say(f"forge-load: {warning}")
     limit = open_files_limit()
     if limit is not None and limit < MIN_OPEN_FILES:
