@@ -123,7 +123,7 @@ def test_no_raw_control_characters_in_the_log(fmt: str) -> None:
     if fmt == "json":
         assert json.loads(line)["reason"] == NASTY
     else:
-        assert re.match(r'^t=1\.00 event=error reason="a\\u001b\[31mred\\u0000nul', line), line
+        assert re.match(r'^t=1\.00 event=error time=\S+ gpu=0 reason="a\\u001b\[31mred\\u0000nul', line), line
 
 
 # --- the counters agree with the lines before them ---------------------------------------------------------------

@@ -38,10 +38,13 @@ def test_text_and_json_have_the_same_fields_in_the_same_order() -> None:
     text, js = emit_both("status", static={"gpu": 0, "uuid": "GPU-abc"}, **scrambled)
     record = json.loads(js)
     text_fields = parse_text(text)
-    assert list(text_fields) == [k for k in record if k != "ts"]  # ts: JSON lines only
+    # ts: JSON lines only, in the place of key=value lines' time
+    assert [k for k in text_fields if k != "time"] == [k for k in record if k != "ts"]
     core = [k for k in CORE_FIELDS if k in record]
-    assert list(record)[:len(core)] == core == list(CORE_FIELDS)
+    assert list(record)[:len(core)] == core == [k for k in CORE_FIELDS if k != "time"]
+    assert list(text_fields)[:len(core)] == [k for k in CORE_FIELDS if k != "ts"]
     assert set(record) == set(STATUS) | {"event", "gpu", "uuid", "ts"}
+    assert list(record)[-1] == list(text_fields)[-1] == "uuid"
 
 
 def test_json_values() -> None:
@@ -68,7 +71,7 @@ def test_text_values() -> None:
     assert f["gpu_mem_mib"] == "512.2"  # >= 10: one decimal
     assert f["reason"] == "-"
     assert f["extra_flag"] == "true"
-    assert text.startswith("t=12.35 event=status state=filling target=0.500 ")
+    assert text.startswith("t=12.35 event=status time=") and " state=filling target=0.500 " in text
 
 
 def test_text_quotes_values_with_spaces_quotes_or_equals() -> None:
