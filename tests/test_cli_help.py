@@ -59,3 +59,21 @@ def test_every_command_module_is_dispatched_with_its_parser() -> None:
     for name, where in cli.COMMANDS.items():  # the completion and the man page read it (scripts/gen_docs.py)
         module = importlib.import_module(f"forge_load.commands.{where.partition(':')[0]}")
         assert module.build_parser(f"forge-load {name}").prog == f"forge-load {name}"
+
+
+@pytest.mark.parametrize(("args", "meant"), [
+    (["--targe", "0.5", "--simulate"], "--target"),
+    (["--sim-sped=2", "--simulate"], "--sim-speed"),
+    (["status", "--jsn"], "--json"),
+    (["hold", "--gpu", "0", "--holdr", "job"], "--holder"),
+])
+def test_a_mistyped_flag_gets_the_closest_one_named(args: list[str], meant: str) -> None:
+    # A mistyped FORGE_ variable was told the closest setting; a mistyped flag only that it was not known.
+    done = forge(*args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and f": did you mean {meant}?)" in done.stderr, done.stderr
+
+
+def test_a_flag_nothing_is_close_to_gets_no_guess() -> None:
+    done = forge("--zzzzzz", "--simulate")
+    assert done.returncode == 2 and "did you mean" not in done.stderr and "--zzzzzz" in done.stderr

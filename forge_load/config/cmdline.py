@@ -5,6 +5,9 @@ print its usage and exit 2 itself (2 is "unhealthy" to nobody and "reserved" to 
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 
@@ -12,6 +15,30 @@ class UsageError(Exception):
     """argparse's message for a command line it refused (an unknown flag, a missing value), as argparse words it."""
 
 
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name `name` is most likely a typo of (difflib's ratio of at least 0.6), or None: for a flag this
+    parser does not know, and for a FORGE_ variable that is no setting (config/load.py)."""
+    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
 class ArgParser(argparse.ArgumentParser):
+    _given: list[str] | None = None  # the arguments being parsed, for error()'s guesses
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        raise UsageError(message + self._guesses(message))
+
+    def _guesses(self, message: str) -> str:
+        """" (did you mean --target?)" for each flag given that this parser does not know and that is close to one it
+        does, as a mistyped FORGE_ variable is told (config/load.py): argparse says only that it is not known, or
+        that the flag it was meant for is missing."""
+        known = [option for option in self._option_string_actions if option.startswith("--")]
+        typos = {flag: guess for flag in (word.partition("=")[0] for word in self._given or [])
+                 if flag.startswith("--") and flag not in self._option_string_actions
+                 and (guess := closest(flag, known)) is not None}
+        return "".join(f" ({flag}: did you mean {guess}?)" for flag, guess in typos.items())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_load import __version__
-from forge_load.config.cmdline import ArgParser, UsageError
+from forge_load.config.cmdline import ArgParser, UsageError, closest
 from forge_load.config.heartbeat import DEFAULT_HEALTH_MAX_AGE_S, MIN_HEALTH_MAX_AGE_S, heartbeat_period_s
 from forge_load.config.settings import BY_KEY, DEFAULT_BOOST_TARGET, LEGACY_TARGET_ENV, SETTINGS, Config
 from forge_load.config.sim import SimConfig
@@ -58,8 +57,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         if s.boolean:
             parser.add_argument(s.flag, dest=s.dest, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
-        else:
-            parser.add_argument(s.flag, dest=s.dest, default=None, metavar="VALUE", help=help_text)
+        else:  # no argparse `choices`: a bad value gets the setting's own message, as from the environment
+            metavar = "{" + ",".join(s.choices) + "}" if s.choices else "VALUE"
+            parser.add_argument(s.flag, dest=s.dest, default=None, metavar=metavar, help=help_text)
     return parser
 
 
@@ -219,8 +219,8 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     for name in sorted(env):
         if not name.upper().startswith("FORGE_") or name in known or name in TOOL_VARIABLES:
             continue
-        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        close = closest(name.upper(), known)
+        hint = f" (did you mean {close}?)" if close else ""
         shown = escape_controls(name if len(name) <= 80 else name[:40] + "...")
         warnings.append(f"warning: {shown} is not a setting forge-load knows{hint}; it is ignored")
     return warnings
