@@ -4,8 +4,8 @@ only when it is called, so that each loads nothing of the others' (no GPU librar
 signal handlers for a command; the filler installs its own before its heavy imports: commands/filler.py).
 
 A new command: its module in forge_load/commands/ with a `main(argv) -> int` (argv: the arguments after the
-command's name) and a `build_parser(prog)` (the completion and the man page), its line in COMMANDS, and what it does
-in config/load.py's COMMANDS (the filler's --help lists them; tests/test_cli_help.py checks the three agree).
+command's name) and a `build_parser(prog)` (the completion and the man page), and its line in config/cmdline.py's
+COMMANDS: where it starts and what it does, in one place (tests/test_cli_help.py checks every module has its line).
 
 The standard streams are made safe here, once for every command: a closed one at start keeps its number (/dev/null
 holds it, so that no file opened later takes it), a closed stdout or stdin reads and writes as closed, a closed stderr
@@ -23,20 +23,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO, cast
 
+from forge_load.config.cmdline import COMMANDS
 from forge_load.exits import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST
 from forge_load.log import OutputLost, say, to_devnull
 
-# Each command and where it starts: "module:function" under forge_load/commands/ (in the order of the filler's --help,
-# config/load.py's COMMANDS, which says what each does).
-COMMANDS = {
-    "status": "status:main",  # every filler sharing the hold directory (docs/operating.md): any user, no GPU library
-    "hold": "hold:main_hold",  # docs/holds.md: no GPU library, fast for a Slurm prolog
-    "release": "hold:main_release",
-    "holds": "hold:main_holds",
-    "health": "health:main",  # exit 0 healthy, 1 not; never 2, which Docker reserves (as `python -m forge_load.health`)
-    "fleet": "fleet:main",  # the containers of a Docker host (docs/deploying.md): no CUDA, the docker SDK at need
-    "plot": "plot:main",  # a run drawn from its log (docs/operating.md): matplotlib only to draw
-}
 FILLER = "filler:main"  # no command: the filler
 
 
@@ -44,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     prog, where = "forge-load", FILLER
     if args and args[0] in COMMANDS:
-        prog, where, args = f"forge-load {args[0]}", COMMANDS[args[0]], args[1:]
+        prog, where, args = f"forge-load {args[0]}", COMMANDS[args[0]][0], args[1:]
     module, _, function = where.partition(":")
     command: Callable[[list[str]], int] = getattr(importlib.import_module(f"forge_load.commands.{module}"), function)
     stdout = sys.stdout

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from forge_load import __version__, exits  # noqa: E402
-from forge_load.config import load, settings, tools, values  # noqa: E402
+from forge_load.config import cmdline, load, settings, tools, values  # noqa: E402
 from forge_load.control import status  # noqa: E402
 from forge_load.service import http_server, metrics  # noqa: E402
 
@@ -114,17 +114,15 @@ def _with_choices(parser: argparse.ArgumentParser) -> None:
 
 def command_parser() -> argparse.ArgumentParser:
     """The whole command line as one parser, for completion and the man page only: the filler's flags, and each
-    command (cli.py's table, forge_load/commands/) with its own parser, its module's build_parser()."""
+    command (config/cmdline.py's table, forge_load/commands/) with its own parser, its module's build_parser()."""
     import shtab
-
-    from forge_load import cli
 
     parser = load.build_arg_parser()
     parser.epilog = "Every command has its own --help: forge-load COMMAND --help."
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
-    for name, what in load.COMMANDS.items():
+    for name, (where, what) in cmdline.COMMANDS.items():
         commands.add_parser(name, help=what, description=what)
-        module = importlib.import_module(f"forge_load.commands.{cli.COMMANDS[name].partition(':')[0]}")
+        module = importlib.import_module(f"forge_load.commands.{where.partition(':')[0]}")
         own: argparse.ArgumentParser = module.build_parser(f"forge-load {name}")
         if name == "plot":
             for action in own._actions:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gen_docs  # noqa: E402
 
-from forge_load.config.load import COMMANDS  # noqa: E402
+from forge_load.config.cmdline import COMMANDS  # noqa: E402
 
 GENERATED = ["docs/completion/forge-load.bash", "docs/completion/_forge-load", "docs/man/forge-load.1"]
 

@@ -1,6 +1,7 @@
-"""The one argument parser of every command and of the filler's own flags: argparse, except that a command line it
-refuses is an exception (UsageError) for the caller to say in its own one line and exit code, where argparse would
-print its usage and exit 2 itself (2 is "unhealthy" to nobody and "reserved" to Docker's health check)."""
+"""The command line: the table of commands (COMMANDS), and the one argument parser of every command and of the filler's
+own flags: argparse, except that a command line it refuses is an exception (UsageError) for the caller to say in its own
+one line and exit code, where argparse would print its usage and exit 2 itself (2 is "unhealthy" to nobody and
+"reserved" to Docker's health check)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,19 @@ import difflib
 import sys
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
+
+# Every command of `forge-load COMMAND`, in the order the filler's --help lists them: where it starts ("module:function"
+# under forge_load/commands/, which forge_load/cli.py imports only when it is called) and what it does, in the one
+# line the filler's --help, the completion and the man page give it.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "status": ("status:main", "every filler on this host, a row per GPU"),
+    "hold": ("hold:main_hold", "hold GPUs for a job: their fillers step aside (docs/holds.md)"),
+    "release": ("hold:main_release", "release a hold"),
+    "holds": ("hold:main_holds", "the holds in place"),
+    "health": ("health:main", "the health check of a filler started with the same settings"),
+    "fleet": ("fleet:main", "one filler container per GPU of a Docker host: up, down, status, logs, watch"),
+    "plot": ("plot:main", "draw a run from its log (PNG or SVG)"),
+}
 
 
 class UsageError(Exception):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_load import __version__
-from forge_load.config.cmdline import ArgParser, UsageError, closest
+from forge_load.config.cmdline import COMMANDS, ArgParser, UsageError, closest
 from forge_load.config.heartbeat import DEFAULT_HEALTH_MAX_AGE_S, MIN_HEALTH_MAX_AGE_S, heartbeat_period_s
 from forge_load.config.settings import BY_KEY, DEFAULT_BOOST_TARGET, LEGACY_TARGET_ENV, SETTINGS, Config
 from forge_load.config.sim import SimConfig
@@ -27,18 +27,8 @@ from forge_load.config.values import ConfigError, Setting, parse_value, percent_
 from forge_load.log import escape_controls
 from forge_load.steering.schedule import ScheduleError, local_zone
 
-# The commands dispatched before the filler's flags are read (cli.py), each with `forge-load COMMAND --help`.
-COMMANDS = {
-    "status": "every filler on this host, a row per GPU",
-    "hold": "hold GPUs for a job: their fillers step aside (docs/holds.md)",
-    "release": "release a hold",
-    "holds": "the holds in place",
-    "health": "the health check of a filler started with the same settings",
-    "fleet": "one filler container per GPU of a Docker host: up, down, status, logs, watch",
-    "plot": "draw a run from its log (PNG or SVG)",
-}
 COMMANDS_EPILOG = "\n".join(["commands (forge-load COMMAND --help):",
-                             *(f"  {name:<9} {what}" for name, what in COMMANDS.items()),
+                             *(f"  {name:<9} {what}" for name, (_, what) in COMMANDS.items()),
                              "", "Without a command, forge-load runs the filler with the options above."])
 
 
