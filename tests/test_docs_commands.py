@@ -1,6 +1,8 @@
-"""The commands the docs give a new user, as they would type them (issue 27's traps): the image they build is the
+"""The commands the docs give a new user, as they would type them, and the traps in them: the image they build is the
 one the DaemonSet names; `kubectl logs -l ... -f` follows more than 5 pods; no `sudo forge-load` that sudo's
-secure_path cannot find; the Slurm node's install pinned and with the metrics extra (FORGE_METRICS_PORT needs it)."""
+secure_path cannot find; the Slurm node's install pinned and with the metrics extra (FORGE_METRICS_PORT needs it); the
+test command saying what it installs as root; and no page, module or test that names a tracker's number instead of its
+subject."""
 
 from __future__ import annotations
 
@@ -62,3 +64,14 @@ def test_the_test_command_says_what_it_installs_as_root_and_how_not_to() -> None
         assert "FORGE_SKIP_SYSTEM_TOOLS=1 scripts/test.sh" in flat
         for what in ("root", "apt", "Docker", "Slurm", "munge", "Prometheus", "dockerd"):
             assert what in flat, what
+
+
+def test_nothing_is_named_by_a_tracker_number() -> None:
+    # A test module was titled by the number of what asked for it: a number tells a reader of the repository nothing.
+    # Another project's (kubernetes/kubernetes issues #119423) is a source a reader can follow, and stays.
+    number = re.compile(r"([\w.-]+/[\w.-]+ )?\b" + "iss" + r"ues? #?\d+", re.I)
+    files = [*DOCS, *sorted((ROOT / "forge_load").rglob("*.py")), *sorted((ROOT / "tests").glob("*.py"))]
+    # docs/benchmarks.md's tables are written from the benchmark's own goal names (bench/), not by hand.
+    found = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in files if path.name != "benchmarks.md"
+             for match in number.finditer(path.read_text()) if match.group(1) is None]
+    assert found == []
