@@ -19,8 +19,24 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TextIO
 
-# The fields every status-like line carries, in this order; anything else follows.
-CORE_FIELDS = ("t", "ts", "event", "state", "target", "util", "own", "foreign", "multiplier", "gpu_mem_mib", "reason")
+# The fields every status-like line carries, in this order; anything else follows. `time` is key=value lines' (a
+# person's), `ts` JSON lines' (a machine's); `t` and `event` stay first in both (forge-load plot finds a line by them).
+CORE_FIELDS = ("t", "ts", "event", "time", "gpu", "state", "target", "util", "own", "foreign", "multiplier",
+               "gpu_mem_mib", "reason")
+# Last on every line, after whatever a line adds: the GPU's UUID, the longest value, which a person reads least.
+LAST_FIELDS = ("uuid",)
+# In JSON lines only: what a machine counts and a person reading the log does not (key=value lines stay short).
+JSON_ONLY_FIELDS = ("samples",)
+
+
+def local_time(unix_s: float, with_date: bool) -> str:
+    """`unix_s` as the local wall-clock time, as `date +%T` shows it (10:42:07), or, `with_date`, with its date and
+    UTC offset (2026-11-28T10:42:07+01:00): a key=value line's `time`."""
+    stamp = time.localtime(math.floor(unix_s))
+    if not with_date:
+        return time.strftime("%H:%M:%S", stamp)
+    offset = time.strftime("%z", stamp)  # +0100
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', stamp)}{offset[:3]}:{offset[3:]}"
 
 
 def rfc3339_utc(unix_s: float) -> str:
@@ -48,6 +64,7 @@ class EventLog:
         self.static = dict(static or {})
         # Added to every `t`: a child process logs on its parent's timeline (exclusive compute mode).
         self.t_offset_s = 0.0
+        self._day: tuple[int, int, int] | None = None  # the local date of the last key=value line's `time`
 
     def emit(self, event: str, **fields: object) -> dict[str, object]:
         t_s = fields.pop("t", None)
@@ -56,15 +73,22 @@ class EventLog:
         if isinstance(t_s, (int, float)):
             t_s = float(t_s) + self.t_offset_s
         record: dict[str, object] = {"t": round(t_s, 3) if isinstance(t_s, float) else None}
+        wall_s = self.wall_clock()
         if self.fmt == "json":
-            # Only JSON lines: they are the ones shipped to Loki or Elasticsearch; a key=value line is read by
-            # people, through `docker logs -t` or journald, which stamp every line already (docs/operating.md).
-            record["ts"] = rfc3339_utc(self.wall_clock())
+            # JSON lines are the ones shipped to Loki or Elasticsearch: a machine's time, UTC (docs/operating.md).
+            record["ts"] = rfc3339_utc(wall_s)
+        else:
+            # A person's: the local time of day, and the date on the first line and the first of each new day, so
+            # that a bare file places every line without `docker logs -t` or journald (docs/operating.md).
+            day = time.localtime(math.floor(wall_s))[:3]
+            record["time"] = local_time(wall_s, with_date=day != self._day)
+            self._day = day
         record["event"] = event
         record.update(self.static)
         record.update(fields)
         ordered = {k: record[k] for k in CORE_FIELDS if k in record}
-        ordered.update({k: v for k, v in record.items() if k not in ordered})
+        ordered.update({k: v for k, v in record.items() if k not in ordered and k not in LAST_FIELDS})
+        ordered.update({k: record[k] for k in LAST_FIELDS if k in record})
         self.stream.write(self.format(ordered) + "\n")
         self.stream.flush()
         return ordered
@@ -74,7 +98,8 @@ class EventLog:
             # ensure_ascii escapes C0, C1 and every non-ASCII character; DEL is ASCII and is left raw.
             text = json.dumps({k: _json_value(v) for k, v in record.items()}, separators=(",", ":"))
             return text.replace("\x7f", "\\u007f")
-        return " ".join(f"{k}={_text_value(v, 2 if k == 't' else 3)}" for k, v in record.items())
+        return " ".join(f"{k}={_text_value(v, 2 if k == 't' else 3)}" for k, v in record.items()
+                        if k not in JSON_ONLY_FIELDS)
 
 
 # A text value is written bare only when it is plain printable ASCII with nothing logfmt gives a meaning to.
@@ -112,6 +137,17 @@ def to_devnull(stream: TextIO) -> None:
         os.close(devnull)
 
 
+class OutputLost(BaseException):
+    """A write to stdout failed (`error`): the end of a command, raised by forge_load/cli.py's stdout past whatever
+    the command catches (a BaseException, as KeyboardInterrupt is: no `except Exception` or `except OSError` of a
+    command's own mistakes it for one of them) to the dispatcher, which says it in one line, or in none for a reader
+    that stopped reading."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class LogStream:
     """stdout for the event log, shared by every GPU thread: one whole line per write, never two interleaved.
 
@@ -131,7 +167,7 @@ class LogStream:
             if self.failure is None:
                 try:
                     return self._stream.write(text)
-                except (OSError, ValueError) as error:  # ValueError: the stream was closed under us
+                except (OSError, ValueError, OutputLost) as error:  # ValueError: the stream was closed under us
                     self._failed(error)
             return len(text)
 
@@ -140,10 +176,12 @@ class LogStream:
             if self.failure is None:
                 try:
                     self._stream.flush()
-                except (OSError, ValueError) as error:
+                except (OSError, ValueError, OutputLost) as error:
                     self._failed(error)
 
-    def _failed(self, error: OSError | ValueError) -> None:
+    def _failed(self, error: OSError | ValueError | OutputLost) -> None:
+        if isinstance(error, OutputLost):
+            error = error.error
         self.failure = error if isinstance(error, OSError) else OSError(f"stdout is closed ({error})")
         self._on_failure(self.failure)
 

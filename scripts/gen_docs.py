@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forge_load import __version__  # noqa: E402
-from forge_load.config import load, settings, tools, values  # noqa: E402
+from forge_load import __version__, exits  # noqa: E402
+from forge_load.config import cmdline, load, settings, tools, values  # noqa: E402
 from forge_load.control import status  # noqa: E402
 from forge_load.service import http_server, metrics  # noqa: E402
 
@@ -101,19 +102,27 @@ def metrics_page() -> str:
     return "\n".join(out)
 
 
+def _with_choices(parser: argparse.ArgumentParser) -> None:
+    """The values of the settings that take a fixed few, as argparse `choices`, for shtab to complete: only here (at
+    run time a bad value gets the setting's own message, config/load.py)."""
+    by_dest = {s.dest: s for s in settings.SETTINGS}
+    for action in parser._actions:
+        setting = by_dest.get(action.dest)
+        if setting is not None and setting.choices and action.option_strings:
+            action.choices = setting.choices
+
+
 def command_parser() -> argparse.ArgumentParser:
     """The whole command line as one parser, for completion and the man page only: the filler's flags, and each
-    command (cli.py's table, forge_load/commands/) with its own parser, its module's build_parser()."""
+    command (config/cmdline.py's table, forge_load/commands/) with its own parser, its module's build_parser()."""
     import shtab
-
-    from forge_load import cli
 
     parser = load.build_arg_parser()
     parser.epilog = "Every command has its own --help: forge-load COMMAND --help."
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
-    for name, what in load.COMMANDS.items():
+    for name, (where, what) in cmdline.COMMANDS.items():
         commands.add_parser(name, help=what, description=what)
-        module = importlib.import_module(f"forge_load.commands.{cli.COMMANDS[name].partition(':')[0]}")
+        module = importlib.import_module(f"forge_load.commands.{where.partition(':')[0]}")
         own: argparse.ArgumentParser = module.build_parser(f"forge-load {name}")
         if name == "plot":
             for action in own._actions:
@@ -121,7 +130,9 @@ def command_parser() -> argparse.ArgumentParser:
                     action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it: complete file names
         own.description = own.description or what
         own.epilog = None
+        _with_choices(own)
         commands.choices[name] = own
+    _with_choices(parser)
     return parser
 
 
@@ -133,13 +144,48 @@ def completion(shell: str) -> Callable[[], str]:
     return page
 
 
+def _roff(text: str) -> str:
+    """Text for a man page line, as argparse-manpage writes it (a backslash doubled, a hyphen a minus sign)."""
+    return text.replace("\\", "\\\\").replace("-", "\\-")
+
+
+def _exit_status() -> str:
+    """exits.py's table: each code and what it means, by who returns it."""
+    lines = ["What each code means, by command (docs/operating.md says more)."]
+    for who, codes in exits.EXIT_STATUS:
+        lines += [f".SS {_roff(who)}"]
+        for code, meaning in codes:
+            lines += [".TP", f".B {code}", _roff(meaning)]
+    return "\n".join(lines)
+
+
+def _environment() -> str:
+    """Every setting's variable with its flag and meaning (config/settings.py's SETTINGS), then the other variables
+    forge-load reads."""
+    lines = [_roff("Every setting is an environment variable and a flag (OPTIONS); the flag wins. A FORGE_ variable "
+                   "that is no setting gets a warning naming the closest one.")]
+    for s in settings.SETTINGS:
+        lines += [".TP", f"\\fB{_roff(s.env)}\\fR", _roff(f"{s.flag_label}: {s.help}")]
+    for name, meaning in settings.OTHER_VARIABLES.items():
+        lines += [".TP", f"\\fB{_roff(name)}\\fR", _roff(meaning)]
+    return "\n".join(lines)
+
+
 def man_page() -> str:
     from argparse_manpage.manpage import Manpage
 
-    page = Manpage(command_parser())
+    parser = command_parser()
+    page = Manpage(parser)
     # No date: the page depends on the code only (the check compares it byte for byte).
     page.date, page.source, page.manual = "", f"forge-load {__version__}", "forge-load manual"
-    return str(page)
+    # NAME is `forge-load \- what it is`, what whatis and apropos read (man-db's lexgrog).
+    description = (parser.description or "").rstrip(".")
+    page.description = description[:1].lower() + description[1:]
+    page.add_section("exit status", "=", _exit_status())
+    page.add_section("environment", "=", _environment())
+    # argparse wraps a long usage at 80 columns onto indented lines, which roff keeps as they are (a line that starts
+    # with a space breaks the filled text): one line each, for man to fill.
+    return re.sub(r"\n +", " ", str(page))
 
 
 PAGES: dict[str, Callable[[], str]] = {"docs/settings.md": settings_page, "docs/metrics.md": metrics_page,

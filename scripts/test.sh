@@ -4,9 +4,10 @@
 #   scripts/test.sh [pytest args...]
 #
 # Python packages go into a virtual environment ($FORGE_VENV, default .venv). Where this runs as root with
-# apt-get (CI, a fresh machine), it also installs the system tools some tests use (a Docker engine, Prometheus,
-# Slurm and munge, linters) and starts a private Docker engine for the container tests, stopped again at the end.
-# Without them, those tests are skipped and say why.
+# apt-get (CI, a fresh machine), it also installs the system tools some tests use (a C compiler, a Docker engine,
+# Prometheus, Slurm and munge, linters) and starts a private Docker engine for the container tests, stopped again at
+# the end; FORGE_SKIP_SYSTEM_TOOLS=1 installs nothing with apt and starts no engine. Without them, those tests are
+# skipped and say why.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,7 +26,7 @@ say "installing Python requirements"
 
 # The virtual GPU's libraries (vgpu/) are compiled by the tests themselves; they need a C compiler.
 if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
-    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 && [[ "${FORGE_SKIP_SYSTEM_TOOLS:-0}" != 1 ]]; then
         say "installing gcc for the virtual GPU's libraries"
         if ! { apt-get update -qq >&2 &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >&2; }; then

@@ -1,10 +1,26 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 
+from tests import host_paths
+
 pytest_plugins = ["vgpu.pytest_plugin", "tests.slurm_harness"]  # fixtures `vgpu` and `slurm_cluster`
+
+_own_paths: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test is collected: the suite's own heartbeats, locks and other host-shared paths
+    (tests/host_paths.py), for this process and every one a test starts."""
+    _own_paths.append(host_paths.isolate())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for base in _own_paths:
+        host_paths.remove(base)
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 import unicodedata
 from pathlib import Path
 from typing import Any
+
+from tests.host_paths import settings_free
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "tests" / "hostile_entry.py"
@@ -28,7 +29,7 @@ def assert_one_clean_line(message: str, *names: str) -> None:
 
 def forge(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     """`python -m forge_load ARGS` to its end, with no FORGE_ variable but `env`'s."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env = settings_free("TARGET")
     full_env.update(env or {}, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "forge_load", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout_s, cwd=ROOT)
@@ -45,7 +46,7 @@ def assert_config_exit(result: subprocess.CompletedProcess[str], name: str) -> N
 
 def run_health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`python -m forge_load.health` with no FORGE_ variable but `env`'s."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    full = settings_free()
     full.update(env, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "forge_load.health"], cwd=ROOT, env=full, capture_output=True,
                           text=True, timeout=60)
@@ -54,7 +55,7 @@ def run_health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def spawn_entry(*options: str, pid1: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """tests/hostile_entry.py with `options`, JSON lines, no FORGE_ variable but `env`'s; as PID 1 of a PID
     namespace of its own where `pid1` (`unshare`), as in a container."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    full = settings_free()
     full.update(env or {}, PYTHONPATH=str(ROOT), FORGE_LOG_FORMAT="json")
     command = [sys.executable, str(ENTRY), *options]
     if pid1:

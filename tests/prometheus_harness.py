@@ -24,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from tests.host_paths import settings_free
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRAPE_INTERVAL_S = 1
 T = TypeVar("T")
@@ -67,7 +69,7 @@ class Filler:
     """`python -m forge_load` on the simulator, serving metrics on a port it picks (FORGE_METRICS_PORT=0)."""
 
     def __init__(self, *flags: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+        env = settings_free("TARGET")
         env.update(PYTHONPATH=str(ROOT), FORGE_HEARTBEAT_FILE=os.devnull + ".none/heartbeat")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "forge_load", *flags, "--log-format", "json", "--metrics-port", "0",

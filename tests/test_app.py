@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,12 +24,13 @@ from forge_load.gpu.sim import SimGpu, SimLauncher, SimProbe
 from forge_load.service.loop import run_loop
 from forge_load.service.runtime import Runtime
 from forge_load.steering.pause import PauseSwitch
+from tests.host_paths import settings_free
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def forge(*args: str, env: dict[str, str] | None = None, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env = settings_free("TARGET")
     full_env.update(env or {})
     full_env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, "-m", "forge_load", *args], capture_output=True, text=True,
@@ -72,12 +72,16 @@ def no_nvml() -> None:
         pass
 
 
-def test_no_gpu_exits_3_with_a_hint() -> None:
+@pytest.mark.parametrize("gpus", [[], ["--gpu", "0"], ["--gpus", "all"], ["--gpus", "0,1"]])
+def test_no_gpu_exits_3_with_a_hint_said_once_in_the_log(gpus: list[str]) -> None:
+    # It was said twice (an error line, then the same on stderr) for one GPU, and never in the log for all of them.
     no_nvml()
-    result = forge("--duration", "1")
-    assert result.returncode == 3
-    assert "--simulate" in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    result = forge(*gpus, "--duration", "1")
+    assert (result.returncode, result.stderr) == (3, "")
+    lines = result.stdout.splitlines()
+    assert len(lines) == (2 if "0,1" in gpus else 1), lines
+    for line in lines:
+        assert " event=error " in line and "no usable GPU" in line and "--simulate" in line and "exit_code=3" in line
 
 
 def test_legacy_target_percent_is_understood() -> None:
@@ -89,7 +93,7 @@ def test_legacy_target_percent_is_understood() -> None:
 
 @pytest.mark.parametrize("signum", (signal.SIGTERM, signal.SIGINT))
 def test_signal_stops_cleanly_within_a_second(signum: int) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env.update(PYTHONPATH=str(ROOT), FORGE_LOG_FORMAT="json", FORGE_LOG_INTERVAL="0.5")
     proc = subprocess.Popen([sys.executable, "-m", "forge_load", "--simulate"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -116,11 +120,13 @@ def test_text_and_json_lines_carry_the_same_fields() -> None:
     settings = text.pop(1)
     for text_line, record in zip(text, as_json):
         keys = [part.split("=", 1)[0] for part in text_line.split(" ") if "=" in part]
-        assert record.pop("ts")  # JSON lines only (docs/operating.md)
-        assert keys[:len(record)] == list(record)[:len(keys)]
-        assert text_line.startswith(f"t={record['t']:.2f} event={record['event']} ")
+        assert record.pop("ts") and keys.pop(2) == "time"  # each its format's own time (docs/operating.md)
+        record.pop("samples", None)  # JSON lines only
+        assert keys[-1] == list(record)[-1] == "uuid"  # last on every line
+        assert keys[:-1] == list(record)[:len(keys) - 1]  # a JSON start line goes on with the settings
+        assert text_line.startswith(f"t={record['t']:.2f} event={record['event']} time=")
     start_keys = [part.split("=", 1)[0] for part in text[0].split(" ") + settings.split(" ") if "=" in part]
-    assert set(start_keys) == set(as_json[0])
+    assert set(start_keys) - {"time"} == set(as_json[0])
 
 
 class Given:
@@ -320,7 +326,7 @@ def filler_modules(env: dict[str, str], tmp_path: Path, args: tuple[str, ...] = 
                    wrap: Callable[[dict[str, str]], dict[str, str]] = dict) -> set[str]:
     """The modules a filler's process holds once it has run a second and stopped (simulated unless `args` say
     otherwise; `wrap` puts a virtual GPU's variables into the environment)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    full_env = settings_free("TARGET")
     full_env.update(PYTHONPATH=str(ROOT), FORGE_HEARTBEAT_FILE=str(tmp_path / "heartbeat"),
                     FORGE_HOLD_DIR=str(tmp_path), **env)
     done = subprocess.run([sys.executable, "-c", SHOW_MODULES, *args, "--duration", "1"], capture_output=True,

@@ -675,7 +675,7 @@ def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
 
 def test_the_command_as_the_readme_writes_it_draws_with_the_projects_environment(tmp_path: Path) -> None:
     """`python3 scripts/gpu_bench.py` started by an interpreter outside .venv (which has matplotlib) runs in .venv,
-    as scripts/vgpu does (issue 17)."""
+    as scripts/vgpu does."""
     repo = Path(__file__).resolve().parents[1]
     venv_python = repo / ".venv" / "bin" / "python"
     outside = Path(sys.base_prefix) / "bin" / "python3"

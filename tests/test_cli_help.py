@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from forge_load import __version__, cli
-from forge_load.config import load
+from forge_load.config import cmdline, load
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ["status", "hold", "release", "holds", "health", "fleet", "plot"]
@@ -45,17 +45,42 @@ def test_each_command_has_its_help(command: str) -> None:
 
 
 def test_the_dispatcher_starts_the_commands_the_help_names() -> None:
-    assert list(cli.COMMANDS) == list(load.COMMANDS) == COMMANDS
+    # One table says where each command starts and what it does (a command was described in two places).
+    assert cli.COMMANDS is cmdline.COMMANDS and list(cmdline.COMMANDS) == COMMANDS
+    help_text = load.build_arg_parser().format_help()
+    for name, (_, what) in cmdline.COMMANDS.items():
+        assert f"  {name:<9} {what}" in help_text
+    source = (ROOT / "forge_load" / "cli.py").read_text() + (ROOT / "forge_load" / "config" / "load.py").read_text()
+    for _, what in cmdline.COMMANDS.values():
+        assert what not in source, what
 
 
 def test_every_command_module_is_dispatched_with_its_parser() -> None:
     shared = {"__init__", "shared", "host_gpus"}  # what the commands share: no command of their own
     modules = {path.stem for path in (ROOT / "forge_load" / "commands").glob("*.py")} - shared
-    starts = [*cli.COMMANDS.values(), cli.FILLER]
+    starts = [*(where for where, _ in cli.COMMANDS.values()), cli.FILLER]
     assert {where.partition(":")[0] for where in starts} == modules
     for where in starts:
         module, _, function = where.partition(":")
         assert callable(getattr(importlib.import_module(f"forge_load.commands.{module}"), function)), where
-    for name, where in cli.COMMANDS.items():  # the completion and the man page read it (scripts/gen_docs.py)
+    for name, (where, _) in cli.COMMANDS.items():  # the completion and the man page read it (scripts/gen_docs.py)
         module = importlib.import_module(f"forge_load.commands.{where.partition(':')[0]}")
         assert module.build_parser(f"forge-load {name}").prog == f"forge-load {name}"
+
+
+@pytest.mark.parametrize(("args", "meant"), [
+    (["--targe", "0.5", "--simulate"], "--target"),
+    (["--sim-sped=2", "--simulate"], "--sim-speed"),
+    (["status", "--jsn"], "--json"),
+    (["hold", "--gpu", "0", "--holdr", "job"], "--holder"),
+])
+def test_a_mistyped_flag_gets_the_closest_one_named(args: list[str], meant: str) -> None:
+    # A mistyped FORGE_ variable was told the closest setting; a mistyped flag only that it was not known.
+    done = forge(*args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and f": did you mean {meant}?)" in done.stderr, done.stderr
+
+
+def test_a_flag_nothing_is_close_to_gets_no_guess() -> None:
+    done = forge("--zzzzzz", "--simulate")
+    assert done.returncode == 2 and "did you mean" not in done.stderr and "--zzzzzz" in done.stderr

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from forge_load.config.load import build_arg_parser, load_config
+from forge_load.config.load import build_arg_parser, load_config, load_settings
 from forge_load.config.settings import Config, describe
 from forge_load.config.sim import SimConfig
 from forge_load.config.values import ConfigError
@@ -253,6 +253,27 @@ def test_simulated_devices_must_exist(env: dict[str, str], argv: list[str], need
 
 
 # --- boost target against target -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "env", "warned"), [
+    (["--simulate", "--sim-gpus", "2"], {}, "--sim-gpus=2"),
+    (["--simulate"], {"FORGE_SIM_GPUS": "4"}, "FORGE_SIM_GPUS=4"),
+    (["--simulate", "--sim-gpus", "2", "--gpus", "all"], {}, None),
+    (["--simulate", "--sim-gpus", "2", "--gpu", "1"], {}, None),  # a GPU chosen: as asked
+    (["--simulate", "--sim-gpus", "2"], {"FORGE_GPU": "0"}, None),
+    (["--simulate", "--sim-gpus", "1"], {}, None),
+    (["--sim-gpus", "2"], {}, None),  # no simulation: a real host's GPUs
+])
+def test_simulated_gpus_that_no_filler_fills_are_said(argv: list[str], env: dict[str, str],
+                                                      warned: str | None) -> None:
+    # --sim-gpus 2 alone filled simulated GPU 0 and left GPU 1 idle, silently.
+    config, warnings = load_settings(argv, env)
+    assert config == load_config(argv, env)
+    if warned is None:
+        assert warnings == []
+    else:
+        (line,) = warnings
+        assert line.startswith(f"warning: {warned} simulates") and "GPU 0" in line and "--gpus all" in line, line
 
 
 def test_boost_below_target_names_both() -> None:

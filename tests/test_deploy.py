@@ -35,7 +35,7 @@ DCGM_METRICS = {"DCGM_FI_DEV_GPU_UTIL"}  # the dcgm-exporter series the dashboar
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 RULE_FILES = sorted(PROMETHEUS.glob("*.yaml"))
 RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.yaml"))
-# Issue 13's metrics the rules are written against before the filler exports them. Once it does, the rules
+# Metrics the rules are written against before the filler exports them. Once it does, the rules
 # test below fails until the name is taken out of this set.
 NOT_YET_EXPORTED: set[str] = set()
 

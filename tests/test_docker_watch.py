@@ -507,6 +507,55 @@ def test_a_malformed_chunk_on_the_event_stream_costs_that_chunk_only(
     assert result == [0], out.getvalue()
 
 
+def test_a_log_that_cannot_be_written_loses_its_lines_not_the_watch(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdout gone under `forge-load fleet watch` (its dispatcher turns a failed write into OutputLost, past the
+    commands' own handlers): the holds go on being placed, from every thread, without their lines."""
+    from forge_load.log import OutputLost
+
+    container = "a" * 64
+    engine_dir(tmp_path / "containers", container, attrs([gpus("0")]))
+    engine = HttpEngine(tmp_path / "docker.sock", tmp_path)
+    connects = [0]
+    real_connect = fleet_engine.connect
+
+    def connect() -> Any:
+        connects[0] += 1
+        if connects[0] > 1:
+            raise KeyboardInterrupt
+        return real_connect()
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'docker.sock'}")
+    monkeypatch.setattr(fleet_engine, "connect", connect)
+    monkeypatch.setattr(fleet_watch, "ENGINE_RETRY_S", (0.0,))
+    monkeypatch.setattr("forge_load.commands.host_gpus.host_uuids", lambda: UUIDS)
+    written: list[str] = []
+
+    class Gone(io.StringIO):
+        def write(self, text: str) -> int:
+            written.append(text)
+            raise OutputLost(OSError(32, "Broken pipe"))
+
+    args = build_parser().parse_args(["watch", "--hold-dir", str(tmp_path / "holds")])
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(cmd_watch(args, Gone())), daemon=True)
+    runner.start()
+    book = Book(tmp_path / "holds")
+    try:
+        deadline = time.monotonic() + 30
+        while not engine.streams and time.monotonic() < deadline:
+            time.sleep(0.02)
+        engine.chunks.put(event_chunk("create", container))
+        while not book.on_disk() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [holder for _, holder in book.on_disk()] == ["docker-" + container[:12]]
+        assert written  # its lines were tried, and lost
+    finally:
+        engine.close()
+        runner.join(30)
+    assert result == [0]
+
+
 # --- the command line and `up` ----------------------------------------------------------------------------
 
 def _opts(**changes: Any) -> Any:

@@ -32,6 +32,7 @@ from docker_support import (
 )
 
 from forge_load.steering import holds
+from tests.host_paths import settings_free
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -276,7 +277,7 @@ def test_a_gpu_container_finds_its_gpus_filler_drained_before_its_context(
     uuids = gpu.uuids()
     hold_dir = shared_dir / "holds"
     hold_dir.mkdir(mode=0o755)
-    env = gpu.env({k: v for k, v in os.environ.items() if not k.startswith("FORGE_")} |
+    env = gpu.env(settings_free() |
                   {"DOCKER_HOST": os.environ.get("DOCKER_HOST", ""), "FORGE_RESUME_AFTER": "2"})
     filler_log = shared_dir / "filler.log"
     with open(filler_log, "w") as out:

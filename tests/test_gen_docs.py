@@ -4,6 +4,7 @@ reference pages are; run outside the development environment, one line and exit 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gen_docs  # noqa: E402
 
-from forge_load.config.load import COMMANDS  # noqa: E402
+from forge_load.config.cmdline import COMMANDS  # noqa: E402
 
 GENERATED = ["docs/completion/forge-load.bash", "docs/completion/_forge-load", "docs/man/forge-load.1"]
 
@@ -69,3 +70,55 @@ def test_the_documented_command_runs() -> None:
     done = subprocess.run([str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else sys.executable,
                            "scripts/gen_docs.py", "--check"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+MAN = ROOT / "docs" / "man" / "forge-load.1"
+
+
+def test_the_man_pages_name_says_what_it_is_for_whatis_and_apropos() -> None:
+    # NAME held "forge-load" alone: whatis and apropos, which read `name \- description` there, found nothing.
+    lines = MAN.read_text().splitlines()
+    name = lines[lines.index(".SH NAME") + 1]
+    assert name == "forge\\-load \\- keep a GPU at a target utilization; step aside while other jobs use it"
+    lexgrog = shutil.which("lexgrog")  # man-db's reader of NAME sections, as mandb indexes them for whatis
+    if lexgrog is not None:
+        done = subprocess.run([lexgrog, str(MAN)], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0 and "forge-load - keep a GPU" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_man_page_has_exit_status_and_environment_from_the_code() -> None:
+    from forge_load import exits
+    from forge_load.config.settings import SETTINGS
+
+    man = MAN.read_text()
+    assert ".SH EXIT STATUS" in man and ".SH ENVIRONMENT" in man
+    status = man[man.index(".SH EXIT STATUS"):]
+    status = status[:status.index("\n.SH ", 1)]
+    codes = {name: value for name, value in vars(exits).items() if name.startswith("EXIT_") and isinstance(value, int)}
+    assert codes
+    for name, code in codes.items():
+        assert f"\n.B {code}\n" in status, name
+    environment = man[man.index(".SH ENVIRONMENT"):]
+    for setting in SETTINGS:
+        assert f"\\fB{setting.env}\\fR" in environment, setting.env
+    for other in ("TZ", "TMPDIR", "RUNTIME_DIRECTORY"):
+        assert f"\\fB{other}\\fR" in environment, other
+
+
+def test_no_usage_line_of_the_man_page_is_broken_over_indented_lines() -> None:
+    # `fleet up`'s usage, wrapped by argparse at 80 columns, came out as lines of leading spaces, which roff keeps.
+    lines = MAN.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("usage: "):
+            assert not lines[i + 1].startswith(" "), lines[i:i + 3]
+    assert not [line for line in lines if line.startswith(" ")]
+
+
+def test_the_completion_offers_the_values_of_a_setting_of_a_few_values() -> None:
+    bash = (ROOT / "docs/completion/forge-load.bash").read_text()
+    for flag, values in (("log_format", "text json"), ("metric", "utilization sm_activity gr_activity"),
+                         ("controller", "pi legacy")):
+        assert f"_shtab_forge_load___{flag}_choices=({values})" in bash, flag
+        assert f"_shtab_forge_load_health___{flag}_choices=({values})" in bash, flag  # the health check's too
+    zsh = (ROOT / "docs/completion/_forge-load").read_text()
+    assert ":(text json)" in zsh

@@ -169,7 +169,7 @@ def test_the_exclusive_mode_supervisor(tmp_path: Path, paused: bool) -> None:
     probe, child, out = FakeProbe(), FakeChild(), io.StringIO()
     switch = PauseSwitch()
     pauses = Pauses(switch, wall_clock=lambda: UNIX0_S + now[0]) if paused else None
-    log = EventLog("text", out, static={"gpu": 1, "uuid": EXCLUSIVE_UUID})
+    log = EventLog("text", out, static={"gpu": 1, "uuid": EXCLUSIVE_UUID}, wall_clock=lambda: UNIX0_S + now[0])
     filler_holds = FillerHolds(str(hold_dir), EXCLUSIVE_UUID, 77, lambda: UNIX0_S + now[0], idle_age_out_s=20.0)
     sup = Supervisor(probe.info, probe, child, filler_holds, log, pauses, resume_after_s=3.0, foreign_mem_mib=64.0,
                      start_s=0.0)

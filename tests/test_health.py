@@ -14,6 +14,7 @@ import pytest
 
 from forge_load.config.load import load_config
 from forge_load.service import health
+from tests.host_paths import settings_free
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,6 +73,18 @@ def test_check_fresh_stale_missing(tmp_path: Path) -> None:
     assert health.check(path, 300.0)[0]
 
 
+def test_every_verdict_names_the_file_it_judged(tmp_path: Path) -> None:
+    # An operator who gave the wrong settings must see which heartbeat was read, healthy or not.
+    path = tmp_path / "heartbeat-gpu0"
+    assert str(path) in health.check(path, 30.0)[1]  # missing
+    health.Heartbeat(path)()
+    ok, message = health.check(path, 30.0)
+    assert ok and message.startswith(f"heartbeat {path} ") and message.endswith(" s old"), message
+    make_stale(path, 120.0)
+    ok, message = health.check(path, 30.0)
+    assert not ok and str(path) in message and "120 s old" in message
+
+
 def test_heartbeat_path_from_the_settings(tmp_path: Path) -> None:
     config = load_config([], {"FORGE_HEARTBEAT_FILE": str(tmp_path / "x")})
     assert health.heartbeat_location(config) == (tmp_path / "x", False)
@@ -85,7 +98,7 @@ HEALTH_COMMANDS = [("forge_load", "health"), ("forge_load.health",)]
 
 def run_health(path: Path, max_age: str | None = None,
                command: tuple[str, ...] = ("forge_load.health",)) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env["FORGE_HEARTBEAT_FILE"] = str(path)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if max_age is not None:

@@ -19,6 +19,7 @@ from forge_load.service.kubelet import Assignment, KubeletHolds, nvml_resolver
 from forge_load.steering import holds
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, HoldWatch
 from tests.fake_pynvml import FakeDevice, FakeNvml
+from tests.host_paths import settings_free
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -114,7 +115,7 @@ def test_hold_wait_in_capitals_stops_our_kernels_on_the_virtual_gpu(vgpu: VgpuFa
     run = forge(gpu, "--duration", "8", "--log-interval", "0.5", "--hold-dir", str(hold_dir))
     try:
         wait_for(run, "status")
-        env = gpu.env({k: v for k, v in os.environ.items() if not k.startswith("FORGE_")})
+        env = gpu.env(settings_free())
         held = subprocess.run([sys.executable, "-m", "forge_load", "hold", "--gpu", gpu.uuids()[0].upper(),
                                "--holder", "caps", "--wait", "5", "--hold-dir", str(hold_dir)],
                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)

@@ -5,12 +5,12 @@ shows none of ours on GPU 0 from then until the release, while GPU 1 went on fil
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tests.host_paths import settings_free
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -27,7 +27,7 @@ def test_a_hold_drains_one_gpu_while_the_other_fills(vgpu: VgpuFactory, tmp_path
     uuids = gpu.uuids()
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()
-    env = gpu.env({k: v for k, v in os.environ.items() if not k.startswith("FORGE_")})
+    env = gpu.env(settings_free())
     run = forge(gpu, "--gpus", "all", "--duration", "10", "--log-interval", "0.5", "--hold-dir", str(hold_dir),
                 env={"FORGE_TARGET": "0.5"})
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from forge_load.service import health
+from tests.host_paths import settings_free
 from tests.hostile_support import EVENT_RE, ROOT, assert_one_clean_line
 
 # --- the host's limit on open files --------------------------------------------------------------------------------
@@ -25,7 +26,7 @@ def test_too_low_an_open_files_limit_is_one_line_naming_it_not_a_gpu_failure() -
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (12, hard))
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env["PYTHONPATH"] = str(ROOT)
     result = subprocess.run([sys.executable, "-m", "forge_load", "--simulate", "--duration", "1"], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=60, preexec_fn=low_limit)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from forge_load.config.load import load_config
 from forge_load.control.status import GpuSlots
 from forge_load.log import EventLog
+from tests.host_paths import settings_free
 from tests.hostile_support import ENTRY, ROOT
 
 # --- stdout closed or full ----------------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ EXIT_LOG = 5
 
 
 def _closed_after_two_lines(*options: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.Popen([sys.executable, str(ENTRY), *options], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -42,7 +42,7 @@ def _closed_after_two_lines(*options: str) -> subprocess.CompletedProcess[str]:
 
 
 def _into_dev_full(*options: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env["PYTHONPATH"] = str(ROOT)
     with open("/dev/full", "w") as full:
         return subprocess.run([sys.executable, str(ENTRY), *options], stdout=full, stderr=subprocess.PIPE,
@@ -123,7 +123,7 @@ def test_no_raw_control_characters_in_the_log(fmt: str) -> None:
     if fmt == "json":
         assert json.loads(line)["reason"] == NASTY
     else:
-        assert re.match(r'^t=1\.00 event=error reason="a\\u001b\[31mred\\u0000nul', line), line
+        assert re.match(r'^t=1\.00 event=error time=\S+ gpu=0 reason="a\\u001b\[31mred\\u0000nul', line), line
 
 
 # --- the counters agree with the lines before them ---------------------------------------------------------------

@@ -5,7 +5,6 @@ the first runs on.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from forge_load.config.load import load_config
 from forge_load.gpu.backend import backend_for
 from forge_load.service import health
+from tests.host_paths import settings_free
 from tests.hostile_support import (
     ENTRY,
     ROOT,
@@ -50,6 +50,8 @@ def test_real_gpus_named_twice_are_resolved_once(monkeypatch: pytest.MonkeyPatch
     (["--gpus", "0,1"], ["--gpu", "0"]),
     (["--gpus", "all"], ["--gpus", "0,1"]),
     (["--simulate"], []),
+    (["--simulate", "--sim-seed", "1"], ["--simulate"]),  # other simulated GPUs: other UUIDs
+    (["--simulate", "--sim-seed", "1", "--gpus", "all"], ["--simulate", "--gpus", "all"]),
     (["--gpu", "GPU-00000000-0000-4000-8000-000000000000"], ["--gpu", "0"]),
 ])
 def test_fillers_of_other_gpus_have_other_default_heartbeats(one: list[str], other: list[str]) -> None:
@@ -86,7 +88,7 @@ def test_a_second_filler_of_the_same_gpus_is_refused() -> None:
         first = started(proc)
         second = subprocess.Popen([sys.executable, str(ENTRY), "--wall-clock-sim", "--", "--gpu", "3", "--duration",
                                    "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")},
+                                  env={**settings_free(),
                                        "PYTHONPATH": str(ROOT)})
         out, err = second.communicate(timeout=60)
         assert second.returncode == 2, (second.returncode, out[-1000:], err[-1000:])
@@ -107,7 +109,7 @@ def test_a_shared_heartbeat_file_is_refused_for_other_gpus_too(tmp_path: Path) -
         # On a host with GPUs (on one without, no GPU is what it says: exit 3, tests/test_state_dir.py).
         second = subprocess.run([sys.executable, str(ENTRY), "--wall-clock-sim", "--", "--gpu", "4", "--duration", "2",
                                  "--heartbeat-file", beat], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                                env={**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")},
+                                env={**settings_free(),
                                      "PYTHONPATH": str(ROOT)})
         assert second.returncode == 2, second
         assert_one_clean_line(second.stderr.strip(), f"pid {proc.pid}", f"FORGE_HEARTBEAT_FILE={beat}")

@@ -14,6 +14,7 @@ import pytest
 from forge_load.config.load import load_config
 from forge_load.config.values import ConfigError
 from forge_load.service import health
+from tests.host_paths import settings_free
 from tests.hostile_support import ROOT, assert_config_exit, assert_one_clean_line
 
 
@@ -34,7 +35,7 @@ def launcher(tmp_path: Path) -> Path:
 
 def _through_launcher(command: Path, tz: str, extra_env: dict[str, str] | None = None,
                       stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k not in ("TZ", "TZDIR")}
+    env = settings_free("TZ", "TZDIR")
     env.update(extra_env or {}, TZ=tz)
     with subprocess.Popen([str(command), "--simulate", "--sim-speed", "0", "--duration", "1", "--active-hours",
                            "Mon-Sun"], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -67,7 +68,7 @@ def test_forge_load_health_through_the_launcher_is_unhealthy_never_2(launcher: P
     os.mkfifo(fifo)
     beat = tmp_path / "hb"
     health.Heartbeat(beat)()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k not in ("TZ", "TZDIR")}
+    env = settings_free("TZ", "TZDIR")
     env["FORGE_HEARTBEAT_FILE"] = str(beat)
     refused = subprocess.run([str(launcher), "health"], env={**env, "TZ": str(fifo)}, capture_output=True, text=True,
                              timeout=60)

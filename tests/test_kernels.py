@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -313,6 +314,56 @@ def test_an_image_that_does_not_match_its_hash_is_a_broken_install(tmp_path: Pat
     (tmp_path / "burn.sm_90.cubin").write_bytes(b"\x7fELF truncated")
     with pytest.raises(ValueError, match="burn.sm_90.cubin does not match burn.json: reinstall forge-load"):
         burn_image.images_for((9, 0), burn_image.load_manifest(tmp_path), tmp_path)
+
+
+def _installed_copy(tmp_path: Path) -> Path:
+    for name in os.listdir(burn_image.PREBUILT_DIR):
+        (tmp_path / name).write_bytes((burn_image.PREBUILT_DIR / name).read_bytes())
+    return tmp_path
+
+
+@pytest.mark.parametrize("change", [
+    "[]", "null", '"burn"', {"entry": 5}, {"cubin_arches": "70,75"}, {"cubin_arches": [70, "75"]},
+    {"cubin_arches": [70, True]}, {"sha256": ["burn.ptx"]}, {"sha256": {"burn.ptx": 1}}, {"ptx_target": "70"},
+    {"ptx_version": "99.9"}, {"compiler": None}, {"entry": None}, "drop entry",
+])
+def test_a_manifest_of_the_wrong_shape_is_a_broken_install(tmp_path: Path, change: object) -> None:
+    # It parsed, and its wrong shape surfaced later as a TypeError or AttributeError: "internal error" (exit 1),
+    # where a broken install is exit 3, "reinstall forge-load" (gpu/launcher.py catches the ValueError).
+    manifest = _installed_copy(tmp_path) / burn_image.MANIFEST_NAME
+    data = json.loads(manifest.read_text())
+    if isinstance(change, dict):
+        data.update(change)
+        manifest.write_text(json.dumps(data))
+    elif change == "drop entry":
+        del data["entry"]
+        manifest.write_text(json.dumps(data))
+    else:
+        manifest.write_text(str(change))
+    with pytest.raises(ValueError, match="burn.json"):
+        burn_image.load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("name", [burn_image.MANIFEST_NAME, burn_image.PTX_NAME, "burn.sm_90.cubin"])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_image_that_is_not_a_regular_file_is_a_broken_install_at_once(tmp_path: Path, name: str,
+                                                                         kind: str) -> None:
+    # A FIFO in place of burn.ptx hung the filler's start for ever, without a line.
+    directory = _installed_copy(tmp_path)
+    (directory / name).unlink()
+    os.mkfifo(directory / name) if kind == "fifo" else (directory / name).mkdir()
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError(f"reading {name} still waits after 10 s")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(ValueError, match=f"{name} is not a regular file"):
+            burn_image.images_for((9, 0), burn_image.load_manifest(directory), directory)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("ptx_version", ["7.0", "7.8", "8.0", "8.4", "8.5", "8.6", "8.7", "8.8"])

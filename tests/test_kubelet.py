@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from forge_load.service.loop import run_simulated
 from forge_load.steering.hold_watch import HoldBoard, HoldWatch
 from forge_load.steering.holds import HOLDER_RE, Hold
 from tests.fake_pynvml import FakeDevice, FakeNvml
+from tests.host_paths import settings_free
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -256,7 +256,7 @@ def test_an_unreachable_socket_is_one_line_and_the_filler_keeps_filling(tmp_path
                            "--log-interval", "0.5", "--kubelet-socket", str(tmp_path / "kubelet.sock"),
                            "--hold-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("FORGE_")})
+                          env=settings_free())
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     lines = [e for e in events if e["event"] == "kubelet"]

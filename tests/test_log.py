@@ -38,10 +38,13 @@ def test_text_and_json_have_the_same_fields_in_the_same_order() -> None:
     text, js = emit_both("status", static={"gpu": 0, "uuid": "GPU-abc"}, **scrambled)
     record = json.loads(js)
     text_fields = parse_text(text)
-    assert list(text_fields) == [k for k in record if k != "ts"]  # ts: JSON lines only
+    # ts: JSON lines only, in the place of key=value lines' time
+    assert [k for k in text_fields if k != "time"] == [k for k in record if k != "ts"]
     core = [k for k in CORE_FIELDS if k in record]
-    assert list(record)[:len(core)] == core == list(CORE_FIELDS)
+    assert list(record)[:len(core)] == core == [k for k in CORE_FIELDS if k != "time"]
+    assert list(text_fields)[:len(core)] == [k for k in CORE_FIELDS if k != "ts"]
     assert set(record) == set(STATUS) | {"event", "gpu", "uuid", "ts"}
+    assert list(record)[-1] == list(text_fields)[-1] == "uuid"
 
 
 def test_json_values() -> None:
@@ -68,7 +71,7 @@ def test_text_values() -> None:
     assert f["gpu_mem_mib"] == "512.2"  # >= 10: one decimal
     assert f["reason"] == "-"
     assert f["extra_flag"] == "true"
-    assert text.startswith("t=12.35 event=status state=filling target=0.500 ")
+    assert text.startswith("t=12.35 event=status time=") and " state=filling target=0.500 " in text
 
 
 def test_text_quotes_values_with_spaces_quotes_or_equals() -> None:
@@ -135,3 +138,32 @@ def test_every_json_line_parses() -> None:
     records = [json.loads(line) for line in lines]
     assert [r["event"] for r in records] == ["start", "status", "yield", "resume", "boost", "stop"]
     assert all(r["gpu"] == 1 for r in records)
+
+
+def test_a_mig_note_reads_as_written_in_a_text_line() -> None:
+    from forge_load.gpu.backend import MIG_GPM_NOTE, MIG_NOTE
+
+    for note in (MIG_NOTE, MIG_GPM_NOTE):
+        text, _ = emit_both("mig", note=note)
+        assert "\\u" not in text and note in text
+
+
+def test_no_text_the_code_writes_is_escaped_in_a_text_line() -> None:
+    # A text value beyond ASCII is written escaped (\u00a7 for a section sign), so a line the code writes itself
+    # (a note, a reason, an error) must be ASCII to read as written; its docstrings and comments may be anything.
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "forge_load"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "podresources" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        found += [f"{path.relative_to(root)}:{node.lineno}: {node.value[:60]!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and not node.value.isascii()
+                  and id(node) not in docstrings]
+    assert found == []

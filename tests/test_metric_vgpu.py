@@ -99,8 +99,8 @@ def test_sm_activity_is_refused_in_one_line_before_any_kernel_where_there_is_no_
     env = gpu.env({**os.environ, "TMPDIR": str(tmp_path)})
     proc = subprocess.run([str(FORGE_LOAD), "--metric", "sm_activity", "--duration", "5", "--hold-dir",
                            str(tmp_path / "holds")], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 3
-    assert proc.stderr.count("\n") == 1 and "FORGE_METRIC=sm_activity needs NVML's GPM" in proc.stderr
+    assert (proc.returncode, proc.stderr) == (3, "")
+    assert proc.stdout.count("\n") == 1 and "FORGE_METRIC=sm_activity needs NVML's GPM" in proc.stdout
     assert gpu.kernels() == []
 
 

@@ -27,6 +27,7 @@ from forge_load.control.status import GpuSlot, GpuSlots
 from forge_load.service import http_server, metrics
 from forge_load.service.loop import run_simulated
 from forge_load.service.runtime import Runtime
+from tests.host_paths import settings_free
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -297,7 +298,7 @@ def test_a_taken_port_is_a_config_error() -> None:
 
 
 def forge_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}
+    env = settings_free("TARGET")
     env.update(PYTHONPATH=str(ROOT), FORGE_HEARTBEAT_FILE=os.devnull + ".none/heartbeat", **(extra or {}))
     return env
 
@@ -351,10 +352,9 @@ def test_every_gpu_failing_ends_the_process_with_4() -> None:
 
 def test_no_gpu_that_can_be_opened_exits_3() -> None:
     rc, events, err = forge("--simulate", "--sim-gpus", "2", "--gpus", "4,GPU-51a00000-0000-4000-8000-000000000009")
-    assert rc == 3
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "GPU 4 does not exist" in lines[0] and "000000000009 does not exist" in lines[0]
+    assert (rc, err) == (3, "")  # said once: in each GPU's error line, not again on stderr
     assert [e["event"] for e in events] == ["error", "error"]
+    assert "GPU 4 does not exist" in events[0]["reason"] and "000000000009 does not exist" in events[1]["reason"]
 
 
 def test_a_list_of_gpus_runs_just_those() -> None:

@@ -274,7 +274,7 @@ def test_reasons_add_up_and_sigusr2_does_not_lift_the_pause_file(tmp_path: Path)
 
 def test_the_readme_log_example_script_shows_the_cap_settling_at_its_aim() -> None:
     """scripts/log_example.py makes docs/operating.md's power-cap example from a run: its lines are those of the run,
-    and it says where the cap settled, which is where the power cap aims (issue 17: 97 % was typed by hand)."""
+    and it says where the cap settled, which is where the power cap aims (the share was once typed by hand)."""
     import subprocess
     import sys
 

@@ -6,7 +6,6 @@ Each test runs the console entry point (tests/hostile_entry.py) on the simulated
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,13 +15,15 @@ from typing import Any
 
 import pytest
 
+from tests.host_paths import settings_free
+
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "tests" / "hostile_entry.py"
 
 
 class Process:
     def __init__(self, *args: str, options: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
-        full = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+        full = settings_free()
         full.update(env or {}, PYTHONPATH=str(ROOT), FORGE_LOG_FORMAT="json")
         self.proc = subprocess.Popen([sys.executable, str(ENTRY), *options, "--", "--simulate", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=ROOT)
@@ -139,7 +140,7 @@ def test_without_setproctitle_only_the_short_name_is_set() -> None:
 ])
 def test_bad_operator_settings_exit_2_with_one_line(env: dict[str, str], name: str) -> None:
     proc = subprocess.run([sys.executable, str(ENTRY), "--", "--simulate"], capture_output=True, text=True,
-                          env={**{k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}, **env,
+                          env={**settings_free(), **env,
                                "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.splitlines()

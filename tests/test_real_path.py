@@ -271,9 +271,10 @@ def test_the_cuda_device_is_the_one_nvml_names(vgpu: VgpuFactory, env: dict[str,
 def test_a_gpu_cuda_cannot_see_is_no_usable_gpu_with_what_cuda_sees(vgpu: VgpuFactory) -> None:
     gpu = vgpu(gpus=2)
     run = forge(gpu, "--gpu", "0", "--duration", "3", env={"CUDA_VISIBLE_DEVICES": "1"})
-    assert run.wait() == 3
-    assert f"CUDA does not see the GPU NVML calls {gpu.uuids()[0]}" in run.stderr
-    assert f"CUDA sees: 0 {gpu.uuids()[1]}" in run.stderr
+    assert (run.wait(), run.stderr) == (3, "")
+    (error,) = run.of("error")
+    assert f"CUDA does not see the GPU NVML calls {gpu.uuids()[0]}" in error["reason"]
+    assert f"CUDA sees: 0 {gpu.uuids()[1]}" in error["reason"]
     assert gpu.kernels() == []
 
 
@@ -365,11 +366,11 @@ def test_where_no_image_loads_one_line_says_why_and_what_to_do(vgpu: VgpuFactory
                                                                to_do: str) -> None:
     gpu = vgpu(cc=cc, cuda_version=cuda_version)
     run = forge(gpu, "--duration", "3", env=without_numba)
-    assert run.wait() == 3
+    assert (run.wait(), run.stderr) == (3, "")
     arch = "sm_" + cc.replace(".", "")
     version = f"{cuda_version // 1000}.{cuda_version % 1000 // 10}"
-    lines = [line for line in run.stderr.splitlines() if "no kernel image loads" in line]
-    assert len(lines) == 1, run.stderr[-2000:]
+    lines = [e["reason"] for e in run.of("error") if "no kernel image loads" in e["reason"]]
+    assert len(lines) == 1, run.stdout[-2000:]
     assert f"({arch}, driver CUDA {version}): {answers}" in lines[0]
     assert to_do in lines[0]
     assert gpu.kernels() == []

@@ -173,3 +173,30 @@ def test_while_filling_the_loop_wakes_for_its_bursts_not_for_every_poll() -> Non
     assert len(taken) == len(set(taken))  # no sample twice
     assert sorted(taken) == taken and len([t for t in taken if 5.0 <= t < 19.5]) >= 14.5 * 6 - 1  # none lost
     assert_tracks(run.gpu, 0.5, 5.0, 20.0)
+
+
+def test_one_loop_steps_every_gpu_thread_and_says_why_it_ended() -> None:
+    # The filler's loop and the exclusive-mode supervisor's were two copies of the same loop, each deciding "duration
+    # reached" or the stop's reason on its own: runtime.run_steps is both.
+    import threading
+
+    from forge_load.gpu.clocks import VirtualLoopClock
+    from forge_load.gpu.sim import VirtualClock
+    from forge_load.service import exclusive, loop
+    from forge_load.service.runtime import StopEvent, run_steps
+
+    assert exclusive.run_steps is loop.run_steps is run_steps
+    clock = VirtualLoopClock(VirtualClock(), speed=0.0)
+    steps: list[float] = []
+
+    def step(now_s: float) -> float:
+        steps.append(now_s)
+        return now_s + 0.5
+
+    assert run_steps(clock, threading.Event(), threading.Event(), 2.0, step) == "duration reached"
+    assert steps == [0.0, 0.5, 1.0, 1.5]
+    stop = StopEvent()
+    stop.request("signal SIGTERM")
+    assert run_steps(clock, stop, threading.Event(), 9.0, step) == "signal SIGTERM"
+    assert run_steps(clock, threading.Event(), threading.Event(), 9.0, step, done=lambda: clock.now() >= 3.0) is None
+    assert clock.now() == 3.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import types
 
 import pytest
@@ -17,8 +18,8 @@ from forge_load.service.loop import open_simulated, run_simulated
 from forge_load.service.runtime import log_start
 from tests.test_clock import OFFSET_S, Clocks
 
-ESSENTIALS = ["t", "event", "state", "target", "gpu_mem_mib", "gpu", "uuid", "gpu_name", "controller",
-              "metric", "resume_after_s", "signals", "wall_time", "version", "simulated"]
+ESSENTIALS = ["t", "event", "time", "gpu", "state", "target", "gpu_mem_mib", "gpu_name", "controller",
+              "metric", "resume_after_s", "signals", "wall_time", "version", "simulated", "uuid"]
 
 
 def lines(*argv: str, fmt: str = "text") -> list[str]:
@@ -35,10 +36,11 @@ def fields(line: str) -> list[str]:
 def test_the_key_value_start_line_holds_the_essentials_first() -> None:
     start, settings, *_ = lines()
     assert fields(start) == ESSENTIALS
-    assert start.startswith("t=0.00 event=start state=filling target=0.500 gpu_mem_mib=512.0 gpu=0 uuid=GPU-")
-    assert len(start) < 300, len(start)
+    assert re.match(r"t=0\.00 event=start time=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d gpu=0 state=filling "
+                    r"target=0\.500 gpu_mem_mib=512\.0 gpu_name=", start), start
+    assert len(start) < 340, len(start)
     assert "signals=process,memory,utilization" in start
-    assert settings.startswith("t=0.00 event=settings gpu=0 uuid=GPU-")
+    assert re.match(r"t=0\.00 event=settings time=\S+ gpu=0 ", settings) and settings.split()[-1].startswith("uuid=")
     assert " controller=" not in settings and " signals=" not in settings
     assert {"boost_target", "poll_interval_s", "sim_seed", "nvml_clock", "gpu_requested", "driver"} <= set(
         fields(settings))
@@ -48,8 +50,9 @@ def test_the_json_start_line_has_every_field_essentials_first() -> None:
     text_start, text_settings, *_ = lines()
     start = json.loads(lines(fmt="json")[0])
     assert start["event"] == "start"
-    assert [k for k in start if k != "ts"][:len(ESSENTIALS)] == ESSENTIALS
-    assert set(start) - {"ts"} == set(fields(text_start)) | set(fields(text_settings)) - {"event"} | {"event"}
+    essentials = [k for k in ESSENTIALS if k not in ("time", "uuid")]  # time: key=value lines'; uuid: last
+    assert [k for k in start if k != "ts"][:len(essentials)] == essentials and list(start)[-1] == "uuid"
+    assert set(start) - {"ts"} == (set(fields(text_start)) | set(fields(text_settings))) - {"time"}
 
 
 def test_hold_dir_is_not_on_a_simulated_start_unless_set() -> None:

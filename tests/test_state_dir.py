@@ -16,14 +16,14 @@ from forge_load.commands import health as health_command
 from forge_load.config.load import load_config
 from forge_load.config.settings import Config
 from forge_load.service import health
+from tests.host_paths import settings_free
 from tests.test_app import no_nvml
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def forge(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("FORGE_") and k not in ("TARGET", "TMPDIR", "RUNTIME_DIRECTORY")}
+    full_env = settings_free("TARGET", "TMPDIR", "RUNTIME_DIRECTORY")
     full_env.update(env, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "forge_load", *args], capture_output=True, text=True,
                           env=full_env, timeout=120, cwd=ROOT)
@@ -80,8 +80,8 @@ def test_no_gpu_is_exit_3_even_while_another_filler_holds_the_heartbeat(tmp_path
         result = forge("--duration", "2", env={"FORGE_HEARTBEAT_FILE": str(heartbeat)})
     finally:
         os.close(fd)
-    assert result.returncode == 3, result.stderr
-    assert "no usable GPU" in result.stderr and str(os.getpid()) not in result.stderr
+    assert (result.returncode, result.stderr) == (3, ""), result.stderr
+    assert "no usable GPU" in result.stdout and str(os.getpid()) not in result.stdout
 
 
 def test_a_systemd_units_filler_keeps_its_heartbeat_in_its_runtime_directory(tmp_path: Path,

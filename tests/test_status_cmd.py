@@ -20,6 +20,7 @@ from forge_load.clock import boot_time_s
 from forge_load.commands import status as status_command
 from forge_load.steering import filler_status
 from forge_load.steering.filler_status import FillerStatus, StatusWriter
+from tests.host_paths import settings_free
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 60.0  # a loaded 2-core machine starts a filler in seconds; the conditions are polled, not timed
@@ -44,7 +45,7 @@ def poll(hold_dir: Path, condition: Callable[[list[dict[str, object]]], bool]) -
 
 
 def start_filler(hold_dir: Path, *flags: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     return subprocess.Popen([sys.executable, "-m", "forge_load", "--simulate", "--hold-dir", str(hold_dir),
                              "--target", "0.5", "--duration", "600", *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -100,7 +101,7 @@ def test_a_filler_in_another_pid_namespace_is_gone_at_once_when_killed(tmp_path:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
                                                          capture_output=True, check=False).returncode != 0:
         pytest.skip("needs unshare with the right to make a PID namespace (root, or user namespaces)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     fillers.append(proc := subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "forge_load",
          "--simulate", "--hold-dir", str(tmp_path), "--duration", "600"],

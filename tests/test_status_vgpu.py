@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.host_paths import settings_free
 from tests.test_real_path import ROOT, finish, forge, wait_for
 from tests.test_status_cmd import poll, status_rows
 from vgpu.pytest_plugin import VgpuFactory
@@ -34,7 +35,7 @@ def test_status_follows_a_real_path_filler_and_its_locks_go_at_exit(vgpu: VgpuFa
         assert locks == [f"gpu-{uuid}.lock" for uuid in sorted(uuids)]
         hold = subprocess.run([sys.executable, "-m", "forge_load", "hold", "--gpu", uuids[1], "--holder", "job-1",
                                "--hold-dir", str(hold_dir)], capture_output=True, text=True, check=False, cwd=ROOT,
-                              env=gpu.env({k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}))
+                              env=gpu.env(settings_free()))
         assert hold.returncode == 0, hold.stderr
         poll(hold_dir, lambda rows: [(r["state"], r["held_by"]) for r in rows] == [
             ("filling", []), ("held", ["job-1"])])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.host_paths import settings_free
 from tests.test_real_path import ROOT, Run, finish, wait_for
 from tests.test_vgpu import CUDA_ORDER
 from vgpu.pytest_plugin import VgpuFactory
@@ -80,7 +81,7 @@ def test_a_filler_in_a_container_honours_a_hold_placed_by_uuid_on_the_host(vgpu:
     uuids = gpu.uuids()
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    clean = settings_free()
     # The container has the host's GPU 1 only: to it, that is GPU 0.
     proc = subprocess.Popen([sys.executable, "-m", "forge_load", "--log-format", "json", "--gpu", "0",
                              "--duration", "6", "--log-interval", "0.5", "--hold-dir", str(hold_dir)],

@@ -26,9 +26,15 @@ _shtab_forge_load_plot_pos_0_COMPGEN=_shtab_compgen_files
 _shtab_forge_load_plot__o_COMPGEN=_shtab_compgen_files
 _shtab_forge_load_plot___output_COMPGEN=_shtab_compgen_files
 
+_shtab_forge_load_health___log_format_choices=(text json)
+_shtab_forge_load_health___controller_choices=(pi legacy)
+_shtab_forge_load_health___metric_choices=(utilization sm_activity gr_activity)
 _shtab_forge_load_fleet_up___restart_choices=(no on-failure always unless-stopped)
 _shtab_forge_load_fleet_pos_0_choices=(up down status logs watch)
 _shtab_forge_load_pos_0_choices=(status hold release holds health fleet plot)
+_shtab_forge_load___log_format_choices=(text json)
+_shtab_forge_load___controller_choices=(pi legacy)
+_shtab_forge_load___metric_choices=(utilization sm_activity gr_activity)
 
 _shtab_forge_load_status__h_nargs=0
 _shtab_forge_load_status___help_nargs=0

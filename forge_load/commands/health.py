@@ -15,7 +15,8 @@ import ipaddress
 import sys
 from collections.abc import Sequence
 
-from forge_load.config.load import COMMANDS, build_arg_parser, load_config
+from forge_load.config.cmdline import COMMANDS
+from forge_load.config.load import build_arg_parser, load_config
 from forge_load.config.settings import Config
 from forge_load.config.values import ConfigError, url_host
 from forge_load.exits import EXIT_HEALTHY, EXIT_UNHEALTHY
@@ -73,7 +74,7 @@ def build_parser(prog: str = "forge-load health") -> argparse.ArgumentParser:
     """For the completion and the man page: the filler's settings, which it takes to find that filler (main() reads
     them through load_config, and prints HELP for --help)."""
     parser = build_arg_parser()
-    parser.prog, parser.description = prog, COMMANDS["health"]
+    parser.prog, parser.description = prog, COMMANDS["health"][1]
     return parser
 
 

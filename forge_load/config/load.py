@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_load import __version__
-from forge_load.config.cmdline import ArgParser, UsageError
+from forge_load.config.cmdline import COMMANDS, ArgParser, UsageError, closest
 from forge_load.config.heartbeat import DEFAULT_HEALTH_MAX_AGE_S, MIN_HEALTH_MAX_AGE_S, heartbeat_period_s
 from forge_load.config.settings import BY_KEY, DEFAULT_BOOST_TARGET, LEGACY_TARGET_ENV, SETTINGS, Config
 from forge_load.config.sim import SimConfig
@@ -28,18 +27,8 @@ from forge_load.config.values import ConfigError, Setting, parse_value, percent_
 from forge_load.log import escape_controls
 from forge_load.steering.schedule import ScheduleError, local_zone
 
-# The commands dispatched before the filler's flags are read (cli.py), each with `forge-load COMMAND --help`.
-COMMANDS = {
-    "status": "every filler on this host, a row per GPU",
-    "hold": "hold GPUs for a job: their fillers step aside (docs/holds.md)",
-    "release": "release a hold",
-    "holds": "the holds in place",
-    "health": "the health check of a filler started with the same settings",
-    "fleet": "one filler container per GPU of a Docker host: up, down, status, logs, watch",
-    "plot": "draw a run from its log (PNG or SVG)",
-}
 COMMANDS_EPILOG = "\n".join(["commands (forge-load COMMAND --help):",
-                             *(f"  {name:<9} {what}" for name, what in COMMANDS.items()),
+                             *(f"  {name:<9} {what}" for name, (_, what) in COMMANDS.items()),
                              "", "Without a command, forge-load runs the filler with the options above."])
 
 
@@ -58,8 +47,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         if s.boolean:
             parser.add_argument(s.flag, dest=s.dest, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
-        else:
-            parser.add_argument(s.flag, dest=s.dest, default=None, metavar="VALUE", help=help_text)
+        else:  # no argparse `choices`: a bad value gets the setting's own message, as from the environment
+            metavar = "{" + ",".join(s.choices) + "}" if s.choices else "VALUE"
+            parser.add_argument(s.flag, dest=s.dest, default=None, metavar=metavar, help=help_text)
     return parser
 
 
@@ -94,6 +84,29 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
 
     A value overridden by a flag is not read, so a stale variable cannot stop a corrected command line.
     """
+    return _load(argv, env)[0]
+
+
+def load_settings(argv: Sequence[str] | None = None,
+                  env: Mapping[str, str] | None = None) -> tuple[Config, list[str]]:
+    """load_config(), and a warning line for each thing given that does less than it seems to: a FORGE_ variable
+    that is no setting (unknown_variables), simulated GPUs that no filler fills."""
+    env = os.environ if env is None else env
+    config, given = _load(argv, env)
+    warnings = unknown_variables(env)
+    sim_gpus = given.get("sim.gpus")
+    if config.simulate and config.sim.gpus > 1 and sim_gpus is not None and "gpu" not in given \
+            and "gpus" not in given:
+        # As on a real host with several GPUs, the default fills GPU 0 alone: said, since a simulated GPU is this
+        # process's own and nothing else will ever fill the others.
+        warnings.append(
+            f"warning: {sim_gpus.name}={config.sim.gpus} simulates {config.sim.gpus} GPUs, and only GPU 0 "
+            f"is filled ({BY_KEY['gpu'].env}'s default, as on a real host): --gpus all "
+            f"({BY_KEY['gpus'].env}=all) fills every one, --gpu N another")
+    return config, warnings
+
+
+def _load(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> tuple[Config, dict[str, _Given]]:
     env = os.environ if env is None else env
     try:
         args = build_arg_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -131,7 +144,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     _check_sim_devices(config.sim, given)
     _check_sim_jobs(config.sim, given)
     config = _check_time_zone(config, given, env)
-    return _check_health_max_age(config, given)
+    return _check_health_max_age(config, given), given
 
 
 def _check_metric(config: Config, given: Mapping[str, _Given]) -> None:
@@ -196,8 +209,8 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     for name in sorted(env):
         if not name.upper().startswith("FORGE_") or name in known or name in TOOL_VARIABLES:
             continue
-        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        close = closest(name.upper(), known)
+        hint = f" (did you mean {close}?)" if close else ""
         shown = escape_controls(name if len(name) <= 80 else name[:40] + "...")
         warnings.append(f"warning: {shown} is not a setting forge-load knows{hint}; it is ignored")
     return warnings

@@ -73,6 +73,23 @@ METRIC_NAMES = ("utilization", "sm_activity", "gr_activity")  # quantity.QUANTIT
 # Boost target used when none is given; a target above it means "no boost" rather than an error.
 DEFAULT_BOOST_TARGET = 0.6
 LEGACY_TARGET_ENV = "TARGET"
+
+# The variables forge-load reads that are not its settings: the man page's ENVIRONMENT (scripts/gen_docs.py).
+OTHER_VARIABLES: dict[str, str] = {
+    LEGACY_TARGET_ENV: "the original image's target, a percent (TARGET=50), where FORGE_TARGET is not set",
+    "TZ": "the local time of FORGE_ACTIVE_HOURS, the pause file's times and the log's time; a zone this system "
+          "knows, or a POSIX rule (a FIFO or a device is refused before Python starts)",
+    "TMPDIR": "where the default heartbeat and GPU locks are, $TMPDIR/forge_load-<uid>/ (/tmp without it)",
+    "RUNTIME_DIRECTORY": "a systemd unit's runtime directory (RuntimeDirectory=): the heartbeat and the GPU locks "
+                         "are there instead",
+    "NODE_NAME": "the hostname label of forge_load_gpu_info (the node, from the downward API in a pod)",
+    "POD_NAMESPACE": "with POD_NAME, this filler's own pod, which the kubelet's holds never hold for",
+    "POD_NAME": "see POD_NAMESPACE",
+    "CUDA_VISIBLE_DEVICES": "the devices CUDA shows this process; set to a MIG device's UUID for its filler where "
+                            "unset",
+    "DOCKER_HOST": "the Docker engine of forge-load fleet (default unix:///var/run/docker.sock)",
+}
+
 # Status lines at most 10 a second.
 MIN_LOG_INTERVAL_S = 0.1
 

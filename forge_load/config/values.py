@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from forge_load.steering.schedule import ACCEPTED as ACTIVE_HOURS_ACCEPTED
@@ -433,3 +434,12 @@ class Setting:
     @property
     def flag_label(self) -> str:
         return "--[no-]" + self.flag[2:] if self.boolean else self.flag
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The values it takes where they are a fixed few (its parser is choice_value's): for --help and the shell
+        completion; the value itself is still checked by the parser, with its own message."""
+        parse = self.parse
+        if isinstance(parse, partial) and parse.func is choice_value:
+            return tuple(parse.keywords["choices"])
+        return None

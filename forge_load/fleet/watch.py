@@ -18,7 +18,7 @@ from forge_load.exits import EXIT_OK
 from forge_load.fleet import engine
 from forge_load.fleet.engine import FleetError, short
 from forge_load.fleet.events import EventSplitter
-from forge_load.log import escape_controls
+from forge_load.log import OutputLost, escape_controls
 from forge_load.steering.dockerwatch import EVENTS, DockerHolds, Seen, not_held_because
 from forge_load.steering.holds import HoldError, read_small
 
@@ -49,7 +49,7 @@ def engine_files(containers_dir: str | None, container_id: str) -> dict[str, Any
 def short_json(value: object) -> str:
     """A value from the engine, as JSON, in at most 200 characters: for a line that says what was ignored."""
     text = json.dumps(value, default=str)
-    return text if len(text) <= 200 else text[:199] + "\u2026"
+    return text if len(text) <= 200 else text[:197] + "..."  # ASCII: a log line escapes the rest
 
 
 class Watch:
@@ -167,8 +167,8 @@ def run(hold_dir: str, uuids: list[str], created_hold_s: float, out: Any) -> int
     def log(line: str) -> None:
         try:
             print(f"t={time.time():.3f} {escape_controls(line)}", file=out, flush=True)
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError, OutputLost):
+            pass  # a line lost, not the watch: the holds it places matter more than its log (and come from threads)
 
     holds_ = DockerHolds(hold_dir, uuids, log, created_hold_s)
     log(f"event=watch hold_dir={hold_dir} gpus={','.join(uuids)} created_hold_s={created_hold_s:g}")

@@ -26,7 +26,7 @@ MIG_NOTE: str = (
 )
 MIG_GPM_NOTE: str = (
     "NVML utilization is not supported on MIG instances: GPM's GRAPHICS_UTIL (the time any kernel ran) "
-    "stands in for it in the utilization signal (docs/design.md §12)"
+    "stands in for it in the utilization signal (docs/design.md, section 12)"  # ASCII: the log escapes the rest
 )
 
 

@@ -11,8 +11,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
+import re
+import stat
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 THREADS_PER_BLOCK: int = 256
 
@@ -124,10 +129,65 @@ def cuda_version_text(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
+# No image comes near it (a cubin is a few kB): a file this large is no image of ours.
+MAX_IMAGE_BYTES: int = 64 << 20
+
+
+def read_image_file(path: Path) -> bytes:
+    """A file of the images (the manifest, a cubin, the PTX) as bytes; ValueError naming it where it is not a
+    regular file: opened without blocking, so that a FIFO or a device in its place fails at once instead of
+    waiting for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMAGE_BYTES:
+            raise ValueError(f"{path} is not a regular file of at most {MAX_IMAGE_BYTES >> 20} MiB")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def load_manifest(directory: Path = PREBUILT_DIR) -> Manifest:
-    data = json.loads((directory / MANIFEST_NAME).read_text())
-    return Manifest(data["entry"], data["ptx_version"], data["ptx_target"], tuple(data["cubin_arches"]),
-                    dict(data["sha256"]), data["compiler"])
+    """The manifest in `directory`; ValueError naming it where it is not of this release's shape (a broken install,
+    which the launcher says as such), OSError where it cannot be read."""
+    path = directory / MANIFEST_NAME
+    raw = read_image_file(path)
+    try:
+        data = json.loads(raw)
+        values: dict[str, Any] = {}
+        for name, kind in typing.get_type_hints(Manifest).items():
+            _check_type(data[name], kind, name)
+            values[name] = tuple(data[name]) if typing.get_origin(kind) is tuple else data[name]
+        manifest = Manifest(**values)
+        if not re.fullmatch(r"sm_[0-9]+", manifest.ptx_target):
+            raise ValueError(f"ptx_target {manifest.ptx_target!r} is not sm_<arch>")
+        manifest.ptx_min_cuda_version  # noqa: B018 - raises for a PTX ISA this release does not know
+    except (KeyError, TypeError, ValueError) as error:  # JSON's own errors are ValueErrors
+        raise ValueError(f"{path} is not a kernel manifest of this release ({type(error).__name__}: {error})") \
+            from None
+    return manifest
+
+
+def _check_type(value: object, kind: object, where: str) -> None:
+    """TypeError where `value`, as JSON gives it, is not of `kind`: str, int, tuple[int, ...] (a list), dict[str,
+    str] (an object)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise TypeError(f"{where} is {type(value).__name__}, not a list")
+        for item in value:
+            _check_type(item, args[0], where)
+    elif origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where} is {type(value).__name__}, not an object")
+        for key, item in value.items():
+            _check_type(key, args[0], where)
+            _check_type(item, args[1], where)
+    elif not isinstance(value, typing.cast(type, kind)) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{where} holds {value!r}, not {getattr(kind, '__name__', kind)}")
 
 
 def pick_cubin(cc: tuple[int, int], arches: tuple[int, ...] = CUBIN_ARCHES) -> int | None:
@@ -155,7 +215,7 @@ def images_for(cc: tuple[int, int], manifest: Manifest, directory: Path = PREBUI
     names.append(("ptx", PTX_NAME))
     images = []
     for kind, name in names:
-        data = (directory / name).read_bytes()
+        data = read_image_file(directory / name)
         if hashlib.sha256(data).hexdigest() != manifest.sha256.get(name):
             raise ValueError(f"{directory / name} does not match {MANIFEST_NAME}: reinstall forge-load")
         images.append(Image(kind, name, data + b"\0" if kind == "ptx" else data))

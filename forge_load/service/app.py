@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO, cast
 
-from forge_load.config.load import load_config, unknown_variables
+from forge_load.config.load import load_settings
 from forge_load.config.settings import Config
 from forge_load.config.values import ConfigError, url_host
 from forge_load.control.filler import Controls
@@ -74,11 +74,11 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     if title is not None:
         title.set(describe_title([]))
     try:
-        config = load_config(argv)
+        config, warnings = load_settings(argv)
     except ConfigError as error:
         say(f"forge-load: {error}")
         return EXIT_CONFIG
-    for warning in unknown_variables(os.environ):
+    for warning in warnings:
         say(f"forge-load: {warning}")
     limit = open_files_limit()
     if limit is not None and limit < MIN_OPEN_FILES:
@@ -89,6 +89,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     # Every line goes through one LogStream: a write that fails stops the fillers instead of raising in them.
     log_stream = LogStream(out, lambda error: request_stop(stop, wake, "stdout could not be written"))
     log_out = cast(TextIO, log_stream)
+    error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     path, private = health.heartbeat_location(config)
     beat = health.Heartbeat(path, private_dir=private, on_refused=lambda why: say(
         f"forge-load: warning: heartbeat not written: {why}; `python -m forge_load.health` reports unhealthy"))
@@ -96,8 +97,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
     if holder is not None and not config.simulate and (missing := no_gpu()) is not None:
         # No GPU here at all: that, not the other filler, is why this one cannot run (exit 3, as without it). Asked
         # only now: NVML's start is dear, and without a conflict the GPU's own opening says the same.
-        say(f"forge-load: no usable GPU: {missing}")
-        return EXIT_NO_GPU
+        return _no_gpu(error_log, config, missing, log_stream, out)
     if holder is not None:  # another filler of this user holds this heartbeat (docs: forge_load/service/health.py)
         same = (f"the heartbeat {escape_controls(str(path))} of the same GPUs ({health.heartbeat_name(config)})"
                 if private else f"FORGE_HEARTBEAT_FILE={escape_controls(str(path))}")
@@ -109,7 +109,6 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
         say(f"forge-load: warning: another forge-load (pid {holder}) already runs with {same}: this one writes no "
             "heartbeat, and `python -m forge_load.health` with these settings judges that one")
         beat.writes = False
-    error_log = EventLog(config.log_format, log_out, clock=time.monotonic, start_s=time.monotonic())
     gpu_slots = GpuSlots(config.health_max_age_s, simulated=config.simulate)
     try:
         board = start_kubelet(config, error_log, stop)
@@ -143,8 +142,7 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
             if controls.on_transition is not None:
                 controls.on_transition()  # stopped or failed, for the last moments
     except NoGpuError as error:  # FORGE_GPUS=all and NVML shows none
-        say(f"forge-load: no usable GPU: {error}")
-        code = EXIT_NO_GPU
+        code = _no_gpu(error_log, config, str(error), log_stream, out)
     except Exception as error:  # noqa: BLE001 - a bug: one line, not a traceback in docker logs
         error_log.emit("error", reason=internal_error(error),
                        exit_code=EXIT_INTERNAL)
@@ -154,6 +152,15 @@ def _main(argv: list[str] | None, out: TextIO, stop: StopEvent, wake: threading.
         if server is not None:
             server.close()
     return _log_checked(code, log_stream, out)
+
+
+def _no_gpu(log: EventLog, config: Config, why: str, log_stream: LogStream, out: TextIO) -> int:
+    """No GPU for any filler: one `error` line in the log, as a GPU that cannot be opened says it (and nothing on
+    stderr, which `docker logs` and journald show beside it: it would be said twice); exit 3."""
+    requested = config.gpu if config.gpus is None else config.gpus if config.gpus == "all" else ",".join(config.gpus)
+    log.emit("error", reason=f"no usable GPU: {why}", gpu=None, uuid=None, gpu_requested=requested,
+             exit_code=EXIT_NO_GPU)
+    return _log_checked(EXIT_NO_GPU, log_stream, out)
 
 
 def no_gpu() -> str | None:

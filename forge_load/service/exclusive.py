@@ -31,9 +31,10 @@ from forge_load.config.settings import Config
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
 from forge_load.control.reasons import Reasons, State, Verdict
 from forge_load.control.status import STOPPED, GpuStatus
+from forge_load.gpu.clocks import WallLoopClock
 from forge_load.log import EventLog
 from forge_load.service.child_link import StatusReader, send_holds
-from forge_load.service.runtime import stop_reason
+from forge_load.service.runtime import run_steps
 from forge_load.service.unix_signals import PAUSE_SIGNALS
 from forge_load.steering.filler_status import StatusWriter
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, jobs_announced
@@ -317,24 +318,28 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     creates a context here. `attach` hands the slot its status; `board` holds what the kubelet assigned (those
     holds count as configured holds, with or without the directory); `child` and `hold_dir` are for tests."""
     info = probe.info
-    start_s = time.monotonic()
-    log = EventLog(config.log_format, stream, clock=time.monotonic, start_s=start_s,
+    clock = WallLoopClock()  # no Monitor of its own: it asks NVML at each step
+    start_s = clock.now()
+    log = EventLog(config.log_format, stream, clock=clock.now, start_s=start_s,
                    static={"gpu": info.index, "uuid": info.uuid})
     hold_dir = hold_dir or config.hold_dir
     mode = info.compute_mode.value
     end_s = start_s + config.duration_s if config.duration_s > 0 else math.inf
+
+    def idle(now_s: float) -> float:
+        beat()
+        return now_s + 1.0
+
     if not jobs_announced(hold_dir, board):
         log.emit("exclusive", t=0.0, compute_mode=mode, hold_dir=hold_dir, holds=False, filling=False,
                  reason=f"{mode} compute mode takes one process's context at a time, and no hold directory "
                         f"{hold_dir} exists to announce jobs: no context of ours is created, nothing is filled "
                         "until the directory appears")
-        idle = supervisor_status(State.PAUSED.value)
-        attach(lambda: idle)
-        while not stop.is_set() and time.monotonic() < end_s and not jobs_announced(hold_dir, board):
-            beat()
-            stop.wait(min(1.0, max(end_s - time.monotonic(), 0.0)))
-        if stop.is_set() or time.monotonic() >= end_s:
-            log.emit("stop", state=State.PAUSED.value, reason=_stop_reason(stop, end_s))
+        idle_status = supervisor_status(State.PAUSED.value)
+        attach(lambda: idle_status)
+        ended = run_steps(clock, stop, wake, end_s, idle, done=lambda: jobs_announced(hold_dir, board))
+        if ended is not None:
+            log.emit("stop", state=State.PAUSED.value, reason=ended)
             return
     log.emit("exclusive", compute_mode=mode, hold_dir=hold_dir, holds=True, filling=True,
              reason=f"{mode} compute mode: the GPU work runs in a child process that holds our context only while "
@@ -347,19 +352,17 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
                      on_change)
     sup.report = StatusWriter(hold_dir, info.uuid, info.index, os.getpid())
     attach(sup.status)
+
+    def step(now_s: float) -> float:
+        due_s = sup.step(now_s)
+        beat()
+        return due_s
+
+    reason: str | None = "an error"  # what the stop line says if the steps raise (the error line follows)
     try:
-        while not stop.is_set() and time.monotonic() < end_s:
-            due_s = sup.step(time.monotonic())
-            beat()
-            wake.wait(max(min(due_s, end_s) - time.monotonic(), 0.0))
-            wake.clear()
+        reason = run_steps(clock, stop, wake, end_s, step)
     finally:
-        sup.close(time.monotonic(), time.sleep, time.monotonic)
+        sup.close(clock.now(), time.sleep, clock.now)
         sup.report.close()
         sup.holds.close()  # as any filler that stops: `hold --wait` need not wait for the acknowledgement to age
-        log.emit("stop", state=sup.state, reason=_stop_reason(stop, end_s), yields=sup.yields)
-
-
-def _stop_reason(stop: threading.Event, end_s: float) -> str:
-    return stop_reason(stop) if stop.is_set() else "duration reached"
-
+        log.emit("stop", state=sup.state, reason=reason, yields=sup.yields)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -299,9 +298,7 @@ def run_gpus(config: Config, out: TextIO, stop: threading.Event, wake: threading
     if not failed:
         return EXIT_OK
     if len(failed) == len(slots) and all(slot.exit_code == EXIT_NO_GPU for slot in failed):
-        reasons = "; ".join((slot.reason or "").removeprefix("no usable GPU: ") for slot in failed)
-        print(f"forge-load: no usable GPU: {reasons}", file=sys.stderr)
-        return EXIT_NO_GPU
+        return EXIT_NO_GPU  # each one's error line said why
     if all(slot.exit_code == EXIT_CONFIG for slot in failed):  # GPUs another filler of this user fills
         if len(failed) == len(slots):
             say("forge-load: " + "; ".join(slot.reason or "" for slot in failed))

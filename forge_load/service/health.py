@@ -12,10 +12,11 @@ look healthy. In a systemd unit it is the unit's runtime directory ($RUNTIME_DIR
 /tmp), where an operator's `forge-load health` with the filler's settings finds it (check_unit).
 
 One heartbeat, one filler: the default file is named after the GPUs the settings select (heartbeat-gpu0,
-heartbeat-gpus-0,1, heartbeat-sim-gpu0, ...), so the health check given a filler's settings judges that filler and
-no other of the same user. A filler holds its heartbeat (an flock on `<heartbeat>.lock`, released when the process
-ends); a second filler that finds it held refuses to start (exit 2): with the default file it would fill the same
-GPUs, where the two would only yield to each other. A simulated one, which shares no GPU, warns and runs without.
+heartbeat-gpus-0,1, heartbeat-sim-gpu0, heartbeat-sim-seed7-gpu0, ...), so the health check given a filler's
+settings judges that filler and no other of the same user. A filler holds its heartbeat (an flock on
+`<heartbeat>.lock`, released when the process ends); a second filler that finds it held refuses to start (exit 2):
+with the default file it would fill the same GPUs, where the two would only yield to each other. A simulated one,
+which shares no GPU, warns and runs without.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def heartbeat_name(config: Config) -> str:
         key = "gpus-all"
     else:
         key = "gpus-" + ",".join(sorted(config.gpus))
-    if config.simulate:
-        key = f"sim-{key}"
+    if config.simulate:  # the seed is part of the simulated GPUs' UUIDs: other seeds, other GPUs
+        key = f"sim-{key}" if config.sim.seed == 0 else f"sim-seed{config.sim.seed}-{key}"
     key = re.sub(r"[^A-Za-z0-9,._-]", "_", key)
     if len(key) > 80:  # many UUIDs: short enough for a file name, still one per selection
         key = f"{key[:40]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
@@ -298,8 +299,8 @@ def check(path: Path, max_age_s: float, private_dir: bool = False) -> tuple[bool
         return False, f"no heartbeat: {problem}"
     age_s = time.time() - st.st_mtime
     if age_s > max_age_s:
-        return False, f"heartbeat {age_s:.0f} s old (limit {max_age_s:g} s)"
-    return True, f"heartbeat {age_s:.1f} s old"
+        return False, f"heartbeat {_shown(path)} {age_s:.0f} s old (limit {max_age_s:g} s)"
+    return True, f"heartbeat {_shown(path)} {age_s:.1f} s old"
 
 
 def unit_heartbeat(path: Path, unit_dir: Path) -> Path | None:

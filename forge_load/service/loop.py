@@ -26,7 +26,7 @@ from forge_load.service.runtime import (
     log_start,
     log_stop,
     open_runtime,
-    stop_reason,
+    run_steps,
 )
 
 
@@ -90,22 +90,15 @@ def _run(config: Config, backend: Backend, stream: TextIO, stop: threading.Event
         log_start(rt, backend.start_fields(probe.info))
         clock.start_monitor(rt.monitor, stop, wake)
         end_s = rt.start_s + config.duration_s if config.duration_s > 0 else float("inf")
-        reason = "duration reached"
         try:
-            while True:
-                if stop.is_set():
-                    reason = stop_reason(stop)
-                    break
-                if clock.now() >= end_s:
-                    break
-                clock.wait(min(rt.filler.step(clock.now()), end_s), stop, wake)
+            reason = run_steps(clock, stop, wake, end_s, rt.filler.step)
         finally:
             stop.set()
             deadline_s = clock.now() + DRAIN_LIMIT_S
             while rt.worker.in_flight and clock.now() < deadline_s:
                 clock.sleep(min(rt.worker.drain(clock.now()), deadline_s))
         clock.stop_monitor()
-        log_stop(rt, clock.now(), reason)
+        log_stop(rt, clock.now(), reason or "")
         return rt
     finally:
         # The Monitor may be inside an NVML call: NVML is shut down only once it has stopped.

@@ -200,6 +200,22 @@ def stop_reason(stop: threading.Event) -> str:
     return stop.reason if isinstance(stop, StopEvent) else "signal"
 
 
+def run_steps(clock: LoopClock, stop: threading.Event, wake: threading.Event, end_s: float,
+              step: Callable[[float], float], done: Callable[[], bool] | None = None) -> str | None:
+    """The loop of every GPU's thread, a filler's (service/loop.py) and an exclusive-mode supervisor's
+    (service/exclusive.py): step(now), which says when to step again, waited for on `clock` (or less: a reading or
+    a signal wakes it), until `stop`, the end of the duration (`end_s`) or `done()`. Why it ended: the stop's reason,
+    "duration reached", or None for done()."""
+    while True:
+        if stop.is_set():
+            return stop_reason(stop)
+        if clock.now() >= end_s:
+            return "duration reached"
+        if done is not None and done():
+            return None
+        clock.wait(min(step(clock.now()), end_s), stop, wake)
+
+
 def request_stop(stop: StopEvent, wake: threading.Event, reason: str) -> None:
     """Stop every filler, and wake the thread that waits for them."""
     stop.request(reason)
