@@ -4,19 +4,24 @@ CUDA or numba (a Slurm prolog runs them before every job)."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from forge_load.commands import hold as hold_command
 from forge_load.commands import host_gpus
 from forge_load.steering import holds
+from forge_load.steering.hold_watch import FillerHolds
 from forge_load.steering.holds import Ack
+from tests.neighbours import FILLER, NEIGHBOUR, AsUser, as_user, hold_dir_for_all, local_user, shared_dir
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-51a00000-0000-4000-8000-000000000001"
@@ -261,3 +266,98 @@ def test_a_simulated_gpu_is_not_held_in_the_host_wide_directory(tmp_path: Path, 
                         uuids_of_host=lambda: list(HOST)) == 0
     code, _, _ = run(["hold", "--gpu", GPU0, "--holder", "h"], tmp_path, capsys)
     assert code == 0 and [h.holder for h in holds.all_holds(str(tmp_path))[0]] == ["h"]
+
+
+# --- a directory shared with neighbours ----------------------------------------------------------------------
+
+def _filler_as_user(channel: Any, hold_dir: str, uuid: str) -> str:
+    """A filler's side of the holds (FillerHolds), in a process of its own user: it honours the holds and says it
+    has drained once the parent says "drain"; it stops at "stop"."""
+    filler = FillerHolds(hold_dir, uuid, os.getpid(), time.time)
+    drain = False
+    channel.put("started")
+    while True:
+        ready, _, _ = select.select([channel.read_fd], [], [], 0.05)
+        if ready:
+            word = channel.get()
+            if word == "stop":
+                break
+            drain = word == "drain"
+        now_s = time.monotonic()
+        filler.check(now_s)
+        problem = filler.acknowledge(now_s, "held" if filler.held else "filling", drain and filler.held)
+        assert problem is None, problem
+    filler.close()
+    return "stopped"
+
+
+def test_hold_wait_is_not_fooled_by_a_neighbours_acknowledgement(capsys: pytest.CaptureFixture[str]) -> None:
+    # A neighbour plants a stale acknowledgement and a context lock where a plain user's filler would write its own,
+    # before it starts. `hold --wait` must still wait for that filler's own word.
+    neighbour, filler_user = local_user(NEIGHBOUR), local_user(FILLER)
+    with shared_dir() as parent:
+        hold_dir = hold_dir_for_all(parent)
+        stale = Ack(GPU0, 4242, "held", ("h", "h2"), True, time.time() - 10)
+
+        def plant(_channel: Any) -> None:
+            holds.write_ack(str(hold_dir), stale)
+            (hold_dir / holds.context_lock_name(GPU0)).write_text("")
+
+        as_user(neighbour, plant)
+        filler = AsUser(filler_user, _filler_as_user, str(hold_dir), GPU0)
+        try:
+            assert filler.recv() == "started"
+            code, _, err = run(["hold", "--gpu", GPU0, "--holder", "h", "--wait", "1"], hold_dir, capsys)
+            assert code == 1, err  # its filler has not drained: not acknowledged
+            filler.send("drain")
+            code, _, err = run(["hold", "--gpu", GPU0, "--holder", "h2", "--wait", "10"], hold_dir, capsys)
+            assert code == 0, err
+            filler.send("stop")
+            assert filler.result() == "stopped"
+        finally:
+            filler.kill()
+
+
+def test_hold_wait_parses_no_file_twice_a_poll_whatever_is_named_like_an_acknowledgement(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hard links to one 1-MB JSON file, named as MIG devices' acknowledgements: read once, not once a name and poll.
+    big = tmp_path / "big"
+    big.write_text(json.dumps({"format": 1, "gpu": "MIG-00000000-0000-4000-8000-000000000000", "pid": 1,
+                               "state": "filling", "held_by": ["x" * 64] * 15000, "drained": False,
+                               "written_unix_s": time.time(), "of_gpu": GPU0}))
+    for k in range(300):
+        os.link(big, tmp_path / f"filler.MIG-00000000-0000-4000-8000-{k:012d}.json")
+    parsed: list[int] = []
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda data, *a, **k: parsed.append(len(data)) or real_loads(data, *a, **k))
+
+    def live_filler(stop: threading.Event) -> None:
+        filler = FillerHolds(str(tmp_path), GPU0, os.getpid(), time.time)
+        while not stop.wait(0.05):
+            filler.check(time.monotonic())
+            filler.acknowledge(time.monotonic(), "held", False)  # never drains
+        filler.close()
+
+    polls = 0.5 / hold_command.WAIT_POLL_S
+    code, _, _ = run_beside(live_filler, ["hold", "--gpu", GPU0, "--holder", "h", "--wait", "0.5"], tmp_path, capsys)
+    assert code == 1
+    assert len([n for n in parsed if n > 1_000_000]) <= 1, len(parsed)  # the big file: once at most
+    assert len(parsed) <= 4 * polls, len(parsed)
+
+
+def test_holds_lists_from_one_look_at_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # 300 held GPUs, each with a MIG device's acknowledgement: the directory is listed a bounded number of times,
+    # not once a GPU.
+    uuids = [f"GPU-51a00000-0000-4000-8000-{k:012d}" for k in range(300)]
+    now_s = time.time()
+    for k, uuid in enumerate(uuids):
+        holds.place(str(tmp_path), holds.Hold(uuid, "h", "", now_s))
+        holds.write_ack(str(tmp_path), Ack(f"MIG-61a00000-0000-4000-8000-{k:012d}", 1, "held", ("h",), True, now_s,
+                                           of_gpu=uuid))
+    listed: list[str] = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": listed.append(str(path)) or real_scandir(path))
+    code, out, _ = run(["holds", "--json"], tmp_path, capsys)
+    assert code == 0 and len(out) == 300
+    assert len(listed) <= 5, len(listed)

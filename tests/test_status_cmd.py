@@ -4,15 +4,18 @@ GPU, run as processes of their own, as an operator would see them."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +23,7 @@ from forge_load.clock import boot_time_s
 from forge_load.commands import status as status_command
 from forge_load.steering import filler_status
 from forge_load.steering.filler_status import FillerStatus, StatusWriter
+from tests.neighbours import FILLER, NEIGHBOUR, AsUser, hold_dir_for_all, local_user, shared_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 60.0  # a loaded 2-core machine starts a filler in seconds; the conditions are polled, not timed
@@ -232,3 +236,127 @@ def test_the_alive_lock_is_held_while_the_writer_runs_and_goes_with_it(tmp_path:
     [seen] = filler_status.read_all(str(tmp_path))[0]
     assert not seen.status.locked and seen.alive is True  # its process, seen here, still tells
     writer.close()
+
+
+# --- a directory shared with neighbours ----------------------------------------------------------------------
+
+def test_a_flood_of_dot_files_and_other_names_hides_no_filler(tmp_path: Path,
+                                                              fillers: list[subprocess.Popen[str]]) -> None:
+    (tmp_path / ".x").write_text("")
+    for k in range(5000):  # hard links: a neighbour's flood costs it no space
+        os.link(tmp_path / ".x", tmp_path / f".x{k}")
+        if k < 300:
+            os.link(tmp_path / ".x", tmp_path / f"filler.x{k}")
+    fillers.append(start_filler(tmp_path))
+    [row] = poll(tmp_path, lambda rows: [r["state"] for r in rows] == ["filling"])
+    assert row["alive"] is True
+
+
+def _live_row_of_its_own(channel: Any, path: str, uuid: str) -> None:
+    """A neighbour's row for someone else's GPU, fresh, naming its own live process: kept until told."""
+    ticks = filler_status.process_start_ticks(os.getpid())
+    record = FillerStatus(uuid, 0, os.getpid(), "filling", 0.5, 0.5, 0.5, 300.0, written_unix_s=time.time(),
+                          written_boot_s=(boot_time_s() or 0.0) + 2.5,
+                          pid_namespace=filler_status.pid_namespace(), pid_start_ticks=ticks)
+    with open(path, "wb") as file:
+        file.write(filler_status.to_json(record))
+    channel.put("written")
+    channel.get()
+
+
+def test_a_neighbours_row_never_shows_a_held_gpu_filling() -> None:
+    neighbour = local_user(NEIGHBOUR)
+    with shared_dir() as parent:
+        hold_dir = hold_dir_for_all(parent)
+        writer = StatusWriter(str(hold_dir), GPU0, 0, os.getpid())
+        writer.write("held", ("job-7",))  # our filler: held
+        planted = str(hold_dir / filler_status.status_name(GPU0.upper()))
+        other = AsUser(neighbour, _live_row_of_its_own, planted, GPU0.upper())
+        try:
+            assert other.recv() == "written"
+            rows = [r for r in status_rows(hold_dir) if str(r["uuid"]).upper() == GPU0.upper()]
+            assert [r["state"] for r in rows if r["pid"] == os.getpid()] == ["held"]
+            assert "filling" not in [r["state"] for r in rows], rows
+            other.send("done")
+            other.result()
+        finally:
+            other.kill()
+            writer.close()
+
+
+def _filler_row(channel: Any, hold_dir: str) -> None:
+    """A plain user's filler, held: its status row written at once and kept until told."""
+    writer = StatusWriter(hold_dir, GPU0, 0, os.getpid())
+    writer.write("held", ("job-7",))
+    channel.put("written")
+    channel.get()
+    writer.close()
+
+
+def test_a_plain_users_row_cannot_be_taken_by_a_neighbour_before_it_starts() -> None:
+    neighbour, filler_user = local_user(NEIGHBOUR), local_user(FILLER)
+    with shared_dir() as parent:
+        hold_dir = hold_dir_for_all(parent)
+        planted = str(hold_dir / filler_status.status_name(GPU0))
+        other = AsUser(neighbour, _live_row_of_its_own, planted, GPU0)
+        filler = None
+        try:
+            assert other.recv() == "written"
+            filler = AsUser(filler_user, _filler_row, str(hold_dir))
+            assert filler.recv() == "written"
+            rows = status_rows(hold_dir)
+            assert [(r["pid"], r["state"]) for r in rows if r["state"] != "gone"] == [(filler.pid, "held")], rows
+            filler.send("done")
+            filler.result()
+            other.send("done")
+            other.result()
+        finally:
+            other.kill()
+            if filler is not None:
+                filler.kill()
+
+
+def _lock_every_alive_file(channel: Any, hold_dir: str) -> None:
+    """A reader of the directory: blocks to take every lock a reader can on every file named like a liveness lock
+    (flock, and a POSIX read lock), holding each from the moment it gets it, until told."""
+    fds: list[int] = []
+    for path in Path(hold_dir).rglob("*alive*"):
+        for how in (lambda fd: fcntl.flock(fd, fcntl.LOCK_EX), lambda fd: fcntl.lockf(fd, fcntl.LOCK_SH)):
+            fd = os.open(path, os.O_RDONLY)
+            fds.append(fd)
+            threading.Thread(target=how, args=(fd,), daemon=True).start()
+    channel.put(len(fds))
+    channel.get()
+
+
+def test_a_reader_holding_the_liveness_lock_of_a_killed_filler_does_not_keep_it_alive(
+        fillers: list[subprocess.Popen[str]]) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                                                         capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs unshare with the right to make a PID namespace (root, or user namespaces)")
+    neighbour = local_user(NEIGHBOUR)
+    with shared_dir() as parent:
+        hold_dir = parent / "holds"
+        hold_dir.mkdir()  # root's, 0755: the neighbour can only read
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+        fillers.append(proc := subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "forge_load",
+             "--simulate", "--hold-dir", str(hold_dir), "--duration", "600"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True))
+        poll(hold_dir, lambda rows: [r["state"] for r in rows] == ["filling"])
+        reader = AsUser(neighbour, _lock_every_alive_file, str(hold_dir))
+        try:
+            assert reader.recv() >= 1
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            deadline_s = time.monotonic() + DEADLINE_S
+            rows = status_rows(hold_dir)
+            while [r["state"] for r in rows] == ["filling"]:
+                assert time.monotonic() < deadline_s
+                time.sleep(0.05)
+                rows = status_rows(hold_dir)
+            assert [(r["state"], r["alive"]) for r in rows] == [("gone", False)], rows
+            reader.send("done")
+            reader.result()
+        finally:
+            reader.kill()
