@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.steering import hold_watch, holds
+from forge_load.steering import acks, hold_watch, holds
 from forge_load.steering.hold_watch import HoldWatch
 from forge_load.steering.holds import Ack, Hold
 
@@ -63,7 +63,7 @@ def test_names_that_do_not_parse_are_ignored_with_a_line(tmp_path: Path, name: s
 
 def test_dot_files_and_acknowledgements_are_never_holds_nor_problems(tmp_path: Path) -> None:
     (tmp_path / f".hold.{GPU0}.x.json.12.tmp").write_text("{}")
-    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("x",), True, 5.0))
+    acks.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("x",), True, 5.0))
     view = holds.read_holds(str(tmp_path), GPU0, 0.0)
     assert view == holds.HoldsView()
 
@@ -115,9 +115,13 @@ def test_more_than_max_holds_on_a_gpu_holds_it_fail_safe(tmp_path: Path, monkeyp
 
 
 def test_a_directory_too_long_to_read_holds_every_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(holds, "MAX_ENTRIES", 5)
+    monkeypatch.setattr(holds, "MAX_ENTRIES", 5)  # names read: holds (and fillers' directories)
     for k in range(6):
-        (tmp_path / f".junk{k}").write_text("")
+        (tmp_path / holds.hold_name(GPU0, f"h{k}")).write_text("never opened")
+    view = holds.read_holds(str(tmp_path), GPU1, 0.0)
+    assert view.fail_safe is not None and "more than 5 holds" in view.fail_safe
+    monkeypatch.setattr(holds, "MAX_ENTRIES", 4096)
+    monkeypatch.setattr(holds, "MAX_SCAN", 5)  # entries listed, of any kind
     view = holds.read_holds(str(tmp_path), GPU1, 0.0)
     assert view.fail_safe is not None and "more than 5 entries" in view.fail_safe
 
@@ -127,16 +131,16 @@ def test_a_missing_directory_holds_nothing(tmp_path: Path) -> None:
 
 
 def test_ack_round_trip_and_what_hold_wait_accepts(tmp_path: Path) -> None:
-    assert holds.read_ack(str(tmp_path), GPU0) is None
+    assert acks.read_ack(str(tmp_path), GPU0) is None
     ack = Ack(GPU0, 123, "held", ("slurm-42",), True, 1000.0)
-    holds.write_ack(str(tmp_path), ack)
-    assert holds.read_ack(str(tmp_path), GPU0) == ack
-    assert holds.acknowledged(ack, "slurm-42", placed_unix_s=999.0, now_unix_s=1000.5)
-    assert not holds.acknowledged(ack, "slurm-42", placed_unix_s=1000.1, now_unix_s=1000.5)  # said before the hold
-    assert not holds.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1000.5)
-    assert not holds.acknowledged(Ack(GPU0, 1, "held", ("slurm-42",), False, 1000.0), "slurm-42", 999.0, 1000.5)
-    assert holds.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1003.1)  # no live filler: fail open
-    assert holds.acknowledged(None, "other", placed_unix_s=999.0, now_unix_s=0.0)
+    acks.write_ack(str(tmp_path), ack)
+    assert acks.read_ack(str(tmp_path), GPU0) == ack
+    assert acks.acknowledged(ack, "slurm-42", placed_unix_s=999.0, now_unix_s=1000.5)
+    assert not acks.acknowledged(ack, "slurm-42", placed_unix_s=1000.1, now_unix_s=1000.5)  # said before the hold
+    assert not acks.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1000.5)
+    assert not acks.acknowledged(Ack(GPU0, 1, "held", ("slurm-42",), False, 1000.0), "slurm-42", 999.0, 1000.5)
+    assert acks.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1003.1)  # no live filler: fail open
+    assert acks.acknowledged(None, "other", placed_unix_s=999.0, now_unix_s=0.0)
 
 
 def test_all_holds_lists_every_gpu(tmp_path: Path) -> None:
@@ -270,13 +274,14 @@ def test_dot_files_and_names_of_no_hold_do_not_use_up_the_listing(tmp_path: Path
 
 
 def test_a_flood_of_unreadable_hold_names_is_one_line(tmp_path: Path) -> None:
-    # 256 directories named as Slurm's next holds would be: one line, not one per name.
-    for job in range(100, 356):
+    # Directories named as Slurm's next holds would be: one line, not one per name (256 of them and a hold are more
+    # than MAX_HOLDS: the GPU is held fail safe, as it is for so many holds).
+    for job in range(100, 300):
         (tmp_path / f"hold.{GPU0}.slurm-{job}.json").mkdir()
     holds.place(str(tmp_path), _hold("good"))
     view = holds.read_holds(str(tmp_path), GPU0, 0.0)
     assert [h.holder for h in view.holds] == ["good"]
-    assert len(view.problems) == 1 and "256" in view.problems[0], view.problems
+    assert len(view.problems) == 1 and "200" in view.problems[0], view.problems
     watch = HoldWatch(str(tmp_path), GPU0)
     assert len(watch.check(0.0, 0.0)[1]) == 1
 

@@ -18,7 +18,7 @@ import pytest
 
 from forge_load.commands import hold as hold_command
 from forge_load.commands import host_gpus
-from forge_load.steering import holds
+from forge_load.steering import acks, hold_files, holds
 from forge_load.steering.hold_watch import FillerHolds
 from forge_load.steering.holds import Ack
 from tests.neighbours import FILLER, NEIGHBOUR, AsUser, as_user, hold_dir_for_all, local_user, shared_dir
@@ -100,10 +100,17 @@ def test_bad_input_exits_2_with_one_line_naming_the_flag(tmp_path: Path, capsys:
     assert not (tmp_path / "holds").exists() or not list((tmp_path / "holds").iterdir())  # nothing written
 
 
-def test_a_relative_hold_dir_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = hold_command.main(["holds"], env={"FORGE_HOLD_DIR": "relative/dir"}, uuids_of_host=lambda: HOST)
-    err = capsys.readouterr().err.splitlines()
-    assert code == 2 and len(err) == 1 and "FORGE_HOLD_DIR='relative/dir'" in err[0]
+def test_a_relative_hold_dir_is_taken_from_the_current_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for env, flag in (({"FORGE_HOLD_DIR": "rel/holds"}, []), ({}, ["--hold-dir", "rel/holds"])):
+        code = hold_command.main(["hold", "--gpu", GPU0, "--holder", "h", *flag], env=env, uuids_of_host=lambda: HOST)
+        assert code == 0, capsys.readouterr().err
+        assert [h.holder for h in holds.all_holds(str(tmp_path / "rel" / "holds"))[0]] == ["h"]
+        assert hold_command.main(["holds", "--json", *flag], env=env, uuids_of_host=lambda: HOST) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["holder"] == "h"
+        assert hold_command.main(["release", "--holder", "h", *flag], env=env, uuids_of_host=lambda: HOST) == 0
+        assert holds.all_holds(str(tmp_path / "rel" / "holds"))[0] == []
 
 
 def test_a_hold_dir_that_cannot_be_made_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -136,7 +143,7 @@ def test_proc_files_give_the_uuids_in_pci_bus_order(tmp_path: Path) -> None:
 
 def test_wait_without_a_filler_or_with_a_stale_one_returns_at_once(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    holds.write_ack(str(tmp_path), Ack(GPU1, 1, "filling", (), False, time.time() - 3.5))  # a dead filler's
+    acks.write_ack(str(tmp_path), Ack(GPU1, 1, "filling", (), False, time.time() - 3.5))  # a dead filler's
     start = time.monotonic()
     code, _, _ = run(["hold", "--gpu", "0,1", "--holder", "h", "--wait", "5"], tmp_path, capsys)
     assert code == 0 and time.monotonic() - start < 4  # not the 5 s wait
@@ -146,10 +153,10 @@ def test_wait_exits_1_when_the_filler_has_not_acknowledged_and_the_hold_stays(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def live_filler_that_ignores_holds(stop: threading.Event) -> None:
         while not stop.is_set():
-            holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))
+            acks.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))
             stop.wait(0.05)
 
-    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))  # there before the hold
+    acks.write_ack(str(tmp_path), Ack(GPU0, 1, "filling", (), False, time.time()))  # there before the hold
     code, out, err = run_beside(live_filler_that_ignores_holds, ["hold", "--gpu", "0", "--holder", "h", "--wait",
                                                                  "0.3"], tmp_path, capsys)
     assert code == 1 and len(err) == 1 and GPU0 in err[0] and "the hold stays" in err[0]
@@ -158,13 +165,13 @@ def test_wait_exits_1_when_the_filler_has_not_acknowledged_and_the_hold_stays(
 
 def test_wait_returns_once_the_filler_has_drained_after_the_hold(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("h",), True, time.time()))  # before the hold: not enough
+    acks.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("h",), True, time.time()))  # before the hold: not enough
     def filler(stop: threading.Event) -> None:
         while not stop.is_set():
             view = holds.read_holds(str(tmp_path), GPU0, time.time())
             held_by = tuple(h.holder for h in view.holds)
             # A stale "drained" from before would do; only one written after the hold counts.
-            holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held" if held_by else "filling", held_by,
+            acks.write_ack(str(tmp_path), Ack(GPU0, 1, "held" if held_by else "filling", held_by,
                                                bool(held_by), time.time()))
             stop.wait(0.05)
 
@@ -182,7 +189,7 @@ def test_a_first_hold_that_makes_the_directory_waits_for_a_filler_to_find_it(
         while not stop.is_set():
             if hold_dir.is_dir():
                 stop.wait(0.3)
-                holds.write_ack(str(hold_dir), Ack(GPU0, 1, "filling", (), False, time.time()))
+                acks.write_ack(str(hold_dir), Ack(GPU0, 1, "filling", (), False, time.time()))
             stop.wait(0.05)
 
     code, _, err = run_beside(filler_that_finds_the_directory_late, ["hold", "--gpu", "0", "--holder", "h", "--wait",
@@ -193,7 +200,7 @@ def test_a_first_hold_that_makes_the_directory_waits_for_a_filler_to_find_it(
 def test_holds_lists_with_the_fillers_word(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run(["hold", "--gpu", "0", "--holder", "a", "--reason", "job a"], tmp_path, capsys)
     run(["hold", "--gpu", "1", "--holder", "b"], tmp_path, capsys)
-    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("a",), True, time.time()))
+    acks.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("a",), True, time.time()))
     (tmp_path / "stray").write_text("")
     code, out, err = run(["holds", "--json"], tmp_path, capsys)
     rows = [json.loads(line) for line in out]
@@ -275,7 +282,10 @@ def _filler_as_user(channel: Any, hold_dir: str, uuid: str) -> str:
     has drained once the parent says "drain"; it stops at "stop"."""
     filler = FillerHolds(hold_dir, uuid, os.getpid(), time.time)
     drain = False
-    channel.put("started")
+    filler.check(time.monotonic())
+    filler.acknowledge(time.monotonic(), "filling", False)  # a line: earlier releases' acknowledgement is taken
+    assert filler.ack_ok
+    channel.put("started")  # it has said so once, as a running filler has
     while True:
         ready, _, _ = select.select([channel.read_fd], [], [], 0.05)
         if ready:
@@ -299,9 +309,9 @@ def test_hold_wait_is_not_fooled_by_a_neighbours_acknowledgement(capsys: pytest.
         hold_dir = hold_dir_for_all(parent)
         stale = Ack(GPU0, 4242, "held", ("h", "h2"), True, time.time() - 10)
 
-        def plant(_channel: Any) -> None:
-            holds.write_ack(str(hold_dir), stale)
-            (hold_dir / holds.context_lock_name(GPU0)).write_text("")
+        def plant(_channel: Any) -> None:  # where format 1 had them, before the filler starts
+            (hold_dir / f"filler.{GPU0}.json").write_bytes(hold_files.ack_to_json(stale, 1))
+            (hold_dir / f"filler.{GPU0}.lock").write_text("")
 
         as_user(neighbour, plant)
         filler = AsUser(filler_user, _filler_as_user, str(hold_dir), GPU0)
@@ -331,8 +341,10 @@ def test_hold_wait_parses_no_file_twice_a_poll_whatever_is_named_like_an_acknowl
     real_loads = json.loads
     monkeypatch.setattr(json, "loads", lambda data, *a, **k: parsed.append(len(data)) or real_loads(data, *a, **k))
 
+    filler = FillerHolds(str(tmp_path), GPU0, os.getpid(), time.time)
+    filler.acknowledge(time.monotonic(), "filling", False)  # it runs before the hold
+
     def live_filler(stop: threading.Event) -> None:
-        filler = FillerHolds(str(tmp_path), GPU0, os.getpid(), time.time)
         while not stop.wait(0.05):
             filler.check(time.monotonic())
             filler.acknowledge(time.monotonic(), "held", False)  # never drains
@@ -353,7 +365,7 @@ def test_holds_lists_from_one_look_at_the_directory(tmp_path: Path, capsys: pyte
     now_s = time.time()
     for k, uuid in enumerate(uuids):
         holds.place(str(tmp_path), holds.Hold(uuid, "h", "", now_s))
-        holds.write_ack(str(tmp_path), Ack(f"MIG-61a00000-0000-4000-8000-{k:012d}", 1, "held", ("h",), True, now_s,
+        acks.write_ack(str(tmp_path), Ack(f"MIG-61a00000-0000-4000-8000-{k:012d}", 1, "held", ("h",), True, now_s,
                                            of_gpu=uuid))
     listed: list[str] = []
     real_scandir = os.scandir

@@ -21,7 +21,7 @@ import pytest
 
 from forge_load.clock import boot_time_s
 from forge_load.commands import status as status_command
-from forge_load.steering import filler_status
+from forge_load.steering import filler_dirs, filler_status
 from forge_load.steering.filler_status import FillerStatus, StatusWriter
 from tests.neighbours import FILLER, NEIGHBOUR, AsUser, hold_dir_for_all, local_user, shared_dir
 
@@ -30,8 +30,14 @@ DEADLINE_S = 60.0  # a loaded 2-core machine starts a filler in seconds; the con
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
 
 
+def runtime_of(hold_dir: Path) -> Path:
+    """The tests' runtime directory beside a hold directory: none of the host's fillers' rows are read."""
+    return hold_dir.parent / f"{hold_dir.name}.runtime"
+
+
 def status_rows(hold_dir: Path) -> list[dict[str, object]]:
-    proc = subprocess.run([sys.executable, "-m", "forge_load", "status", "--json", "--hold-dir", str(hold_dir)],
+    proc = subprocess.run([sys.executable, "-m", "forge_load", "status", "--json", "--hold-dir", str(hold_dir),
+                           "--runtime-dir", str(runtime_of(hold_dir))],
                           capture_output=True, text=True, check=False, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines()]
@@ -49,6 +55,7 @@ def poll(hold_dir: Path, condition: Callable[[list[dict[str, object]]], bool]) -
 
 def start_filler(hold_dir: Path, *flags: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env["FORGE_RUNTIME_DIR"] = str(runtime_of(hold_dir))
     return subprocess.Popen([sys.executable, "-m", "forge_load", "--simulate", "--hold-dir", str(hold_dir),
                              "--target", "0.5", "--duration", "600", *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -123,9 +130,12 @@ def test_a_filler_in_another_pid_namespace_is_gone_at_once_when_killed(tmp_path:
 
 
 def written(tmp_path: Path, **fields: object) -> None:
+    """A status file as a filler of this user writes it, in its directory (filler_dirs.py)."""
     record = FillerStatus(**{"gpu_uuid": GPU0, "gpu_index": 0, "pid": os.getpid(), "state": "filling",
                              "written_unix_s": time.time(), **fields})  # type: ignore[arg-type]
-    (tmp_path / filler_status.status_name(GPU0)).write_bytes(filler_status.to_json(record))
+    own = tmp_path / f"filler.{os.geteuid()}"
+    own.mkdir(mode=0o755, exist_ok=True)
+    (own / filler_status.status_name(GPU0)).write_bytes(filler_status.to_json(record))
 
 
 def test_an_old_or_future_status_is_stale_and_a_reused_pid_is_gone(tmp_path: Path) -> None:
@@ -159,13 +169,22 @@ def test_the_writer_writes_on_a_change_and_once_a_second(tmp_path: Path) -> None
     assert writer.due("filling", ())  # nothing changed, a second has passed
     writer.close()
     assert list(tmp_path.iterdir()) == []
-    StatusWriter(str(tmp_path / "missing"), GPU0, 0, 1).write("filling", ())  # no directory: nothing, no error
+    # No hold directory: its row is in the runtime directory (made), and goes with it.
+    writer = StatusWriter(str(tmp_path / "missing"), GPU0, 0, os.getpid(), runtime_dir=str(tmp_path / "run"))
+    writer.write("filling", ())
+    assert not (tmp_path / "missing").exists()
+    [seen] = filler_status.read_all([str(tmp_path / "missing"), str(tmp_path / "run")])[0]
+    assert (seen.state, seen.alive, seen.uid) == ("filling", True, os.geteuid())
+    writer.close()
+    assert list((tmp_path / "run").iterdir()) == []
 
 
 @pytest.mark.parametrize(("argv", "names"), [
     (["--hold-dir", "{missing}"], "--hold-dir"),
     (["--hold-dir", "{file}"], "--hold-dir"),
-    (["--hold-dir", "relative/dir"], "--hold-dir"),
+    (["--hold-dir", "relative/missing"], "--hold-dir"),
+    (["--runtime-dir", "a\nb"], "--runtime-dir"),
+    (["--watch", "1_0"], "--watch"),
     (["--watch", "0"], "--watch"),
     (["--watch", "soon"], "--watch"),
     (["--bogus"], "--bogus"),
@@ -182,26 +201,35 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_watch_shows_again_and_an_empty_directory_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert status_command.main(["--hold-dir", str(tmp_path), "--watch", "0.1"], env={}, rounds=2) == 0
+    runtime = ["--runtime-dir", str(tmp_path / "run")]
+    assert status_command.main(["--hold-dir", str(tmp_path), "--watch", "0.1", *runtime], env={}, rounds=2) == 0
     out = capsys.readouterr().out
     assert out.count("(no filler writes its status in") == 2 and "\x1b" not in out  # no terminal: no clearing
-    assert status_command.main([], env={"FORGE_HOLD_DIR": str(tmp_path)}) == 0
+    assert status_command.main(runtime, env={"FORGE_HOLD_DIR": str(tmp_path)}) == 0
 
 
 def test_an_exclusive_mode_supervisor_writes_its_row(tmp_path: Path) -> None:
     from tests.test_exclusive import UUID, Rig
 
     rig = Rig(tmp_path)
-    rig.sup.report = StatusWriter(rig.hold_dir, UUID, 1, os.getpid())
+    rig.sup.report = StatusWriter(rig.hold_dir, UUID, 1, os.getpid(), runtime_dir=str(tmp_path / "run"),
+                                  monotonic=lambda: rig.now_s)
+    rig.sup.target_ratio = 0.5
+    rig.probe.util, rig.probe.power = 0.04, 70.0
     rig.step()
-    [seen] = filler_status.read_all(rig.hold_dir)[0]
+    [seen] = filler_status.read_all([rig.hold_dir])[0]
     assert (seen.state, seen.status.gpu_index, seen.status.pid, seen.alive) == ("filling", 1, os.getpid(), True)
     rig.hold()
     rig.run(0.3)
-    [seen] = filler_status.read_all(rig.hold_dir)[0]
+    [seen] = filler_status.read_all([rig.hold_dir])[0]
     assert (seen.state, seen.status.held_by, seen.status.reason) == ("held", ("slurm-42",), "held by slurm-42")
+    rig.child.exit(0)
+    rig.run(1.1)  # the child has gone: known, none of ours; the target and NVML's numbers are shown, not `-`
+    [seen] = filler_status.read_all([rig.hold_dir])[0]
+    status = seen.status
+    assert (status.target_ratio, status.util_ratio, status.own_ratio, status.power_w) == (0.5, 0.04, 0.0, 70.0)
     rig.sup.report.close()
-    assert filler_status.read_all(rig.hold_dir)[0] == []
+    assert filler_status.read_all([rig.hold_dir])[0] == []
 
 
 def test_the_hosts_index_of_a_gpu_whose_filler_numbers_it_otherwise(tmp_path: Path,
@@ -215,26 +243,34 @@ def test_the_hosts_index_of_a_gpu_whose_filler_numbers_it_otherwise(tmp_path: Pa
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()
     written(hold_dir, written_boot_s=boot_time_s())
-    assert status_command.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(proc_root)) == 0
+    argv = ["--json", "--hold-dir", str(hold_dir), "--runtime-dir", str(tmp_path / "run")]
+    assert status_command.main(argv, env={}, proc_root=str(proc_root)) == 0
     [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (row["gpu"], row["filler_gpu"], row["uuid"]) == (1, 0, GPU0)
-    assert status_command.main(["--json", "--hold-dir", str(hold_dir)], env={}, proc_root=str(tmp_path / "none")) == 0
+    assert status_command.main(argv, env={}, proc_root=str(tmp_path / "none")) == 0
     assert json.loads(capsys.readouterr().out)["gpu"] == 0  # no driver here: the filler's own
 
 
 def test_the_alive_lock_is_held_while_the_writer_runs_and_goes_with_it(tmp_path: Path) -> None:
     writer = StatusWriter(str(tmp_path), GPU0, 0, os.getpid())
     writer.write("filling", ())
-    assert filler_status.lock_alive(str(tmp_path), GPU0) is True
-    [seen] = filler_status.read_all(str(tmp_path))[0]
+    own = tmp_path / f"filler.{os.geteuid()}"
+    fd = os.open(own, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert filler_dirs.write_locked(fd, filler_status.alive_name(GPU0), None) is True
+    finally:
+        os.close(fd)
+    assert oct((own / filler_status.alive_name(GPU0)).stat().st_mode & 0o777) == "0o644"  # anyone may ask it
+    [seen] = filler_status.read_all([str(tmp_path)])[0]
     assert seen.status.locked and seen.alive is True
     writer.close()
-    assert list(tmp_path.iterdir()) == [] and filler_status.lock_alive(str(tmp_path), GPU0) is None
-    os.mkfifo(tmp_path / filler_status.alive_name(GPU0))  # planted: no lock, and the row says so
+    assert list(tmp_path.iterdir()) == []  # its files and its directory, once empty
+    own.mkdir()
+    os.mkfifo(own / filler_status.alive_name(GPU0))  # an earlier filler's leftover, of this user: made afresh
     writer = StatusWriter(str(tmp_path), GPU0, 0, os.getpid())
     writer.write("filling", ())
-    [seen] = filler_status.read_all(str(tmp_path))[0]
-    assert not seen.status.locked and seen.alive is True  # its process, seen here, still tells
+    [seen] = filler_status.read_all([str(tmp_path)])[0]
+    assert seen.status.locked and seen.alive is True
     writer.close()
 
 
