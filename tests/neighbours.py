@@ -12,6 +12,9 @@ mode 0700), removed after the test."""
 from __future__ import annotations
 
 import contextlib
+import encodings.ascii  # noqa: F401 - loaded before a fork: the child may not read the interpreter's files
+import encodings.latin_1  # noqa: F401
+import encodings.utf_8  # noqa: F401
 import os
 import pickle
 import pwd

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -385,3 +386,29 @@ def test_run_gpu_hands_the_kubelet_board_to_the_supervisor(monkeypatch: pytest.M
     gpu_threads.run_gpu(Config(log_format="json"), NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS), GpuSlot("0"),
                         io.StringIO(), threading.Event(), threading.Event(), Controls(board=board))
     assert seen == [board]
+
+
+def _supervisor_in_a_directory_it_cannot_write(_channel: object, tmp: str) -> tuple[int, list[str], list[str]]:
+    """As a plain user: a Rig whose hold directory is root's (0755)."""
+    rig = Rig.__new__(Rig)
+    rig.hold_dir = tmp
+    rig.probe, rig.child, rig.out, rig.now_s = FakeProbe(), FakeChild(), io.StringIO(), 0.0
+    log = EventLog("json", rig.out, static={"gpu": 1, "uuid": UUID})
+    rig.sup = Supervisor(rig.probe.info, rig.probe, rig.child, FillerHolds(tmp, UUID, 77, lambda: UNIX0_S + rig.now_s),
+                         log, None, resume_after_s=RESUME_S, foreign_mem_mib=64.0, start_s=0.0)
+    rig.run(2.0)
+    return rig.child.starts, [e["event"] for e in rig.lines], os.listdir(tmp)
+
+
+def test_a_supervisor_that_cannot_acknowledge_creates_no_context(tmp_path: Path) -> None:
+    # A plain user's filler in a hold directory only root writes: `hold --wait` could never see its context go, so
+    # none is made (a job announced by a hold would fail to create its own), and it says so once.
+    from tests.neighbours import FILLER, as_user, local_user, shared_dir
+
+    user = local_user(FILLER)
+    with shared_dir() as parent:
+        hold_dir = parent / "holds"
+        hold_dir.mkdir(mode=0o755)
+        starts, events, left = as_user(user, _supervisor_in_a_directory_it_cannot_write, str(hold_dir))
+    assert starts == 0 and left == []
+    assert events.count("hold_warning") == 1, events

@@ -88,6 +88,8 @@ def test_hold_all_and_until(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (["hold", "--gpu", "0", "--holder", "h", "--until", "2000-01-01T00:00:00Z"], "--until"),
     (["hold", "--gpu", "0", "--holder", "h", "--wait", "-1"], "--wait"),
     (["hold", "--gpu", "0", "--holder", "h", "--wait", "nan"], "--wait"),
+    (["hold", "--gpu", "0", "--holder", "h", "--wait", "1_0"], "--wait"),  # not 10 s
+    (["hold", "--gpu", "0", "--holder", "h", "--wait", "1e1"], "--wait"),
     (["hold", "--gpu", "0", "--holder", "h", "--reason", "a\nb"], "--reason"),
     (["hold", "--holder", "h"], "--gpu"),
     (["release", "--gpu", "0"], "--holder"),
@@ -373,3 +375,27 @@ def test_holds_lists_from_one_look_at_the_directory(tmp_path: Path, capsys: pyte
     code, out, _ = run(["holds", "--json"], tmp_path, capsys)
     assert code == 0 and len(out) == 300
     assert len(listed) <= 5, len(listed)
+
+
+def test_a_uuid_no_filler_knows_is_held_and_said_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A well-formed UUID that is no GPU of this host and that no filler of the directory acknowledges: held (a
+    # container may name the host's other GPUs, whose fillers may start later), in one line on stderr.
+    nowhere = "GPU-00000000-1111-4222-8333-444444444444"
+    tmp_path.joinpath("holds").mkdir()
+    acks.write_ack(str(tmp_path / "holds"), Ack(GPU0, 1, "filling", (), False, time.time()))
+    code, out, err = run(["hold", "--gpu", f"{GPU0},{nowhere}", "--holder", "h"], tmp_path / "holds", capsys)
+    assert code == 0 and out == [f"{GPU0} held by h", f"{nowhere} held by h"]
+    assert len(err) == 1 and nowhere in err[0] and GPU0 not in err[0] and "held all the same" in err[0], err
+    code, _, err = run(["hold", "--gpu", GPU1, "--holder", "h"], tmp_path / "holds", capsys)
+    assert code == 0 and err == []  # a GPU of this host: its filler may just not run
+
+
+def test_release_says_what_it_released_or_that_nothing_was_held(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["release", "--holder", "nobody"], tmp_path, capsys)
+    assert code == 0 and out == [f"no hold of nobody in {tmp_path}: nothing released"] and not err
+    code, out, _ = run(["release", "--holder", "nobody", "--gpu", "0"], tmp_path, capsys)
+    assert code == 0 and out == [f"no hold of nobody in {tmp_path} on {GPU0}: nothing released"]
+    run(["hold", "--gpu", "0", "--holder", "h"], tmp_path, capsys)
+    code, out, _ = run(["release", "--holder", "h"], tmp_path, capsys)
+    assert code == 0 and out == [f"{GPU0} released by h"]

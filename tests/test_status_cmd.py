@@ -396,3 +396,49 @@ def test_a_reader_holding_the_liveness_lock_of_a_killed_filler_does_not_keep_it_
             reader.result()
         finally:
             reader.kill()
+
+
+# --- what an operator meets -----------------------------------------------------------------------------------
+
+def test_a_filler_without_a_hold_directory_is_seen(tmp_path: Path, fillers: list[subprocess.Popen[str]]) -> None:
+    # The quick start: `forge-load --simulate` with no hold directory anywhere, then `forge-load status`.
+    runtime = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env_run = {**env, "FORGE_RUNTIME_DIR": str(runtime)}
+    fillers.append(proc := subprocess.Popen(
+        [sys.executable, "-m", "forge_load", "--simulate", "--duration", "600", "--hold-dir", str(tmp_path / "none")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env_run, cwd=ROOT))
+    deadline_s = time.monotonic() + DEADLINE_S
+    while True:
+        shown = subprocess.run([sys.executable, "-m", "forge_load", "status", "--json"], capture_output=True,
+                               text=True, check=False, timeout=60, cwd=ROOT, env=env_run)
+        assert shown.returncode == 0, shown.stderr
+        rows = [json.loads(line) for line in shown.stdout.splitlines()]
+        if [r["state"] for r in rows if r["pid"] == proc.pid] == ["filling"]:
+            break
+        assert time.monotonic() < deadline_s, (rows, shown.stderr)
+        time.sleep(0.1)
+    assert not (tmp_path / "none").exists()  # the filler made no hold directory
+    table = subprocess.run([sys.executable, "-m", "forge_load", "status", "--runtime-dir", str(runtime)],
+                           capture_output=True, text=True, check=False, timeout=60, cwd=ROOT, env=env)
+    assert table.returncode == 0 and f" {proc.pid} " in table.stdout, table
+
+
+def test_a_row_of_a_huge_index_widens_no_other(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    written(tmp_path, gpu_index=10 ** 4200 - 1, written_boot_s=boot_time_s())
+    argv = ["--hold-dir", str(tmp_path), "--runtime-dir", str(tmp_path / "run")]
+    assert status_command.main(argv, env={}) == 0
+    captured = capsys.readouterr()
+    assert "(no filler writes its status" in captured.out and max(map(len, captured.out.splitlines())) < 300
+    assert len(captured.err.splitlines()) == 1 and "GPU index of 0 to 65535" in captured.err
+
+
+def test_a_relative_hold_dir_is_taken_from_the_current_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "holds").mkdir()
+    written(tmp_path / "holds", written_boot_s=boot_time_s())
+    monkeypatch.chdir(tmp_path)
+    for argv, env in ((["--hold-dir", "holds"], {}), ([], {"FORGE_HOLD_DIR": "holds"})):
+        assert status_command.main(["--json", "--runtime-dir", "run", *argv], env=env) == 0
+        [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert row["uuid"] == GPU0 and row["pid"] == os.getpid()

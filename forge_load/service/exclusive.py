@@ -241,6 +241,8 @@ class Supervisor:
             self.watch.foreign_seen(now_s)
             self.reasons.foreign_seen(now_s)
         self.verdict = self.reasons.verdict(now_s, foreign)
+        if self.verdict.reason is None and not self.running and not self.holds.ack_ok:
+            self._acknowledge(now_s)  # before any context of ours: can `hold --wait` see it go?
         if self.verdict.reason is None and self.holds.ack_failing:
             # `hold --wait` could not see our context go: none is created (docs/holds.md: the directory)
             self.verdict = Verdict(State.PAUSED, "its acknowledgement cannot be written in the hold directory: no "
@@ -282,11 +284,14 @@ class Supervisor:
         self.child_pid = None
         self.ending_since_s = None
 
-    def acknowledge(self, now_s: float) -> None:
+    def _acknowledge(self, now_s: float) -> None:
         """Drained means no child of ours: no context of ours on the GPU, let alone a kernel."""
         problem = self.holds.acknowledge(now_s, self.state, drained=not self.running)
         if problem is not None:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
+
+    def acknowledge(self, now_s: float) -> None:
+        self._acknowledge(now_s)
         held_by = self.watch.holders
         if self.report is not None and self.report.due(self.state, held_by):
             # the state and why are the supervisor's; the shares the child's (its reports), or none of ours without one
