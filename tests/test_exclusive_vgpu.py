@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.test_real_path import FOREIGN_JOB, ROOT, Run, finish, forge, wait_for
+from tests.test_status_cmd import poll
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -67,6 +68,11 @@ def test_a_held_gpus_job_creates_its_context_while_the_other_gpu_fills(vgpu: Vgp
         wait_each(run, "status", (0, 1))  # each child filled for a second
         assert {c.device for c in gpu.contexts()} == {0, 1}
         assert run.proc.pid not in {c.pid for c in gpu.contexts()}  # the supervisor itself holds none
+        # The supervisors' rows show what their children report: the target, utilization, our share and power.
+        rows = poll(hold_dir, lambda rows: len(rows) == 2 and all(
+            r["own"] is not None and r["util"] is not None and r["power_w"] is not None for r in rows))
+        assert [(r["gpu"], r["state"], r["target"], r["pid"]) for r in rows] == [
+            (0, "filling", 0.5, run.proc.pid), (1, "filling", 0.5, run.proc.pid)]
 
         held = command(gpu, "hold", "--gpu", "1", "--holder", "job-1", "--reason", "a job", "--wait", "5",
                        "--hold-dir", str(hold_dir))
