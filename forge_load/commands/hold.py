@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from forge_load.clock import boot_time_s
 from forge_load.commands.host_gpus import PROC_GPUS, host_uuids
 from forge_load.commands.shared import BadInput, bad, hold_dir_of, seconds, shown
 from forge_load.config.cmdline import ArgParser, UsageError
@@ -24,6 +25,7 @@ from forge_load.exits import EXIT_BAD_INPUT, EXIT_NOT_ACKNOWLEDGED, EXIT_OK
 from forge_load.log import escape_controls, say
 from forge_load.steering import acks, holds
 from forge_load.steering.acks import FillersLook, Word
+from forge_load.steering.filler_status import process_start_ticks
 from forge_load.steering.holds import Hold, HoldError
 
 COMMANDS = ("hold", "release", "holds")
@@ -181,7 +183,9 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
         with FillersLook(hold_dir) as look:
             _say_unknown(hold_dir, _unknown(gpus, look, made_dir, named, uuids_of_host))
         return EXIT_OK
-    deadline_s = time.monotonic() + wait_s
+    # Counted from the command's own start where it runs as one (its interpreter's start included): `--wait S`
+    # answers within S and one look, the command's whole time.
+    deadline_s = (args.started_s if args.started_s is not None else time.monotonic()) + wait_s
     # A directory made just now: a filler that runs has had no chance yet to acknowledge into it.
     unsure_until_s = time.monotonic() + holds.NEW_DIR_ACK_S if made_dir else -math.inf
 
@@ -200,13 +204,17 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
 
     waiting = list(gpus)
     unknown: list[str] = []
+    listing = _Listing(hold_dir)
     while True:
-        with FillersLook(hold_dir) as look:  # one look a poll, each file read once: however many GPUs are named
+        look_s = time.monotonic()
+        with FillersLook(hold_dir, listing.now()) as look:  # one look a poll, each file read once
             waiting = [u for u in waiting if not settled(u, look.word(u))]
-            if not waiting or time.monotonic() >= deadline_s:
+            left_s = deadline_s - time.monotonic()
+            if not waiting or left_s <= 0:
                 unknown = _unknown(gpus, look, made_dir, named, uuids_of_host)
                 break
-        time.sleep(WAIT_POLL_S)
+        # Never past the deadline; and a look that costs (a crowded directory) is not repeated at once.
+        time.sleep(min(max(WAIT_POLL_S, time.monotonic() - look_s), left_s))
     for uuid in gpus:
         out(f"{uuid} held by {holder}" + (": its filler has not drained yet" if uuid in waiting else ""))
     if waiting:
@@ -216,6 +224,41 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
             f"(the hold stays): {', '.join(waiting)}{new_dir}")
     _say_unknown(hold_dir, unknown)
     return EXIT_NOT_ACKNOWLEDGED if waiting else EXIT_OK
+
+
+def _running_s() -> float:
+    """How long this process has run (its start in /proc/self/stat, on the boot clock); 0 where that cannot be told."""
+    ticks, now_s = process_start_ticks(os.getpid()), boot_time_s()
+    if ticks is None or now_s is None:
+        return 0.0
+    running_s = now_s - ticks / os.sysconf("SC_CLK_TCK")
+    return running_s if 0.0 <= running_s < 60.0 else 0.0
+
+
+class _Listing:
+    """The hold directory's listing for `hold --wait`'s looks: listed again when the directory changed (its mtime:
+    a filler's directory made, a hold placed) or a second has passed, as a filler's watch does; the fillers'
+    directories themselves are read at every look."""
+
+    def __init__(self, hold_dir: str) -> None:
+        self.hold_dir = hold_dir
+        self._key: tuple[int, int, int] | None = None
+        self._listed_s = -math.inf
+        self._listing = holds.Listing()
+
+    def now(self) -> holds.Listing:
+        try:
+            info = os.stat(self.hold_dir)
+            key: tuple[int, int, int] | None = (info.st_dev, info.st_ino, info.st_mtime_ns)
+        except OSError:
+            key = None
+        if key is None or key != self._key or time.monotonic() - self._listed_s >= 1.0:
+            self._key, self._listed_s = key, time.monotonic()
+            try:
+                self._listing = holds.list_dir(self.hold_dir)
+            except HoldError as error:
+                self._listing = holds.Listing(truncated=str(error))  # no word of any filler: not acknowledged
+        return self._listing
 
 
 def _unknown(gpus: list[str], look: FillersLook, made_dir: bool, named: set[str],
@@ -325,8 +368,9 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
 
 
 def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = None,
-         uuids_of_host: Callable[[], list[str]] = host_uuids) -> int:
-    """`argv` starts with the command's name."""
+         uuids_of_host: Callable[[], list[str]] = host_uuids, started_s: float | None = None) -> int:
+    """`argv` starts with the command's name; `started_s`, when the command started (time.monotonic()): `hold
+    --wait` counts from it (None: from the hold placed)."""
     command, rest = argv[0], list(argv[1:])
 
     def out(line: str) -> None:
@@ -337,6 +381,7 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
         environ = os.environ if env is None else env
         hold_dir = hold_dir_of(args.hold_dir, environ)
         args.host_wide = args.hold_dir is None and "FORGE_HOLD_DIR" not in environ  # the default directory
+        args.started_s = started_s
         if command == "hold":
             return cmd_hold(args, hold_dir, out, uuids_of_host)
         if command == "release":
@@ -352,7 +397,7 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
 
 # The dispatcher's entry points (forge_load/cli.py): the arguments after the command's name.
 def main_hold(argv: Sequence[str]) -> int:
-    return main(["hold", *argv])
+    return main(["hold", *argv], started_s=time.monotonic() - _running_s())  # a process of its own
 
 
 def main_release(argv: Sequence[str]) -> int:

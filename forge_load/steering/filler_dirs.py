@@ -362,6 +362,13 @@ def open_filler_dirs(base: str, names: Iterable[str]) -> tuple[list[FillerDir], 
 
 
 def _open_trusted(base_fd: int, base: str, name: str, uid: int, untrusted: list[str]) -> FillerDir | None:
+    try:  # first what lstat says (one call for a name that is not one): then, opened, what fstat says
+        problem = trusted_dir_problem(os.stat(name, dir_fd=base_fd, follow_symlinks=False), uid)
+    except OSError:
+        return None  # gone since the listing
+    if problem is not None:
+        untrusted.append(f"{name} {problem}" if "directory" not in problem else f"{name}: not a directory")
+        return None
     try:
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base_fd)
     except OSError as error:

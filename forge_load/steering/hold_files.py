@@ -117,15 +117,20 @@ def hold_name(gpu_uuid: str, holder: str, tag: str = "") -> str:
     return f"{HOLD_PREFIX}{canonical_gpu_uuid(gpu_uuid)}.{holder}{TAG_MARK + tag if tag else ''}{SUFFIX}"
 
 
+# One match a name: a look at a crowded directory parses every name of it.
+_HOLD_NAME_RE = re.compile(rf"hold\.((?i:GPU|MIG)-{_UUID})\.({HOLDER_RE.pattern})(?:\+[0-9a-f]{{16}})?\.json",
+                           re.ASCII)
+_LEGACY_ACK_RE = re.compile(rf"filler\.((?i:GPU|MIG)-{_UUID})\.json", re.ASCII)
+
+
+def _canonical(uuid: str) -> str:
+    return uuid[:3].upper() + uuid[3:].lower()
+
+
 def parse_hold_name(name: str) -> tuple[str, str] | None:
     """(GPU UUID, canonical, and holder) of a hold's file name, its own name (`+<tag>`) too; None for any other."""
-    if not (name.startswith(HOLD_PREFIX) and name.endswith(SUFFIX)):
-        return None
-    uuid, dot, holder = name[len(HOLD_PREFIX):-len(SUFFIX)].partition(".")
-    holder, mark, tag = holder.partition(TAG_MARK)
-    if not dot or not valid_gpu_uuid(uuid) or not valid_holder(holder) or (mark and not TAG_RE.fullmatch(tag)):
-        return None
-    return canonical_gpu_uuid(uuid), holder
+    match = _HOLD_NAME_RE.fullmatch(name)
+    return (_canonical(match.group(1)), match.group(2)) if match else None
 
 
 def legacy_ack_name(gpu_uuid: str) -> str:
@@ -134,9 +139,8 @@ def legacy_ack_name(gpu_uuid: str) -> str:
 
 
 def parse_legacy_ack_name(name: str) -> str | None:
-    uuid = name.removeprefix(ACK_PREFIX).removesuffix(SUFFIX)
-    return canonical_gpu_uuid(uuid) if len(uuid) + len(ACK_PREFIX) + len(SUFFIX) == len(name) and \
-        name.startswith(ACK_PREFIX) and valid_gpu_uuid(uuid) else None
+    match = _LEGACY_ACK_RE.fullmatch(name)
+    return _canonical(match.group(1)) if match else None
 
 
 def legacy_context_lock_name(gpu_uuid: str) -> str:

@@ -139,8 +139,8 @@ def list_dir(hold_dir: str) -> Listing:
                     break
                 if name.startswith("."):
                     continue  # the writes' temporary files, and anyone's dot files: never ours to read
-                parsed_name = parse_hold_name(name)
-                own_dir = parsed_name is None and parse_own_dir_name(name) is not None
+                parsed_name = parse_hold_name(name) if name.startswith(HOLD_PREFIX) else None
+                own_dir = parsed_name is None and name.startswith(ACK_PREFIX) and parse_own_dir_name(name) is not None
                 if parsed_name is not None or own_dir:
                     read += 1
                     if read > MAX_ENTRIES:
