@@ -100,6 +100,7 @@ def test_a_held_gpus_job_creates_its_context_while_the_other_gpu_fills(vgpu: Vgp
         code = finish(run)
     assert code == 0, run.stderr[-3000:]
     assert gpu.contexts() == []  # every child gone, its context with it
+    assert not (hold_dir / f"filler.{os.geteuid()}").exists()  # a clean stop leaves nothing of its own behind
     events = [(e["event"], e["gpu"]) for e in run.events if e["event"] in ("hold", "child_end", "drained", "release")]
     assert events[:4] == [("hold", 1), ("child_end", 1), ("drained", 1), ("release", 1)]
 

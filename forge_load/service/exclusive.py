@@ -35,6 +35,7 @@ from forge_load.log import EventLog
 from forge_load.service.child_link import StatusReader, send_holds
 from forge_load.service.runtime import stop_reason
 from forge_load.service.unix_signals import PAUSE_SIGNALS
+from forge_load.steering.filler_dirs import context_file
 from forge_load.steering.filler_status import StatusWriter
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, jobs_announced
 from forge_load.steering.holds import Hold
@@ -381,6 +382,8 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
             wake.clear()
     finally:
         sup.close(time.monotonic(), time.sleep, time.monotonic)
+        if not holds.own.locked(context_file(info.uuid)):
+            holds.own.remove(context_file(info.uuid))  # its last child has gone: no empty lock file left behind
         sup.report.close()
         sup.holds.close()  # as any filler that stops: `hold --wait` need not wait for the acknowledgement to age
         log.emit("stop", state=sup.state, reason=_stop_reason(stop, end_s), yields=sup.yields)

@@ -268,6 +268,10 @@ class OwnDir:
         """`name` in it holds `data` (atomically); OSError or HoldError where it cannot be written."""
         write_atomic(self.path, name, data, dir_fd=self.fd())
 
+    def locked(self, name: str) -> bool:
+        """Whether a process holds a write lock on `name` in it now."""
+        return self._fd is not None and write_locked(self._fd, name, None) is True
+
     def remove(self, name: str) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
