@@ -70,7 +70,7 @@ __all__ = [
 MAX_SCAN: int = 65536  # entries listed in one look; more, and the look is cut short (fail safe)
 MAX_ENTRIES: int = 4096  # names read in one look (holds, fillers' directories); more, and the look is cut short
 MAX_LEGACY: int = 64  # acknowledgements of format 1 kept from one look (acks.py reads them only as a fallback)
-SHOWN: int = 3  # names a line about many shows
+SHOWN: int = 5  # names a line about many shows
 
 
 class Problem(str):
@@ -177,8 +177,8 @@ def listing_problems(hold_dir: str, listing: Listing) -> list[str]:
     if not listing.ignored_count:
         return []
     shown = _many(listing.ignored_count, [repr(name) for name in listing.ignored])
-    return [Problem(f"hold directory {hold_dir}: {listing.ignored_count} names are not holds "
-                    f"(hold.<GPU-UUID>.<HOLDER>.json): ignored ({shown})", key=f"ignored:{hold_dir}")]
+    return [Problem(f"hold directory {hold_dir}: {shown} not named as a hold (hold.<GPU-UUID>.<HOLDER>.json): "
+                    "ignored", key=f"ignored:{hold_dir}")]
 
 
 def read_holds_of(hold_dir: str, gpu_uuids: tuple[str, ...], now_unix_s: float) -> HoldsView:
@@ -249,8 +249,10 @@ def read_holds(hold_dir: str, gpu_uuid: str, now_unix_s: float, listing: Listing
         elif read:
             expired.append(read[0])
     if unreadable:  # one line for them all: a neighbour's names squatting the next holds must not flood the log
-        problems.append(Problem(f"{len(unreadable)} hold files of {gpu_uuid} cannot be read as holds: ignored "
-                                f"({_many(len(unreadable), unreadable[:SHOWN])})", key=f"unreadable:{gpu_uuid}"))
+        text = (f"hold file {unreadable[0]}: ignored" if len(unreadable) == 1 else
+                f"{len(unreadable)} hold files of {gpu_uuid} cannot be read as holds: ignored "
+                f"({_many(len(unreadable), unreadable[:SHOWN])})")
+        problems.append(Problem(text, key=f"unreadable:{gpu_uuid}"))
     return HoldsView(tuple(honoured), tuple(problems), expired=tuple(expired), mtimes_ns=mtimes_ns,
                      named=tuple(holders))
 
