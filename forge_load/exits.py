@@ -21,6 +21,9 @@ EXIT_CONFIG = 2  # a bad setting, too few open files, or GPUs another filler of 
 EXIT_NO_GPU = 3  # no usable GPU or NVML
 EXIT_GPU_FAILED = 4  # a GPU failed while running
 EXIT_LOG_LOST = 5  # stdout could not be written (a closed pipe too): the fillers stopped as for a signal
+# The exclusive-mode child (service/exclusive_child.py, read by its supervisor only): it could not take its context
+# lock, so it created no context (`hold --wait` could not have seen it).
+EXIT_NO_CONTEXT_LOCK = 6
 
 # hold, release, holds, status, plot: bad input in one line (or a hold directory that cannot be used).
 EXIT_BAD_INPUT = 2

@@ -20,10 +20,13 @@ from pathlib import Path
 # variable: the directory under the session's own that it names.
 SHARED: dict[str, str] = {
     "TMPDIR": "tmp",  # the heartbeats and the GPU locks: $TMPDIR/forge_load-<uid>/ (forge_load/service/health.py)
+    # Where a filler with no directory of its own in a hold directory writes its status (root's default:
+    # /run/forge-load, forge_load/steering/filler_dirs.py); a config loaded from an empty environment reads it too.
+    "RUNTIME_DIRECTORY": "run",
+    "FORGE_RUNTIME_DIR": "run",
 }
 # Variables that would point the suite at a place shared with a filler outside it: unset for the session.
 UNSET = (
-    "RUNTIME_DIRECTORY",  # a systemd unit's runtime directory: the heartbeats and the locks instead of TMPDIR's
     "FORGE_HEARTBEAT_FILE",  # one heartbeat for every filler of the suite
 )
 

@@ -67,15 +67,22 @@ def drive_storm(run: SimRun, storm_s: float, step_s: float, act: Callable[[int, 
     """Step an open_simulated() run by hand through a storm, finer than its own loop would step: the start line,
     then at each step i (from 1, every `step_s` virtual seconds up to `storm_s`) the clock advances, the Monitor
     polls where its poll is due, `act(i, now_s)` tells the filler something (a signal, a hold), the filler steps,
-    and `check(i, now_s)` judges the step. How the run ends (drain, stop line) is the caller's."""
+    and `check(i, now_s)` judges the step. How the run ends (drain, stop line) is the caller's; the files it wrote
+    for others to read (its status row, its acknowledgement) go at the end, as a filler's do when it stops."""
     rt, clock = run.runtime, run.clock
     log_start(rt, {})
     monitor_due_s = rt.monitor.step(0.0)
-    for i in range(1, round(storm_s / step_s) + 1):
-        now_s = i * step_s
-        clock.advance_to(now_s)
-        if monitor_due_s <= now_s:
-            monitor_due_s = rt.monitor.step(now_s)
-        act(i, now_s)
-        rt.filler.step(now_s)
-        check(i, now_s)
+    try:
+        for i in range(1, round(storm_s / step_s) + 1):
+            now_s = i * step_s
+            clock.advance_to(now_s)
+            if monitor_due_s <= now_s:
+                monitor_due_s = rt.monitor.step(now_s)
+            act(i, now_s)
+            rt.filler.step(now_s)
+            check(i, now_s)
+    finally:
+        if rt.filler.report is not None:
+            rt.filler.report.close()
+        if rt.filler.holds is not None:
+            rt.filler.holds.close()

@@ -160,6 +160,7 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--active-hours", "Sat-Sun"], "active_hours", parse_active_hours("Sat-Sun")),
     (["--pause-file", "/run/p"], "pause_file", "/run/p"),
     (["--hold-dir", "/run/h"], "hold_dir", "/run/h"),
+    (["--runtime-dir", "/run/r"], "runtime_dir", "/run/r"),
     (["--hold-idle-age-out", "2h"], "hold_idle_age_out_s", 7200.0),
     (["--kubelet-socket", "/run/k/kubelet.sock"], "kubelet_socket", "/run/k/kubelet.sock"),
 ]

@@ -3,6 +3,8 @@ load_config): what each good value becomes, and the one-line error for each bad 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from forge_load.config.settings import describe
@@ -133,6 +135,10 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_MAX_POWER_W", "10000", "max_power_w", 10000.0),
     ("FORGE_PAUSE_FILE", "/run/forge-load/pause", "pause_file", "/run/forge-load/pause"),
     ("FORGE_HOLD_DIR", "/srv/holds", "hold_dir", "/srv/holds"),
+    ("FORGE_HOLD_DIR", "holds", "hold_dir", os.path.join(os.getcwd(), "holds")),  # from the current directory
+    ("FORGE_HOLD_DIR", "/srv//x/../holds/", "hold_dir", "/srv/holds"),
+    ("FORGE_RUNTIME_DIR", "/srv/run", "runtime_dir", "/srv/run"),
+    ("FORGE_RUNTIME_DIR", "run", "runtime_dir", os.path.join(os.getcwd(), "run")),
     ("FORGE_HOLD_IDLE_AGE_OUT", "0", "hold_idle_age_out_s", 0.0),
     ("FORGE_HOLD_IDLE_AGE_OUT", "36h", "hold_idle_age_out_s", 129600.0),
     ("FORGE_KUBELET_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet_socket",
@@ -368,8 +374,8 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_ACTIVE_HOURS", "Mon 25:00-26:00"),
     ("FORGE_PAUSE_FILE", ""),
     ("FORGE_PAUSE_FILE", "pause"),
-    ("FORGE_HOLD_DIR", "holds"),
     ("FORGE_HOLD_DIR", ""),
+    ("FORGE_RUNTIME_DIR", ""),
     ("FORGE_HOLD_IDLE_AGE_OUT", "-1"),
     ("FORGE_HOLD_IDLE_AGE_OUT", "1d"),
     ("FORGE_KUBELET_SOCKET", "kubelet.sock"),

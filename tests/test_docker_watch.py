@@ -565,7 +565,7 @@ def _opts(**changes: Any) -> Any:
     return plan.Options(**base)
 
 
-@pytest.mark.parametrize(("args", "flag"), [(["--hold-dir", "relative"], "--hold-dir"),
+@pytest.mark.parametrize(("args", "flag"), [(["--hold-dir", "a\nb"], "--hold-dir"),
                                             (["--created-hold", "0"], "--created-hold")])
 def test_watch_bad_input_is_one_line_and_exit_2(args: list[str], flag: str) -> None:
     proc = run_fleet("watch", *args, env={"DOCKER_HOST": "unix:///nonexistent.sock"}, timeout=60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,7 @@ from forge_load.gpu.clocks import WallLoopClock
 from forge_load.log import EventLog
 from forge_load.service import gpu_threads
 from forge_load.service.exclusive import END_WAIT_S, Supervisor, child_config
-from forge_load.steering import holds
+from forge_load.steering import acks, holds
 from forge_load.steering.hold_watch import FillerHolds
 from forge_load.steering.holds import ACK_REFRESH_S, Hold
 from forge_load.steering.pause import Pauses, PauseSwitch
@@ -39,9 +40,17 @@ class FakeProbe:
     procs: list[GpuProcess] = field(default_factory=list)
     memory_mib: float = 0.0
     sample_clock: str = "unix"
+    util: float | None = None
+    power: float | None = None
 
     def processes(self) -> list[GpuProcess] | None:
         return list(self.procs)
+
+    def utilization_ratio(self) -> float | None:
+        return self.util
+
+    def power_w(self) -> float | None:
+        return self.power
 
     def memory_used_mib(self) -> float | None:
         return self.memory_mib
@@ -113,7 +122,7 @@ class Rig:
         return placed
 
     def ack(self) -> holds.Ack:
-        ack = holds.read_ack(self.hold_dir, UUID)
+        ack = acks.read_ack(self.hold_dir, UUID)
         assert ack is not None
         return ack
 
@@ -135,11 +144,11 @@ def test_the_child_runs_until_a_hold_and_the_ack_says_drained_only_once_it_has_e
     assert rig.child.ends == 1 and rig.sup.state == "held"
     ack = rig.ack()
     assert (ack.state, ack.held_by, ack.drained) == ("held", ("slurm-42",), False)
-    assert not holds.acknowledged(ack, "slurm-42", placed, UNIX0_S + rig.now_s)  # `hold --wait` goes on waiting
+    assert not acks.acknowledged(ack, "slurm-42", placed, UNIX0_S + rig.now_s)  # `hold --wait` goes on waiting
     rig.child.exit(0)  # its kernels drained, it closed its context and exited
     rig.step()
     ack = rig.ack()
-    assert ack.drained is True and holds.acknowledged(ack, "slurm-42", placed, UNIX0_S + rig.now_s)
+    assert ack.drained is True and acks.acknowledged(ack, "slurm-42", placed, UNIX0_S + rig.now_s)
     drained = [line for line in rig.lines if line["event"] == "drained"]
     assert drained[0]["context"] == "gone" and drained[0]["child_pid"] == 1001
     rig.run(3.0)
@@ -291,7 +300,7 @@ def test_exclusive_mode_with_a_hold_dir_starts_a_child_and_never_a_context_here(
     assert [line["event"] for line in lines][:2] == ["exclusive", "child_start"]
     assert lines[0]["holds"] is True and child.starts == 1 and child.ends == 1  # ended at the stop
     assert [line["event"] for line in lines][-2:] == ["drained", "stop"] and child.kills == 0
-    assert holds.read_ack(str(hold_dir), UUID) is None  # no acknowledgement left behind by a stopped filler
+    assert acks.read_ack(str(hold_dir), UUID) is None  # no acknowledgement left behind by a stopped filler
 
 
 def test_a_hold_dir_that_appears_later_starts_the_supervision(tmp_path: Path) -> None:
@@ -377,3 +386,29 @@ def test_run_gpu_hands_the_kubelet_board_to_the_supervisor(monkeypatch: pytest.M
     gpu_threads.run_gpu(Config(log_format="json"), NoContextBackend(ComputeMode.EXCLUSIVE_PROCESS), GpuSlot("0"),
                         io.StringIO(), threading.Event(), threading.Event(), Controls(board=board))
     assert seen == [board]
+
+
+def _supervisor_in_a_directory_it_cannot_write(_channel: object, tmp: str) -> tuple[int, list[str], list[str]]:
+    """As a plain user: a Rig whose hold directory is root's (0755)."""
+    rig = Rig.__new__(Rig)
+    rig.hold_dir = tmp
+    rig.probe, rig.child, rig.out, rig.now_s = FakeProbe(), FakeChild(), io.StringIO(), 0.0
+    log = EventLog("json", rig.out, static={"gpu": 1, "uuid": UUID})
+    rig.sup = Supervisor(rig.probe.info, rig.probe, rig.child, FillerHolds(tmp, UUID, 77, lambda: UNIX0_S + rig.now_s),
+                         log, None, resume_after_s=RESUME_S, foreign_mem_mib=64.0, start_s=0.0)
+    rig.run(2.0)
+    return rig.child.starts, [e["event"] for e in rig.lines], os.listdir(tmp)
+
+
+def test_a_supervisor_that_cannot_acknowledge_creates_no_context(tmp_path: Path) -> None:
+    # A plain user's filler in a hold directory only root writes: `hold --wait` could never see its context go, so
+    # none is made (a job announced by a hold would fail to create its own), and it says so once.
+    from tests.neighbours import FILLER, as_user, local_user, shared_dir
+
+    user = local_user(FILLER)
+    with shared_dir() as parent:
+        hold_dir = parent / "holds"
+        hold_dir.mkdir(mode=0o755)
+        starts, events, left = as_user(user, _supervisor_in_a_directory_it_cannot_write, str(hold_dir))
+    assert starts == 0 and left == []
+    assert events.count("hold_warning") == 1, events

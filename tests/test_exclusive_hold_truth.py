@@ -7,6 +7,8 @@ then creates its context."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import os
@@ -15,6 +17,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,8 +26,10 @@ from forge_load.config.settings import Config
 from forge_load.config.sim import SimConfig
 from forge_load.gpu.backend import SimBackend
 from forge_load.service.exclusive_child import child_main, take_context_lock
-from forge_load.steering import holds
+from forge_load.steering import acks, holds
+from forge_load.steering.hold_watch import FillerHolds
 from forge_load.steering.holds import Hold
+from tests.neighbours import FILLER, NEIGHBOUR, AsUser, as_user, hold_dir_for_all, local_user, shared_dir
 from tests.test_exclusive_vgpu import command, foreign, ours, wait_until
 from tests.test_real_path import finish, forge
 from vgpu.pytest_plugin import VgpuFactory
@@ -42,23 +47,24 @@ def test_hold_wait_never_returns_0_while_our_childs_context_lock_is_taken(tmp_pa
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """No acknowledgement at all (a supervisor that never wrote one, or whose one went stale) beside a live child of
     ours: not "no filler"."""
-    fd, why_not = take_context_lock(str(tmp_path), GPU0.upper(), threading.Event())  # as the child does
-    assert fd is not None and why_not is None and holds.context_held(str(tmp_path), GPU0)  # in any spelling
+    lock, why_not = take_context_lock(str(tmp_path), GPU0.upper(), threading.Event())  # as the child does
+    assert lock is not None and why_not is None and acks.context_held(str(tmp_path), GPU0)  # in any spelling
     assert take_context_lock(str(tmp_path), GPU0, threading.Event())[0] is None  # one holder at a time
     try:
         code, err = hold(tmp_path, "0.3", capsys)
         assert code == 1 and "not acknowledged" in err[0], err
     finally:
-        os.close(fd)  # the child's exit
-    assert not holds.context_held(str(tmp_path), GPU0)
+        lock.close()  # the child's exit
+    assert not acks.context_held(str(tmp_path), GPU0)
     code, err = hold(tmp_path, "0.3", capsys)
     assert code == 0, err
 
 
 def test_the_lock_file_is_the_fillers_own_and_never_a_problem_in_the_directory(tmp_path: Path) -> None:
-    fd, _ = take_context_lock(str(tmp_path), GPU0, threading.Event())
-    assert fd is not None and fd >= 100  # above the driver's descriptors, so that it is closed after them
-    os.close(fd)
+    lock, _ = take_context_lock(str(tmp_path), GPU0, threading.Event())
+    assert lock is not None and lock.fd >= 100  # above the driver's descriptors, so that it is closed after them
+    assert lock.legacy_fd is not None and lock.legacy_fd >= 100  # earlier releases' flock too
+    lock.close()
     assert holds.list_dir(str(tmp_path)).ignored == ()
 
 
@@ -139,11 +145,96 @@ def test_hold_wait_with_the_supervisor_stopped_returns_only_once_our_context_is_
 def test_holds_does_not_say_no_filler_beside_a_live_context_of_ours(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     holds.place(str(tmp_path), Hold(GPU0, "job", "", time.time()))
-    fd, _ = take_context_lock(str(tmp_path), GPU0, threading.Event())  # a child whose supervisor is silent
-    assert fd is not None
+    lock, _ = take_context_lock(str(tmp_path), GPU0, threading.Event())  # a child whose supervisor is silent
+    assert lock is not None
     try:
         assert hold_command.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
         (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     finally:
-        os.close(fd)
+        lock.close()
     assert row["filler"] == "draining (our exclusive-mode child still holds the GPU)"
+
+
+# --- a directory shared with neighbours ----------------------------------------------------------------------
+
+def _take_and_keep_the_context_lock(channel: Any, hold_dir: str) -> bool:
+    """As the exclusive-mode child does, as its own user: take the lock, say whether, keep it until told."""
+    lock, why_not = take_context_lock(hold_dir, GPU0, threading.Event())
+    channel.put(why_not)
+    channel.get()
+    if lock is not None:
+        lock.close()  # the child's exit
+    return lock is not None
+
+
+def test_a_child_takes_its_context_lock_where_a_neighbour_planted_its_name(capsys: pytest.CaptureFixture[str]) -> None:
+    neighbour, filler_user = local_user(NEIGHBOUR), local_user(FILLER)
+    with shared_dir() as parent:
+        hold_dir = hold_dir_for_all(parent)
+        as_user(neighbour, lambda _c: (hold_dir / f"filler.{GPU0}.lock").write_text(""))
+        child = AsUser(filler_user, _take_and_keep_the_context_lock, str(hold_dir))
+        try:
+            assert child.recv() is None  # taken
+            code, err = hold(hold_dir, "0.3", capsys)
+            assert code == 1 and "not acknowledged" in err[0], err  # our context may be there: never 0
+            child.send("exit")
+            assert child.result() is True
+        finally:
+            child.kill()
+        code, err = hold(hold_dir, "0.3", capsys)
+        assert code == 0, err
+
+
+def _lock_every_lock_file(channel: Any, hold_dir: str) -> int:
+    """A reader of the directory: every file named like a lock, opened read-only and locked every way a reader can
+    (flock and a POSIX read lock), kept until told."""
+    fds = []
+    for path in Path(hold_dir).rglob("*lock*"):
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            fds.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd2 = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            fds.append(fd2)
+            fcntl.lockf(fd2, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    channel.put(len(fds))
+    channel.get()
+    for fd in fds:
+        os.close(fd)
+    return len(fds)
+
+
+def test_a_reader_holding_the_context_lock_file_does_not_fail_the_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    # A reader of the directory may open the context lock's file; taking a lock on it must not make every
+    # `hold --wait` wait out its time once our child (and its context) is gone.
+    neighbour = local_user(NEIGHBOUR)
+    with shared_dir() as parent:
+        hold_dir = parent / "holds"
+        hold_dir.mkdir()  # root's, 0755: the neighbour only reads
+        lock, _ = take_context_lock(str(hold_dir), GPU0, threading.Event())
+        assert lock is not None
+        lock.close()  # our child has exited
+        reader = AsUser(neighbour, _lock_every_lock_file, str(hold_dir))
+        try:
+            assert reader.recv() >= 1  # it found and locked the lock file
+
+            def supervisor(stop: threading.Event) -> None:  # alive, no child: drained
+                filler = FillerHolds(str(hold_dir), GPU0, os.getpid(), time.time)
+                while not stop.wait(0.05):
+                    filler.check(time.monotonic())
+                    filler.acknowledge(time.monotonic(), "held" if filler.held else "filling", True)
+                filler.close()
+
+            stop = threading.Event()
+            thread = threading.Thread(target=supervisor, args=(stop,))
+            thread.start()
+            try:
+                code, err = hold(hold_dir, "3", capsys)
+            finally:
+                stop.set()
+                thread.join()
+            assert code == 0, err
+            reader.send("done")
+            reader.result()
+        finally:
+            reader.kill()

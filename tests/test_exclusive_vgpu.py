@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.test_real_path import FOREIGN_JOB, ROOT, Run, finish, forge, wait_for
+from tests.test_status_cmd import poll
 from vgpu import Kernel, VirtualGpu
 from vgpu.pytest_plugin import VgpuFactory
 
@@ -67,6 +68,11 @@ def test_a_held_gpus_job_creates_its_context_while_the_other_gpu_fills(vgpu: Vgp
         wait_each(run, "status", (0, 1))  # each child filled for a second
         assert {c.device for c in gpu.contexts()} == {0, 1}
         assert run.proc.pid not in {c.pid for c in gpu.contexts()}  # the supervisor itself holds none
+        # The supervisors' rows show what their children report: the target, utilization, our share and power.
+        rows = poll(hold_dir, lambda rows: len(rows) == 2 and all(
+            r["own"] is not None and r["util"] is not None and r["power_w"] is not None for r in rows))
+        assert [(r["gpu"], r["state"], r["target"], r["pid"]) for r in rows] == [
+            (0, "filling", 0.5, run.proc.pid), (1, "filling", 0.5, run.proc.pid)]
 
         held = command(gpu, "hold", "--gpu", "1", "--holder", "job-1", "--reason", "a job", "--wait", "5",
                        "--hold-dir", str(hold_dir))
@@ -94,6 +100,7 @@ def test_a_held_gpus_job_creates_its_context_while_the_other_gpu_fills(vgpu: Vgp
         code = finish(run)
     assert code == 0, run.stderr[-3000:]
     assert gpu.contexts() == []  # every child gone, its context with it
+    assert not (hold_dir / f"filler.{os.geteuid()}").exists()  # a clean stop leaves nothing of its own behind
     events = [(e["event"], e["gpu"]) for e in run.events if e["event"] in ("hold", "child_end", "drained", "release")]
     assert events[:4] == [("hold", 1), ("child_end", 1), ("drained", 1), ("release", 1)]
 
@@ -124,3 +131,41 @@ def test_prohibited_mode_exits_3_with_one_line(vgpu: VgpuFactory) -> None:
     errors = run.of("error")
     assert len(errors) == 1 and "PROHIBITED compute mode" in errors[0]["reason"]
     assert gpu.contexts() == [] and gpu.kernels() == []
+
+
+def test_a_neighbour_squatting_the_next_slurm_holds_names_harms_no_job(vgpu: VgpuFactory) -> None:
+    """A directory anyone may write (1777), a root filler: a neighbour makes directories with the names the Slurm
+    prolog's holds will have (its holder names are predictable). The prolog's hold is placed all the same, its
+    `--wait` returns 0 once our context is gone, and the job creates its context."""
+    from tests.neighbours import NEIGHBOUR, as_user, hold_dir_for_all, local_user, shared_dir
+
+    neighbour = local_user(NEIGHBOUR)
+    gpu = vgpu(gpus=1, compute_mode="exclusive_process")
+    uuid = gpu.uuids()[0]
+    with shared_dir() as parent:
+        hold_dir = hold_dir_for_all(parent)
+
+        def squat(_channel: object) -> None:
+            for job in range(100, 356):
+                (hold_dir / f"hold.{uuid}.slurm-{job}.json").mkdir()
+
+        as_user(neighbour, squat)
+        run = forge(gpu, "--duration", "120", "--resume-after", "2", "--log-interval", "1",
+                    env={"FORGE_HOLD_DIR": str(hold_dir)})
+        try:
+            child = int(wait_until(run, "child_start", 0)["child_pid"])
+            wait_until(run, "status", 0)  # the child fills
+            held = command(gpu, "hold", "--gpu", "0", "--holder", "slurm-200", "--reason", "Slurm job 200",
+                           "--wait", "5", "--hold-dir", str(hold_dir))
+            assert held.returncode == 0, held.stderr
+            held_s = time.time()
+            assert gpu.contexts() == []
+            code, lines, stderr = foreign(gpu, 0, seconds=1.0)
+            assert code == 0, stderr[-2000:]  # the job's context: created, in EXCLUSIVE_PROCESS mode
+            assert [k for k in ours(gpu, {child}, 0) if k.end > held_s] == []
+        finally:
+            run.proc.send_signal(signal.SIGTERM)
+            code = finish(run)
+    assert code == 0, run.stderr[-3000:]
+    warnings = [e for e in run.events if e["event"] == "hold_warning"]
+    assert len(warnings) <= 2, warnings  # the 256 names: one line, not one each

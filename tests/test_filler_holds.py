@@ -17,7 +17,8 @@ from simrun import step_with
 from forge_load.config.load import load_config
 from forge_load.service.loop import run_simulated
 from forge_load.service.runtime import Runtime
-from forge_load.steering import holds
+from forge_load.steering import acks, holds
+from forge_load.steering.filler_dirs import OwnDir
 from forge_load.steering.holds import Ack, Hold
 
 UUID = "GPU-51a00000-0000-4000-8000-000000000000"  # the simulated GPU 0, seed 0
@@ -35,7 +36,7 @@ class Scenario:
                              env={})
 
         def after(rt: Runtime, now_s: float) -> None:
-            ack = holds.read_ack(str(hold_dir), UUID)
+            ack = acks.read_ack(str(hold_dir), UUID)
             if ack is not None and (not self.acks or ack != self.acks[-1]):
                 self.acks.append(ack)
             self.holds_now.append((now_s, rt.filler.status(now_s).holds))
@@ -71,31 +72,32 @@ def test_a_hold_stops_our_kernels_within_a_poll_and_the_release_fills_again(tmp_
     acked = [a for a in s.acks if a.drained and "slurm-42" in a.held_by]
     assert acked and acked[0].state == "held" and acked[0].pid == os.getpid()
     assert abs(acked[0].written_unix_s - float(drained["t"])) < 1e-3
-    assert holds.acknowledged(acked[0], "slurm-42", placed_unix_s=2.0, now_unix_s=acked[0].written_unix_s)
+    assert acks.acknowledged(acked[0], "slurm-42", placed_unix_s=2.0, now_unix_s=acked[0].written_unix_s)
     # No kernel of ours began after the acknowledgement until the release; it fills again after it.
     starts = s.starts()
     assert [t for t in starts if acked[0].written_unix_s <= t < float(release["t"])] == []
     assert any(float(hold["t"]) - 1.0 < t < float(hold["t"]) for t in starts)
     assert any(t > float(release["t"]) for t in starts)
     assert s.acks[-1].state == "filling" and s.acks[-1].held_by == () and not s.acks[-1].drained
-    assert not (tmp_path / holds.ack_name(UUID)).exists()  # removed at the stop
+    assert acks.read_ack(str(tmp_path), UUID) is None  # removed at the stop, earlier releases' one too
+    assert not (tmp_path / f"filler.{UUID}.json").exists() and not (tmp_path / f"filler.{os.geteuid()}").exists()
     held = [n for t, n in s.holds_now if float(hold["t"]) <= t < float(release["t"]) - 1e-3]
     assert held and set(held) == {1}
 
 
 def test_the_acknowledgement_is_refreshed_every_second(tmp_path: Path) -> None:
     written: list[float] = []
-    real = holds.write_ack
+    real = acks.write_ack
 
-    def spy(hold_dir: str, ack: Ack) -> None:
+    def spy(own: OwnDir | str, ack: Ack) -> None:
         written.append(ack.written_unix_s)
-        real(hold_dir, ack)
+        real(own, ack)
 
-    holds.write_ack = spy  # type: ignore[assignment]
+    acks.write_ack = spy  # type: ignore[assignment]
     try:
         Scenario(tmp_path, "--duration 10", [])
     finally:
-        holds.write_ack = real  # type: ignore[assignment]
+        acks.write_ack = real  # type: ignore[assignment]
     gaps = [b - a for a, b in zip(written, written[1:])]
     assert len(written) >= 9 and max(gaps) <= 1.0 + POLL_S + 1e-9
 

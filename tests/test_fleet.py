@@ -113,7 +113,7 @@ def test_up_makes_a_missing_hold_dir_one_the_fillers_can_acknowledge_in(tmp_path
     assert containers.prepare_hold_dir(str(hold_dir)) is None
     mode = hold_dir.stat().st_mode & 0o7777
     if os.geteuid() == 0:
-        assert (hold_dir.stat().st_gid, mode) == (plan.FILLER_GID, 0o775)
+        assert (hold_dir.stat().st_gid, mode) == (plan.FILLER_GID, 0o1775)  # sticky: none removes another's
     assert os.access(hold_dir, os.W_OK)
 
 
@@ -122,7 +122,7 @@ def test_up_warns_once_about_a_hold_dir_the_fillers_cannot_write_and_leaves_it_a
     hold_dir.mkdir(mode=0o755)
     hold_dir.chmod(0o755)
     warning = containers.prepare_hold_dir(str(hold_dir))
-    assert warning is not None and str(hold_dir) in warning and "install -d -m 0775 -g 10001" in warning
+    assert warning is not None and str(hold_dir) in warning and "install -d -m 1775 -g 10001" in warning
     assert "\n" not in warning
     assert hold_dir.stat().st_mode & 0o7777 == 0o755  # the owner's decision, not ours
     for writable in (0o775, 0o1777):

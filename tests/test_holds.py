@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_load.steering import hold_watch, holds
+from forge_load.steering import acks, hold_watch, holds
 from forge_load.steering.hold_watch import HoldWatch
 from forge_load.steering.holds import Ack, Hold
 
@@ -63,7 +63,7 @@ def test_names_that_do_not_parse_are_ignored_with_a_line(tmp_path: Path, name: s
 
 def test_dot_files_and_acknowledgements_are_never_holds_nor_problems(tmp_path: Path) -> None:
     (tmp_path / f".hold.{GPU0}.x.json.12.tmp").write_text("{}")
-    holds.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("x",), True, 5.0))
+    acks.write_ack(str(tmp_path), Ack(GPU0, 1, "held", ("x",), True, 5.0))
     view = holds.read_holds(str(tmp_path), GPU0, 0.0)
     assert view == holds.HoldsView()
 
@@ -115,9 +115,13 @@ def test_more_than_max_holds_on_a_gpu_holds_it_fail_safe(tmp_path: Path, monkeyp
 
 
 def test_a_directory_too_long_to_read_holds_every_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(holds, "MAX_ENTRIES", 5)
+    monkeypatch.setattr(holds, "MAX_ENTRIES", 5)  # names read: holds (and fillers' directories)
     for k in range(6):
-        (tmp_path / f".junk{k}").write_text("")
+        (tmp_path / holds.hold_name(GPU0, f"h{k}")).write_text("never opened")
+    view = holds.read_holds(str(tmp_path), GPU1, 0.0)
+    assert view.fail_safe is not None and "more than 5 holds" in view.fail_safe
+    monkeypatch.setattr(holds, "MAX_ENTRIES", 4096)
+    monkeypatch.setattr(holds, "MAX_SCAN", 5)  # entries listed, of any kind
     view = holds.read_holds(str(tmp_path), GPU1, 0.0)
     assert view.fail_safe is not None and "more than 5 entries" in view.fail_safe
 
@@ -127,16 +131,16 @@ def test_a_missing_directory_holds_nothing(tmp_path: Path) -> None:
 
 
 def test_ack_round_trip_and_what_hold_wait_accepts(tmp_path: Path) -> None:
-    assert holds.read_ack(str(tmp_path), GPU0) is None
+    assert acks.read_ack(str(tmp_path), GPU0) is None
     ack = Ack(GPU0, 123, "held", ("slurm-42",), True, 1000.0)
-    holds.write_ack(str(tmp_path), ack)
-    assert holds.read_ack(str(tmp_path), GPU0) == ack
-    assert holds.acknowledged(ack, "slurm-42", placed_unix_s=999.0, now_unix_s=1000.5)
-    assert not holds.acknowledged(ack, "slurm-42", placed_unix_s=1000.1, now_unix_s=1000.5)  # said before the hold
-    assert not holds.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1000.5)
-    assert not holds.acknowledged(Ack(GPU0, 1, "held", ("slurm-42",), False, 1000.0), "slurm-42", 999.0, 1000.5)
-    assert holds.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1003.1)  # no live filler: fail open
-    assert holds.acknowledged(None, "other", placed_unix_s=999.0, now_unix_s=0.0)
+    acks.write_ack(str(tmp_path), ack)
+    assert acks.read_ack(str(tmp_path), GPU0) == ack
+    assert acks.acknowledged(ack, "slurm-42", placed_unix_s=999.0, now_unix_s=1000.5)
+    assert not acks.acknowledged(ack, "slurm-42", placed_unix_s=1000.1, now_unix_s=1000.5)  # said before the hold
+    assert not acks.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1000.5)
+    assert not acks.acknowledged(Ack(GPU0, 1, "held", ("slurm-42",), False, 1000.0), "slurm-42", 999.0, 1000.5)
+    assert acks.acknowledged(ack, "other", placed_unix_s=999.0, now_unix_s=1003.1)  # no live filler: fail open
+    assert acks.acknowledged(None, "other", placed_unix_s=999.0, now_unix_s=0.0)
 
 
 def test_all_holds_lists_every_gpu(tmp_path: Path) -> None:
@@ -251,3 +255,67 @@ def test_the_watch_holds_fail_safe_with_holder_dash_and_lets_go_when_readable(
     changes, _ = watch.check(1.5, 0.0)
     assert [(c.event, c.holder) for c in changes] == [("release", "-"), ("hold", "a"), ("hold", "b")]
     assert watch.holders == ("a", "b")
+
+
+# --- a directory shared with neighbours ----------------------------------------------------------------------
+
+def test_dot_files_and_names_of_no_hold_do_not_use_up_the_listing(tmp_path: Path) -> None:
+    # Only the names a reader reads count towards its bound: a neighbour's dot files (here 5,000 hard links to one
+    # file) and other names neither hide a hold nor turn the listing into the fail safe.
+    (tmp_path / ".x").write_text("")
+    for k in range(5000):
+        os.link(tmp_path / ".x", tmp_path / f".x{k}")
+    for k in range(200):
+        (tmp_path / f"notes{k}.txt").write_text("")
+    holds.place(str(tmp_path), _hold())
+    view = holds.read_holds(str(tmp_path), GPU0, 200.0)
+    assert view.fail_safe is None and view.holds == (_hold(),)
+    assert len(view.problems) == 1 and "and 195 more" in view.problems[0]  # the other names: one line for all
+
+
+def test_a_flood_of_unreadable_hold_names_is_one_line(tmp_path: Path) -> None:
+    # Directories named as Slurm's next holds would be: one line, not one per name (256 of them and a hold are more
+    # than MAX_HOLDS: the GPU is held fail safe, as it is for so many holds).
+    for job in range(100, 300):
+        (tmp_path / f"hold.{GPU0}.slurm-{job}.json").mkdir()
+    holds.place(str(tmp_path), _hold("good"))
+    view = holds.read_holds(str(tmp_path), GPU0, 0.0)
+    assert [h.holder for h in view.holds] == ["good"]
+    assert len(view.problems) == 1 and "200" in view.problems[0], view.problems
+    watch = HoldWatch(str(tmp_path), GPU0)
+    assert len(watch.check(0.0, 0.0)[1]) == 1
+
+
+def test_a_hold_is_placed_where_its_name_is_taken_by_a_directory(tmp_path: Path) -> None:
+    (tmp_path / holds.hold_name(GPU0, "slurm-42")).mkdir()  # a neighbour's, named as the next Slurm hold
+    placed = holds.place(str(tmp_path), _hold())
+    assert placed.holder == "slurm-42"
+    assert holds.read_holds(str(tmp_path), GPU0, 200.0).holds == (_hold(),)
+    watch = HoldWatch(str(tmp_path), GPU0)
+    assert watch.check(0.0, 200.0)[0][0].holder == "slurm-42" and watch.held
+    assert holds.release(str(tmp_path), GPU0, "slurm-42")
+    assert not holds.read_holds(str(tmp_path), GPU0, 200.0).held
+
+
+def test_a_plain_user_places_a_hold_whose_name_a_neighbour_took(tmp_path: Path) -> None:
+    # In a directory anyone may write (1777), a neighbour's file at the hold's name cannot be replaced by another
+    # user: the hold is placed all the same, and honoured as its holder's.
+    from tests.neighbours import FILLER, NEIGHBOUR, as_user, hold_dir_for_all, local_user, shared_dir
+
+    neighbour, placer = local_user(NEIGHBOUR), local_user(FILLER)
+    with shared_dir() as parent:
+        hold_dir = str(hold_dir_for_all(parent))
+
+        def squat(_channel: object) -> None:
+            with open(os.path.join(hold_dir, holds.hold_name(GPU0, "slurm-42")), "w") as file:
+                file.write("mine")
+
+        def place(_channel: object) -> str:
+            return holds.place(hold_dir, _hold()).holder
+
+        as_user(neighbour, squat)
+        assert as_user(placer, place) == "slurm-42"
+        view = holds.read_holds(hold_dir, GPU0, 200.0)
+        assert view.holds == (_hold(),) and len(view.problems) == 1  # the neighbour's file: one line
+        assert as_user(placer, lambda _c: holds.release(hold_dir, GPU0, "slurm-42"))
+        assert not holds.read_holds(hold_dir, GPU0, 200.0).held

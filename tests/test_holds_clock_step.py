@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from forge_load.commands import hold as hold_command
-from forge_load.steering import holds
+from forge_load.steering import acks, hold_files, holds
 from forge_load.steering.hold_watch import FillerHolds
 
 GPU0 = "GPU-51a00000-0000-4000-8000-000000000000"
@@ -73,14 +73,14 @@ def test_a_backward_step_does_not_hide_a_drain_written_after_the_hold(
 
 
 def test_an_acknowledgement_from_another_boot_is_no_filler(tmp_path: Path) -> None:
-    now = holds.boot_stamp()
+    now = acks.boot_stamp()
     other_boot = holds.BootStamp("another-boot", now.boot_s)  # the same uptime, another boot: no filler of ours
     ack = holds.Ack(GPU0, 1, "filling", (), False, time.time(), other_boot)
-    assert holds.acknowledged(ack, "h", time.time(), time.time(), now, holds.boot_stamp())
+    assert acks.acknowledged(ack, "h", time.time(), time.time(), now, acks.boot_stamp())
     live = holds.Ack(GPU0, 1, "filling", (), False, time.time(), now)
-    assert not holds.acknowledged(live, "h", time.time(), time.time(), now, holds.boot_stamp())
+    assert not acks.acknowledged(live, "h", time.time(), time.time(), now, acks.boot_stamp())
     # Written more than ACK_STALE_S of boot time ago: no filler, whatever the wall clock says.
     old = holds.Ack(GPU0, 1, "filling", (), False, time.time() + 100.0,
                     holds.BootStamp(now.boot_id, now.boot_s - holds.ACK_STALE_S - 0.1))
-    assert holds.acknowledged(old, "h", time.time(), time.time(), now, holds.boot_stamp())
-    assert holds.ack_from_json(holds.ack_to_json(live), GPU0) == live
+    assert acks.acknowledged(old, "h", time.time(), time.time(), now, acks.boot_stamp())
+    assert hold_files.ack_from_json(hold_files.ack_to_json(live), GPU0) == live

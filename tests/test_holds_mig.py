@@ -14,7 +14,7 @@ import pytest
 from forge_load.commands import hold as hold_command
 from forge_load.service.exclusive_child import take_context_lock, watch_holds
 from forge_load.service.runtime import StopEvent
-from forge_load.steering import holds
+from forge_load.steering import acks, holds
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, HoldWatch
 
 GPU = "GPU-51a00000-0000-4000-8000-000000000000"
@@ -61,13 +61,15 @@ def test_the_kubelets_assignment_of_the_whole_gpu_holds_its_mig_devices(tmp_path
 def test_a_mig_devices_acknowledgement_names_its_gpu(tmp_path: Path) -> None:
     filler = FillerHolds(str(tmp_path), MIG_A, os.getpid(), time.time, whole_gpu_uuid=GPU)
     filler.acknowledge(0.0, "filling", drained=False)
-    ack = holds.read_ack(str(tmp_path), MIG_A)
+    ack = acks.read_ack(str(tmp_path), MIG_A)
     assert ack is not None and ack.of_gpu == GPU
-    assert [a.gpu_uuid for a in holds.mig_acks(str(tmp_path), GPU)] == [MIG_A]
-    assert holds.mig_acks(str(tmp_path), OTHER) == []
+    assert [a.gpu_uuid for a in acks.mig_acks(str(tmp_path), GPU)] == [MIG_A]
+    assert acks.mig_acks(str(tmp_path), OTHER) == []
     whole = FillerHolds(str(tmp_path), OTHER, os.getpid(), time.time)
     whole.acknowledge(0.0, "filling", drained=False)
-    assert b"of_gpu" not in (tmp_path / holds.ack_name(OTHER)).read_bytes()  # a whole GPU's, as before
+    assert acks.read_ack(str(tmp_path), OTHER).of_gpu == ""  # type: ignore[union-attr]
+    written = sorted(p.name for p in (tmp_path / f"filler.{os.geteuid()}").iterdir())
+    assert written == [f"{OTHER}.ack.json", f"{MIG_A}.of.{GPU}.ack.json"]  # a whole GPU's names no other
 
 
 def _fillers(fillers: list[tuple[FillerHolds, bool]], stop: threading.Event) -> threading.Thread:
@@ -146,7 +148,7 @@ def test_a_hold_that_makes_the_directory_waits_for_every_mig_device_to_find_it(
     try:
         code = hold_command.main(["hold", "--gpu", "0", "--holder", "job1", "--wait", "5", "--hold-dir",
                                   str(hold_dir)], env={}, uuids_of_host=lambda: [GPU])
-        b_ack = holds.read_ack(str(hold_dir), MIG_B)
+        b_ack = acks.read_ack(str(hold_dir), MIG_B)
     finally:
         stop.set()
         thread.join()
@@ -158,16 +160,16 @@ def test_a_hold_on_the_gpu_is_not_no_filler_while_a_mig_devices_child_holds_its_
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A MIG device in exclusive compute mode whose supervisor went silent (its acknowledgement stale) beside its live
     child: `hold --wait` on the GPU does not return 0, and `holds` does not say "no filler"."""
-    holds.write_ack(str(tmp_path), holds.Ack(MIG_A, 1, "filling", (), False, time.time() - 60, of_gpu=GPU))
-    fd, _ = take_context_lock(str(tmp_path), MIG_A, threading.Event())  # as that child does
-    assert fd is not None
+    acks.write_ack(str(tmp_path), holds.Ack(MIG_A, 1, "filling", (), False, time.time() - 60, of_gpu=GPU))
+    lock, _ = take_context_lock(str(tmp_path), MIG_A, threading.Event())  # as that child does
+    assert lock is not None
     argv = ["hold", "--gpu", "0", "--holder", "job1", "--wait", "0.3", "--hold-dir", str(tmp_path)]
     try:
         assert hold_command.main(argv, env={}, uuids_of_host=lambda: [GPU]) == 1
         assert hold_command.main(["holds", "--json", "--hold-dir", str(tmp_path)], env={}) == 0
         assert '"filler": "draining (our exclusive-mode child still holds the GPU)"' in capsys.readouterr().out
     finally:
-        os.close(fd)  # the child's exit
+        lock.close()  # the child's exit
     assert hold_command.main(argv, env={}, uuids_of_host=lambda: [GPU]) == 0
 
 

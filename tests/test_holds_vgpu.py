@@ -5,6 +5,7 @@ shows none of ours on GPU 0 from then until the release, while GPU 1 went on fil
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,7 +38,8 @@ def test_a_hold_drains_one_gpu_while_the_other_fills(vgpu: VgpuFactory, tmp_path
                                     "--wait", "5", "--hold-dir", str(hold_dir))
         assert code == 0, err
         placed_s = json.loads((hold_dir / f"hold.{uuids[0]}.test-1.json").read_text())["since_unix_s"]
-        ack = json.loads((hold_dir / f"filler.{uuids[0]}.json").read_text())
+        ack = json.loads((hold_dir / f"filler.{os.geteuid()}" / f"{uuids[0]}.ack.json").read_text())
+        legacy = json.loads((hold_dir / f"filler.{uuids[0]}.json").read_text())  # for earlier releases' commands
         title = Path(f"/proc/{run.proc.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
         time.sleep(2.0)
         releasing_s = time.time()  # the filler may resume before the command's process has ended: bound by its start
@@ -50,6 +52,7 @@ def test_a_hold_drains_one_gpu_while_the_other_fills(vgpu: VgpuFactory, tmp_path
             run.proc.communicate(timeout=30)
     assert title == "forge-load: gpu 0 held, gpu 1 filling"
     assert ack["held_by"] == ["test-1"] and ack["drained"] is True and ack["written_unix_s"] >= placed_s
+    assert (ack["format"], legacy["format"]) == (2, 1) and legacy["held_by"] == ["test-1"] and legacy["drained"]
     # GPU 0: every kernel launched before the release began had ended by the time `hold --wait` returned.
     gpu0 = run.kernels(device=0)
     assert [k for k in gpu0 if k.submit < releasing_s and k.end > held_s] == []

@@ -8,11 +8,11 @@
 _shtab_forge_load_fleet_subparsers=(up down status logs watch)
 _shtab_forge_load_subparsers=(status hold release holds health fleet plot)
 
-_shtab_forge_load_status_option_strings=(-h --help --hold-dir --json --watch)
+_shtab_forge_load_status_option_strings=(-h --help --hold-dir --runtime-dir --json --watch)
 _shtab_forge_load_hold_option_strings=(-h --help --hold-dir --gpu --holder --reason --until --wait)
 _shtab_forge_load_release_option_strings=(-h --help --hold-dir --gpu --holder)
 _shtab_forge_load_holds_option_strings=(-h --help --hold-dir --json)
-_shtab_forge_load_health_option_strings=(-h --help -V --version --target --gpu --gpus --boost-target --boost-after --resume-after --log-interval --log-format --duration --controller --metric --poll-interval --foreign-mem-mib --foreign-util --foreign-samples --process-list --no-process-list --simulate --no-simulate --metrics-port --metrics-addr --health-max-age --heartbeat-file --max-power-w --active-hours --pause-file --hold-dir --hold-idle-age-out --kubelet-socket --sim-speed --sim-window --sim-sms --sim-foreign --sim-foreign-hidden --sim-foreign-load --sim-foreign-mem --sim-hide-foreign --no-sim-hide-foreign --sim-seed --sim-gpus --sim-foreign-gpus --sim-fail-gpu)
+_shtab_forge_load_health_option_strings=(-h --help -V --version --target --gpu --gpus --boost-target --boost-after --resume-after --log-interval --log-format --duration --controller --metric --poll-interval --foreign-mem-mib --foreign-util --foreign-samples --process-list --no-process-list --simulate --no-simulate --metrics-port --metrics-addr --health-max-age --heartbeat-file --max-power-w --active-hours --pause-file --hold-dir --runtime-dir --hold-idle-age-out --kubelet-socket --sim-speed --sim-window --sim-sms --sim-foreign --sim-foreign-hidden --sim-foreign-load --sim-foreign-mem --sim-hide-foreign --no-sim-hide-foreign --sim-seed --sim-gpus --sim-foreign-gpus --sim-fail-gpu)
 _shtab_forge_load_fleet_up_option_strings=(-h --help --image --prefix --simulate --count --gpus --target -e --env --restart --log-max-size --log-max-file --no-pid-host --pause-dir --hold-dir)
 _shtab_forge_load_fleet_down_option_strings=(-h --help --image --prefix --simulate --count --gpus)
 _shtab_forge_load_fleet_status_option_strings=(-h --help --image --prefix --simulate --count)
@@ -20,7 +20,7 @@ _shtab_forge_load_fleet_logs_option_strings=(-h --help --image --prefix --simula
 _shtab_forge_load_fleet_watch_option_strings=(-h --help --hold-dir --created-hold)
 _shtab_forge_load_fleet_option_strings=(-h --help)
 _shtab_forge_load_plot_option_strings=(-h --help -o --output --gpu --title)
-_shtab_forge_load_option_strings=(-h --help -V --version --target --gpu --gpus --boost-target --boost-after --resume-after --log-interval --log-format --duration --controller --metric --poll-interval --foreign-mem-mib --foreign-util --foreign-samples --process-list --no-process-list --simulate --no-simulate --metrics-port --metrics-addr --health-max-age --heartbeat-file --max-power-w --active-hours --pause-file --hold-dir --hold-idle-age-out --kubelet-socket --sim-speed --sim-window --sim-sms --sim-foreign --sim-foreign-hidden --sim-foreign-load --sim-foreign-mem --sim-hide-foreign --no-sim-hide-foreign --sim-seed --sim-gpus --sim-foreign-gpus --sim-fail-gpu)
+_shtab_forge_load_option_strings=(-h --help -V --version --target --gpu --gpus --boost-target --boost-after --resume-after --log-interval --log-format --duration --controller --metric --poll-interval --foreign-mem-mib --foreign-util --foreign-samples --process-list --no-process-list --simulate --no-simulate --metrics-port --metrics-addr --health-max-age --heartbeat-file --max-power-w --active-hours --pause-file --hold-dir --runtime-dir --hold-idle-age-out --kubelet-socket --sim-speed --sim-window --sim-sms --sim-foreign --sim-foreign-hidden --sim-foreign-load --sim-foreign-mem --sim-hide-foreign --no-sim-hide-foreign --sim-seed --sim-gpus --sim-foreign-gpus --sim-fail-gpu)
 
 _shtab_forge_load_plot_pos_0_COMPGEN=_shtab_compgen_files
 _shtab_forge_load_plot__o_COMPGEN=_shtab_compgen_files

@@ -16,13 +16,16 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from forge_load.clock import boot_time_s
 from forge_load.commands.host_gpus import PROC_GPUS, host_uuids
 from forge_load.commands.shared import BadInput, bad, hold_dir_of, seconds, shown
 from forge_load.config.cmdline import ArgParser, UsageError
 from forge_load.config.sim import SIM_UUID_PREFIX
 from forge_load.exits import EXIT_BAD_INPUT, EXIT_NOT_ACKNOWLEDGED, EXIT_OK
 from forge_load.log import escape_controls, say
-from forge_load.steering import holds
+from forge_load.steering import acks, holds
+from forge_load.steering.acks import FillersLook, Word
+from forge_load.steering.filler_status import process_start_ticks
 from forge_load.steering.holds import Hold, HoldError
 
 COMMANDS = ("hold", "release", "holds")
@@ -158,6 +161,7 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     until_s = parse_until(args.until, now_s) if args.until is not None else None
     wait_s = parse_wait(args.wait) if args.wait is not None else None
     gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
+    named = {holds.canonical_gpu_uuid(n.strip()) for n in args.gpu.split(",") if holds.valid_gpu_uuid(n.strip())}
     simulated = [uuid for uuid in gpus if uuid.upper().startswith(SIM_UUID_PREFIX.upper())]
     if simulated and getattr(args, "host_wide", False):
         # Every simulated filler of a seed has these UUIDs: held host-wide, other users' simulations would stop too.
@@ -166,7 +170,7 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
                        f"{hold_dir}; give --hold-dir, the simulated filler's own")
     try:
         made_dir = holds.ensure_dir(hold_dir)
-        placed_s, placed_boot = time.time(), holds.boot_stamp()  # the boot clock judges; no wall-clock step moves it
+        placed_s, placed_boot = time.time(), acks.boot_stamp()  # the boot clock judges; no wall-clock step moves it
         for uuid in gpus:
             holds.place(hold_dir, Hold(uuid, holder, reason, placed_s, until_s))
     except HoldError as error:
@@ -176,31 +180,41 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
     if wait_s is None:
         for uuid in gpus:
             out(f"{uuid} held by {holder}")
+        with FillersLook(hold_dir) as look:
+            _say_unknown(hold_dir, _unknown(gpus, look, made_dir, named, uuids_of_host))
         return EXIT_OK
-    deadline_s = time.monotonic() + wait_s
+    # Counted from the command's own start where it runs as one (its interpreter's start included): `--wait S`
+    # answers within S and one look, the command's whole time.
+    deadline_s = (args.started_s if args.started_s is not None else time.monotonic()) + wait_s
     # A directory made just now: a filler that runs has had no chance yet to acknowledge into it.
     unsure_until_s = time.monotonic() + holds.NEW_DIR_ACK_S if made_dir else -math.inf
 
-    def settled(uuid: str) -> bool:
-        ack = holds.read_ack(hold_dir, uuid)
-        migs = holds.mig_acks(hold_dir, uuid)  # a GPU in MIG mode: each MIG device's filler honours its holds
+    def settled(uuid: str, word: Word) -> bool:
         # A just-made directory: until every filler has had its refresh to find it, no acknowledgement there is not
         # "no filler", and one MIG device's is not its siblings' (how many MIG devices there are, only acks tell).
-        if ack is None and time.monotonic() < unsure_until_s:
-            return False
-        now_s, now_boot = time.time(), holds.boot_stamp()
-        if not all(holds.acknowledged(a, holder, placed_s, now_s, placed_boot, now_boot) for a in [ack, *migs]):
+        if not [a for a in word.acks if a.gpu_uuid == uuid] and time.monotonic() < unsure_until_s:
             return False
         # Exclusive mode: a live context of ours (its child's lock) is never "no filler", whatever the
-        # acknowledgement says or how stale it is (a supervisor stopped or hung).
-        return not holds.any_context_held(hold_dir, uuid, migs)
+        # acknowledgement says or how stale it is (a supervisor stopped or hung). A look that could not see every
+        # filler, or a filler whose word cannot be read, is no word that it drained.
+        if word.context or word.unreadable or not word.complete:
+            return False
+        now_s, now_boot = time.time(), acks.boot_stamp()
+        return all(acks.acknowledged(a, holder, placed_s, now_s, placed_boot, now_boot) for a in word.acks)
 
     waiting = list(gpus)
+    unknown: list[str] = []
+    listing = _Listing(hold_dir)
     while True:
-        waiting = [u for u in waiting if not settled(u)]
-        if not waiting or time.monotonic() >= deadline_s:
-            break
-        time.sleep(WAIT_POLL_S)
+        look_s = time.monotonic()
+        with FillersLook(hold_dir, listing.now()) as look:  # one look a poll, each file read once
+            waiting = [u for u in waiting if not settled(u, look.word(u))]
+            left_s = deadline_s - time.monotonic()
+            if not waiting or left_s <= 0:
+                unknown = _unknown(gpus, look, made_dir, named, uuids_of_host)
+                break
+        # Never past the deadline; and a look that costs (a crowded directory) is not repeated at once.
+        time.sleep(min(max(WAIT_POLL_S, time.monotonic() - look_s), left_s))
     for uuid in gpus:
         out(f"{uuid} held by {holder}" + (": its filler has not drained yet" if uuid in waiting else ""))
     if waiting:
@@ -208,8 +222,62 @@ def cmd_hold(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None]
                    f"{holds.NEW_DIR_ACK_S:g} s" if made_dir and wait_s < holds.NEW_DIR_ACK_S else "")
         say(f"forge-load hold: {len(waiting)} GPU(s) not acknowledged by their filler within {wait_s:g} s "
             f"(the hold stays): {', '.join(waiting)}{new_dir}")
-        return EXIT_NOT_ACKNOWLEDGED
-    return EXIT_OK
+    _say_unknown(hold_dir, unknown)
+    return EXIT_NOT_ACKNOWLEDGED if waiting else EXIT_OK
+
+
+def _running_s() -> float:
+    """How long this process has run (its start in /proc/self/stat, on the boot clock); 0 where that cannot be told."""
+    ticks, now_s = process_start_ticks(os.getpid()), boot_time_s()
+    if ticks is None or now_s is None:
+        return 0.0
+    running_s = now_s - ticks / os.sysconf("SC_CLK_TCK")
+    return running_s if 0.0 <= running_s < 60.0 else 0.0
+
+
+class _Listing:
+    """The hold directory's listing for `hold --wait`'s looks: listed again when the directory changed (its mtime:
+    a filler's directory made, a hold placed) or a second has passed, as a filler's watch does; the fillers'
+    directories themselves are read at every look."""
+
+    def __init__(self, hold_dir: str) -> None:
+        self.hold_dir = hold_dir
+        self._key: tuple[int, int, int] | None = None
+        self._listed_s = -math.inf
+        self._listing = holds.Listing()
+
+    def now(self) -> holds.Listing:
+        try:
+            info = os.stat(self.hold_dir)
+            key: tuple[int, int, int] | None = (info.st_dev, info.st_ino, info.st_mtime_ns)
+        except OSError:
+            key = None
+        if key is None or key != self._key or time.monotonic() - self._listed_s >= 1.0:
+            self._key, self._listed_s = key, time.monotonic()
+            try:
+                self._listing = holds.list_dir(self.hold_dir)
+            except HoldError as error:
+                self._listing = holds.Listing(truncated=str(error))  # no word of any filler: not acknowledged
+        return self._listing
+
+
+def _unknown(gpus: list[str], look: FillersLook, made_dir: bool, named: set[str],
+             uuids_of_host: Callable[[], list[str]]) -> list[str]:
+    """The GPUs named by UUID that no filler of the directory knows (no acknowledgement of theirs, live or not, in a
+    directory fillers had the time to find) and that are no GPU of this host (NVML, or the driver's files)."""
+    unknown = [] if made_dir else [uuid for uuid in gpus if uuid in named and not look.word(uuid).acks]
+    if unknown:
+        host = {holds.canonical_gpu_uuid(uuid) for uuid in uuids_of_host()}
+        unknown = [uuid for uuid in unknown if uuid not in host]
+    return unknown
+
+
+def _say_unknown(hold_dir: str, unknown: list[str]) -> None:
+    """One line naming the GPUs no filler knows: held all the same (exit 0), since a container may name the host's
+    other GPUs, whose fillers may start later."""
+    if unknown:
+        say(f"forge-load hold: no filler in {hold_dir} acknowledges {', '.join(unknown)}: held all the same, for a "
+            "filler that starts there later (a GPU that is nowhere holds nothing)")
 
 
 def cmd_release(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None],
@@ -225,12 +293,21 @@ def cmd_release(args: argparse.Namespace, hold_dir: str, out: Callable[[str], No
         gpus, unresolved = resolve_gpus(args.gpu, uuids_of_host)
         if unresolved is not None:
             say(f"forge-load release: {unresolved}: not released; the others are")
+    released: list[str] = []
     try:
         for uuid in gpus:
             if holds.release(hold_dir, uuid, holder):
+                released.append(uuid)
                 out(f"{uuid} released by {holder}")
+        left = [u for u in gpus if holder in {h.holder for h in holds.read_holds(hold_dir, u, time.time()).holds}]
     except HoldError as error:
         raise BadInput(f"--hold-dir={shown(hold_dir)}: {error}") from None
+    if left:  # another user's file under the hold's name, in a directory with the sticky bit: not ours to remove
+        say(f"forge-load release: a hold of {holder} on {', '.join(left)} placed by another user remains in "
+            f"{hold_dir}: only that user (or root) can remove it")
+    if not released and not left:
+        out(f"no hold of {holder} in {hold_dir}" + (f" on {', '.join(gpus)}" if args.gpu not in (None, "all")
+                                                     else "") + ": nothing released")
     return EXIT_OK
 
 
@@ -249,42 +326,41 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
         what = "not a directory" if os.path.lexists(hold_dir) else "no such directory"
         raise BadInput(f"--hold-dir={shown(hold_dir)}: {what}; expected the hold directory (made by the first hold)")
     try:
-        found, problems = holds.all_holds(hold_dir)
+        listing = holds.list_dir(hold_dir)
     except HoldError as error:
         raise BadInput(f"--hold-dir={shown(hold_dir)}: {error}") from None
-    now_s, now_boot = time.time(), holds.boot_stamp()
-    gpus = {h.gpu_uuid for h in found}
-    # A GPU's own filler, and for a GPU in MIG mode each MIG device's: all honour its holds (mig_acks)
-    migs = {uuid: holds.mig_acks(hold_dir, uuid) for uuid in gpus}
-    acks = {uuid: [a for a in (holds.read_ack(hold_dir, uuid), *migs[uuid])
-                   if a is not None and holds.ack_live(a, now_s, now_boot)] for uuid in gpus}
+    found, problems = holds.all_holds(hold_dir, listing)
+    now_s, now_boot = time.time(), acks.boot_stamp()
     worst_first = ("not honoured (yet, or aged out)", "draining", "drained")
+    with FillersLook(hold_dir, listing) as look:  # one look for every hold: the directory is listed once
+        problems += look.problems
 
-    def filler(hold: Hold) -> str:
-        if hold.until_unix_s is not None and hold.until_unix_s <= now_s:
-            return "expired"
-        live = acks[hold.gpu_uuid]
-        if not live:
-            if holds.any_context_held(hold_dir, hold.gpu_uuid, migs[hold.gpu_uuid]):  # a supervisor gone silent
-                return "draining (our exclusive-mode child still holds the GPU)"
-            return "no filler"
-        said = [worst_first[0] if hold.holder not in a.held_by else "drained" if a.drained else "draining"
-                for a in live]
-        worst = min(said, key=worst_first.index)
-        of_mig = any(a.of_gpu for a in live)
-        return worst if not of_mig else f"{worst} ({said.count(worst)} of {len(live)} MIG devices' fillers)"
+        def filler(hold: Hold) -> str:
+            if hold.until_unix_s is not None and hold.until_unix_s <= now_s:
+                return "expired"
+            word = look.word(hold.gpu_uuid)  # the GPU's own filler, and for a GPU in MIG mode each MIG device's
+            live = [a for a in word.acks if acks.ack_live(a, now_s, now_boot)]
+            if not live:
+                if word.context:  # a supervisor gone silent
+                    return "draining (our exclusive-mode child still holds the GPU)"
+                return "no filler"
+            said = [worst_first[0] if hold.holder not in a.held_by and not a.fail_safe else
+                    "drained" if a.drained else "draining" for a in live]
+            worst = min(said, key=worst_first.index)
+            of_mig = any(a.of_gpu for a in live)
+            return worst if not of_mig else f"{worst} ({said.count(worst)} of {len(live)} MIG devices' fillers)"
 
+        rows = [(hold, filler(hold)) for hold in found]
     if args.json:
-        for hold in found:
+        for hold, said in rows:
             out(json.dumps({"gpu": hold.gpu_uuid, "holder": hold.holder, "reason": hold.reason,
-                            "since_unix_s": hold.since_unix_s, "until_unix_s": hold.until_unix_s,
-                            "filler": filler(hold)}))
+                            "since_unix_s": hold.since_unix_s, "until_unix_s": hold.until_unix_s, "filler": said}))
     else:
-        rows = [("GPU", "HOLDER", "SINCE", "UNTIL", "FILLER", "REASON")]
-        rows += [(h.gpu_uuid, h.holder, _when(h.since_unix_s), _when(h.until_unix_s), filler(h),
-                  escape_controls(h.reason)) for h in found]
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        for row in rows:
+        cells = [("GPU", "HOLDER", "SINCE", "UNTIL", "FILLER", "REASON")]
+        cells += [(h.gpu_uuid, h.holder, _when(h.since_unix_s), _when(h.until_unix_s), said,
+                   escape_controls(h.reason)) for h, said in rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(5)]
+        for row in cells:
             out("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5])
     for problem in problems:
         say(f"forge-load holds: {problem}")
@@ -292,8 +368,9 @@ def cmd_holds(args: argparse.Namespace, hold_dir: str, out: Callable[[str], None
 
 
 def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = None,
-         uuids_of_host: Callable[[], list[str]] = host_uuids) -> int:
-    """`argv` starts with the command's name."""
+         uuids_of_host: Callable[[], list[str]] = host_uuids, started_s: float | None = None) -> int:
+    """`argv` starts with the command's name; `started_s`, when the command started (time.monotonic()): `hold
+    --wait` counts from it (None: from the hold placed)."""
     command, rest = argv[0], list(argv[1:])
 
     def out(line: str) -> None:
@@ -304,6 +381,7 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
         environ = os.environ if env is None else env
         hold_dir = hold_dir_of(args.hold_dir, environ)
         args.host_wide = args.hold_dir is None and "FORGE_HOLD_DIR" not in environ  # the default directory
+        args.started_s = started_s
         if command == "hold":
             return cmd_hold(args, hold_dir, out, uuids_of_host)
         if command == "release":
@@ -319,7 +397,7 @@ def main(argv: Sequence[str], env: dict[str, str] | os._Environ[str] | None = No
 
 # The dispatcher's entry points (forge_load/cli.py): the arguments after the command's name.
 def main_hold(argv: Sequence[str]) -> int:
-    return main(["hold", *argv])
+    return main(["hold", *argv], started_s=time.monotonic() - _running_s())  # a process of its own
 
 
 def main_release(argv: Sequence[str]) -> int:

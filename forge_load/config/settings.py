@@ -18,6 +18,7 @@ from forge_load.config.values import (
     addr_value,
     bool_value,
     choice_value,
+    dir_value,
     float_value,
     gpu_value,
     gpus_value,
@@ -60,6 +61,7 @@ class Config:
     active_hours: ActiveHours | None = None  # None: always
     pause_file: str | None = None
     hold_dir: str = DEFAULT_HOLD_DIR
+    runtime_dir: str | None = None  # None: filler_dirs.default_runtime_dir()
     hold_idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S  # 0: never
     kubelet_socket: str | None = None  # the kubelet's pod-resources socket; None: not asked
     time_zone: str | None = None  # TZ as given, checked when the hours or the pause file need local time
@@ -181,10 +183,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pause_file", "FORGE_PAUSE_FILE", "--pause-file", path_value,
             "paused while this file exists, until the time it holds if any (ISO 8601 or Unix); default none",
             logged="pause_file"),
-    Setting("hold_dir", "FORGE_HOLD_DIR", "--hold-dir", partial(path_value, example=DEFAULT_HOLD_DIR),
+    Setting("hold_dir", "FORGE_HOLD_DIR", "--hold-dir", partial(dir_value, example=DEFAULT_HOLD_DIR),
             "directory of holds (`forge-load hold`): nothing runs on a GPU while a hold names it; the filler writes "
-            f"its acknowledgement there; default {DEFAULT_HOLD_DIR}",
+            f"its acknowledgement and status in a directory of its own there; default {DEFAULT_HOLD_DIR}",
             logged="hold_dir"),
+    Setting("runtime_dir", "FORGE_RUNTIME_DIR", "--runtime-dir", partial(dir_value, example="/run/forge-load"),
+            "where the filler reports its status for `forge-load status` when it has no directory of its own in the "
+            "hold directory (none there, or not writable); made if missing; default $RUNTIME_DIRECTORY in a systemd "
+            "unit, /run/forge-load for root, else $XDG_RUNTIME_DIR/forge-load or $TMPDIR/forge_load-<uid>",
+            logged="runtime_dir"),
     Setting("hold_idle_age_out_s", "FORGE_HOLD_IDLE_AGE_OUT", "--hold-idle-age-out", seconds_value,
             "a hold over a GPU without foreign work for this long is taken for its dead holder's and no longer "
             f"honoured, 0 = never; default {DEFAULT_IDLE_AGE_OUT_S / 3600:g}h",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -288,6 +289,12 @@ def path_value(raw: str, example: str = "/run/forge_load/heartbeat") -> str:
     if not text.startswith("/"):
         raise Rejected(accepted, "not an absolute path")
     return text
+
+
+def dir_value(raw: str, example: str = "/run/forge-load/holds") -> str:
+    """A directory's path; a relative one is taken from the current directory (made absolute, so that the start
+    line and every reader name the same directory)."""
+    return os.path.abspath(_stripped(raw, f"a directory's path, such as {example}"))
 
 
 def indices_value(raw: str) -> tuple[int, ...] | None:

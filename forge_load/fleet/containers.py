@@ -42,13 +42,14 @@ def ours(client: Any, prefix: str) -> list[Any]:
 
 
 def prepare_hold_dir(path: str) -> str | None:
-    """Make a missing hold directory one the image's filler can write its acknowledgement in (0775, group 10001);
+    """Make a missing hold directory one the image's filler can write its acknowledgement in (1775, group 10001: the
+    sticky bit keeps each writer from removing or renaming what another made, docs/holds.md);
     an existing one is its owner's decision: one warning where the filler cannot write it (`hold --wait` would
     then return before the drain). Returns that warning, or None."""
     try:
         if not os.path.isdir(path):
             os.makedirs(path, mode=0o755, exist_ok=True)
-            os.chmod(path, 0o775)
+            os.chmod(path, 0o1775)
             os.chown(path, -1, FILLER_GID)
         st = os.stat(path)
     except OSError as error:
@@ -59,7 +60,7 @@ def prepare_hold_dir(path: str) -> str | None:
         return None
     return (f"warning: --hold-dir {path} is not writable by the fillers (uid {FILLER_UID}): they honour holds but "
             f"cannot acknowledge a drain, so `forge-load hold --wait` returns at once; make it with "
-            f"`install -d -m 0775 -g {FILLER_GID} {path}` (docs/holds.md)")
+            f"`install -d -m 1775 -g {FILLER_GID} {path}` (docs/holds.md)")
 
 
 def cmd_up(args: argparse.Namespace, out: Any) -> int:

@@ -36,6 +36,7 @@ from forge_load.log import EventLog
 from forge_load.service.child_link import StatusReader, send_holds
 from forge_load.service.runtime import run_steps
 from forge_load.service.unix_signals import PAUSE_SIGNALS
+from forge_load.steering.filler_dirs import context_file
 from forge_load.steering.filler_status import StatusWriter
 from forge_load.steering.hold_watch import FillerHolds, HoldBoard, jobs_announced
 from forge_load.steering.holds import Hold
@@ -82,12 +83,13 @@ class ChildProcess:
 
     def __init__(self, config: Config, start_s: float, hold_dir: str = "",
                  aged_out: Callable[[], dict[str, int]] = dict, whole_filler: bool = False,
-                 board: bool = False, of_gpu: str = "") -> None:
+                 board: bool = False, of_gpu: str = "", report: bool = False) -> None:
         self.config = config
         self.start_s = start_s
         self.hold_dir = hold_dir
         self.aged_out = aged_out
         self.whole_filler = whole_filler
+        self.report = report or whole_filler  # its status on a pipe: its shares, for its parent's status file
         self.of_gpu = of_gpu
         self.board = board
         self.reports: StatusReader | None = None  # a whole filler's status reports, once started
@@ -99,24 +101,26 @@ class ChildProcess:
         # The pause signals stay blocked in the child (the mask is inherited) until its handlers are in: a SIGUSR1
         # forwarded before then would otherwise end it (their default action).
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(PAUSE_SIGNALS)) if self.whole_filler else None
-        read_fd, write_fd = os.pipe() if self.whole_filler else (-1, -1)
+        read_fd, write_fd = os.pipe() if self.report else (-1, -1)
         try:
             proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE, close_fds=True,
-                                    env=env, pass_fds=(write_fd,) if self.whole_filler else ())
+                                    env=env, pass_fds=(write_fd,) if self.report else ())
         finally:
             if blocked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            if self.whole_filler:
+            if self.report:
                 os.close(write_fd)  # the child's now: its end (or death) is the pipe's
-        if self.whole_filler:
+        if self.report:
             self.reports = StatusReader(read_fd)
         stdin = proc.stdin
         assert stdin is not None
         try:
             brief = (self.config, self.start_s, self.hold_dir, self.aged_out())
             extra: dict[str, object] = {"of_gpu": self.of_gpu}
-            if self.whole_filler:  # its status pipe keeps its number in the child
-                extra.update(whole_filler=True, status_fd=write_fd, board=self.board)
+            if self.report:  # its status pipe keeps its number in the child
+                extra.update(status_fd=write_fd)
+            if self.whole_filler:
+                extra.update(whole_filler=True, board=self.board)
             pickle.dump((*brief, extra), stdin)
             stdin.flush()
         except OSError:
@@ -175,8 +179,9 @@ class Supervisor:
 
     def __init__(self, info: DeviceInfo, probe: Probe, child: Child, holds: FillerHolds, log: EventLog,
                  pauses: Pauses | None, resume_after_s: float, foreign_mem_mib: float, start_s: float,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, target_ratio: float | None = None) -> None:
         self.info = info
+        self.target_ratio = target_ratio  # shown in its status row (the child holds it)
         self.on_change = on_change  # told after every change of state (the process title follows it)
         self.probe = probe
         self.child = child
@@ -238,6 +243,12 @@ class Supervisor:
             self.watch.foreign_seen(now_s)
             self.reasons.foreign_seen(now_s)
         self.verdict = self.reasons.verdict(now_s, foreign)
+        if self.verdict.reason is None and not self.running and not self.holds.ack_ok:
+            self._acknowledge(now_s)  # before any context of ours: can `hold --wait` see it go?
+        if self.verdict.reason is None and self.holds.ack_failing:
+            # `hold --wait` could not see our context go: none is created (docs/holds.md: the directory)
+            self.verdict = Verdict(State.PAUSED, "its acknowledgement cannot be written in the hold directory: no "
+                                                 "context of ours until it can")
         why = self.verdict.reason
         if self.running and why is not None and self.ending_since_s is None:
             self._end(now_s, why)
@@ -275,15 +286,31 @@ class Supervisor:
         self.child_pid = None
         self.ending_since_s = None
 
-    def acknowledge(self, now_s: float) -> None:
+    def _acknowledge(self, now_s: float) -> None:
         """Drained means no child of ours: no context of ours on the GPU, let alone a kernel."""
         problem = self.holds.acknowledge(now_s, self.state, drained=not self.running)
         if problem is not None:
             self.log.emit("hold_warning", t=self._t(now_s), reason=problem)
+
+    def acknowledge(self, now_s: float) -> None:
+        self._acknowledge(now_s)
         held_by = self.watch.holders
         if self.report is not None and self.report.due(self.state, held_by):
-            # the shares and the power are the child's, in its log lines: the state and why are the supervisor's
-            self.report.write(self.state, held_by, reason=self.verdict.reason)
+            # the state and why are the supervisor's; the shares the child's (its reports), or none of ours without one
+            util, own, power = self._readings(now_s)
+            self.report.write(self.state, held_by, self.target_ratio, util, own, power, reason=self.verdict.reason)
+
+    def _readings(self, now_s: float) -> tuple[float | None, float | None, float | None]:
+        """(utilization, our share of it, power): the running child's latest report, else NVML's, with no share of
+        ours (no child: no context of ours, let alone a kernel)."""
+        reports = getattr(self.child, "reports", None)
+        if self.running and reports is not None:
+            reports.read(now_s)
+            if reports.latest is not None:
+                status = reports.latest[0]
+                return status.util_ratio, status.own_ratio, status.power_w
+        util, power = self.probe.utilization_ratio(), self.probe.power_w()
+        return util, (None if self.running else 0.0), power
 
     def close(self, now_s: float, wait: Callable[[float], None], clock: Callable[[], float]) -> None:
         """End the child (if any) and wait for it; killed after END_WAIT_S."""
@@ -347,10 +374,10 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
     holds = FillerHolds(hold_dir, info.uuid, os.getpid(), time.time, config.hold_idle_age_out_s, board,
                         whole_gpu_uuid=info.gpu_uuid)  # a MIG device: its GPU's holds are its own too
     child = child or ChildProcess(child_config(config, info), start_s, hold_dir, holds.watch.aged_out,
-                                  of_gpu=info.gpu_uuid)
+                                  of_gpu=info.gpu_uuid, report=True)
     sup = Supervisor(info, probe, child, holds, log, pauses, config.resume_after_s, config.foreign_mem_mib, start_s,
-                     on_change)
-    sup.report = StatusWriter(hold_dir, info.uuid, info.index, os.getpid())
+                     on_change, target_ratio=config.target_ratio)
+    sup.report = StatusWriter(hold_dir, info.uuid, info.index, os.getpid(), runtime_dir=config.runtime_dir)
     attach(sup.status)
 
     def step(now_s: float) -> float:
@@ -363,6 +390,8 @@ def supervise(config: Config, probe: Probe, stream: TextIO, stop: threading.Even
         reason = run_steps(clock, stop, wake, end_s, step)
     finally:
         sup.close(clock.now(), time.sleep, clock.now)
+        if not holds.own.locked(context_file(info.uuid)):
+            holds.own.remove(context_file(info.uuid))  # its last child has gone: no empty lock file left behind
         sup.report.close()
         sup.holds.close()  # as any filler that stops: `hold --wait` need not wait for the acknowledgement to age
         log.emit("stop", state=sup.state, reason=reason, yields=sup.yields)

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
@@ -33,13 +34,17 @@ from forge_load.config.settings import Config
 from forge_load.control.filler import Controls
 from forge_load.control.policy import FILLING_STATES
 from forge_load.control.status import GpuSlot, GpuStatus
+from forge_load.exits import EXIT_NO_CONTEXT_LOCK
 from forge_load.gpu.backend import Backend, NvidiaBackend
 from forge_load.log import internal_error, say
 from forge_load.service import child_link, gpu_threads, runtime
 from forge_load.service.health import claim_lock
 from forge_load.service.title import ProcessTitle
 from forge_load.service.unix_signals import PAUSE_SIGNALS, StopSignals
+from forge_load.steering import filler_dirs
 from forge_load.steering import holds as disk
+from forge_load.steering.filler_dirs import OwnDir, context_file
+from forge_load.steering.hold_files import FILE_MODE, HoldError, legacy_context_lock_name
 from forge_load.steering.hold_watch import HoldBoard, HoldWatch
 from forge_load.steering.pause import PauseSwitch
 
@@ -64,21 +69,40 @@ def _above_the_drivers(fd: int) -> int:
     return high
 
 
-def take_context_lock(hold_dir: str, gpu_uuid: str, stop: threading.Event) -> tuple[int | None, str | None]:
-    """The GPU's context lock in the hold directory (holds.context_lock_name), taken before any context exists and
-    never let go: the kernel lets go of it at this process's exit, whatever stops or hangs meanwhile; `hold --wait`
-    reads it (holds.context_held). (its descriptor, None), or (None, why not). Without it the child still fills, as
-    a filler whose acknowledgement cannot be written still does."""
-    lock = Path(hold_dir) / disk.context_lock_name(gpu_uuid)
+@dataclass
+class ContextLock:
+    """The child's hold on its GPU's context locks, kept until the process exits (close() stands for that exit)."""
+
+    fd: int  # the write lock on <GPU-UUID>.context in this user's filler directory: what this release reads
+    legacy_fd: int | None = None  # the flock on filler.<GPU-UUID>.lock: what the hold commands of earlier releases read
+
+    def close(self) -> None:
+        for fd in (self.fd, self.legacy_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def take_context_lock(hold_dir: str, gpu_uuid: str, stop: threading.Event) -> tuple[ContextLock | None, str | None]:
+    """The GPU's context lock in this user's filler directory (filler_dirs.context_file: a write lock no reader can
+    take), taken before any context exists and never let go: the kernel lets go of it at this process's exit, whatever
+    stops or hangs meanwhile; `hold --wait` reads it (acks.FillersLook). Beside it, where it can, format 1's `flock`
+    for the hold commands of earlier releases. (the lock, None), or (None, why not): then no context is created."""
+    own = OwnDir(hold_dir)
     deadline_s = time.monotonic() + LOCK_TRIES_S
     while True:
-        fd, holder = claim_lock(lock, mode=disk.FILE_MODE)  # readable by all: the hold command asks it
-        if fd is not None:
-            return _above_the_drivers(fd), None
-        if holder is None:
-            return None, f"cannot take {lock} (not a regular file of this user's, or not writable)"
-        if time.monotonic() >= deadline_s or stop.wait(0.01):
-            return None, f"{lock} is locked by another process (pid {holder})"
+        try:
+            fd = filler_dirs.write_lock(own.fd(), context_file(gpu_uuid))
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline_s or stop.wait(0.01):
+                return None, (f"{os.path.join(own.path, context_file(gpu_uuid))} is locked by another live process "
+                              "of this user: a context of ours may be on the GPU already")
+        except (OSError, HoldError) as error:
+            why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            return None, f"cannot take the context lock in {hold_dir} ({why})"
+    legacy, _holder = claim_lock(Path(hold_dir) / legacy_context_lock_name(gpu_uuid), mode=FILE_MODE)
+    return ContextLock(_above_the_drivers(fd), _above_the_drivers(legacy) if legacy is not None else None), None
 
 
 def watch_holds(hold_dir: str, gpu_uuid: str, aged_out: dict[str, int], stop: runtime.StopEvent,
@@ -146,10 +170,10 @@ def child_main(stdin: IO[bytes], out: TextIO, backend: Backend | None = None,
 
     threading.Thread(target=orphaned, name="supervisor", daemon=True).start()
     if hold_dir and disk.configured(hold_dir):
-        _lock_fd, why_not = take_context_lock(hold_dir, config.gpu or "", stop)  # kept open: it goes with the process
-        if why_not is not None:
-            say(f"forge-load: exclusive-mode child: {why_not}: `forge-load hold --wait` sees this child only "
-                        "through the supervisor's acknowledgement")
+        _lock, why_not = take_context_lock(hold_dir, config.gpu or "", stop)  # kept open: it goes with the process
+        if why_not is not None:  # `hold --wait` could not see our context: none is created
+            say(f"forge-load: exclusive-mode child: {why_not}: ends without creating a context")
+            return EXIT_NO_CONTEXT_LOCK
         threading.Thread(target=watch_holds, args=(hold_dir, config.gpu or "", aged_out, stop, wake, of_gpu),
                          name="holds", daemon=True).start()
     started: list[runtime.Runtime] = []

@@ -82,8 +82,8 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
                     config.boost_after_s, now_s=start_s, reasons=reasons)
     timing = Timing(start_s, config.log_interval_s, stale_after_s=max(2.0, 10 * config.poll_interval_s))
     # The status file beside the holds (`forge-load status`); the exclusive mode's child has none: its parent writes it.
-    report = (StatusWriter(config.hold_dir, probe.info.uuid, probe.info.index, os.getpid(), config.simulate)
-              if config.hold_dir else None)
+    report = (StatusWriter(config.hold_dir, probe.info.uuid, probe.info.index, os.getpid(), config.simulate,
+                           runtime_dir=config.runtime_dir) if config.hold_dir else None)
     quantity = QUANTITIES[config.metric]
     filler = Filler(monitor, worker, make_controller(config.controller, quantity), policy, LineGate(log, start_s),
                     timing, controls, quantity=quantity, report=report)

@@ -1,10 +1,9 @@
 """The filler's side of the holds: the holds kept in this process (HoldBoard, the kubelet's), one GPU's watch over
-the directory and the board (HoldWatch), and what the filler honours and acknowledges (FillerHolds). The format
-on disk and its safe reads are holds.py."""
+the directory and the board (HoldWatch), and what the filler honours and acknowledges (FillerHolds), in its own
+directory (filler_dirs.py). The directory's API is holds.py, the acknowledgements' acks.py."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -12,15 +11,18 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from forge_load.steering import acks
 from forge_load.steering import holds as disk
+from forge_load.steering.filler_dirs import OwnDir, ack_file
 from forge_load.steering.holds import (
     ACK_REFRESH_S,
     DEFAULT_IDLE_AGE_OUT_S,
     Ack,
     BootStamp,
     Hold,
+    HoldError,
     HoldsView,
-    ack_name,
+    problem_key,
 )
 from forge_load.steering.listeners import Listeners
 
@@ -185,8 +187,9 @@ class HoldWatch:
                     from_files.add(hold.holder)  # one holder of the device and of its GPU: one hold
                     holds.append(hold)
                     stamps[hold.holder] = round(hold.since_unix_s * 1e9)
-        problems = [p for p in view.problems if p not in self._said]
-        self._said = set(view.problems)  # only what is there now: bounded, and said again if it comes back
+        problems = [p for p in view.problems if problem_key(p) not in self._said]
+        # only what is there now, each kind once however its count changes: bounded, and said again if it comes back
+        self._said = {problem_key(p) for p in view.problems}
         fail_safe_before, self.fail_safe = self.fail_safe, view.fail_safe
         live: dict[str, Hold] = {}
         why_gone: dict[str, str] = {h.holder: "expired" for h in view.expired}
@@ -225,15 +228,18 @@ class HoldWatch:
 
 
 class FillerHolds:
-    """A filler's side of one GPU's holds: the watch, and the acknowledgement it keeps in the directory (written
-    at once on every change of what it honours, its state or its drain, and at least every ACK_REFRESH_S).
+    """A filler's side of one GPU's holds: the watch, and the acknowledgement it keeps in its own directory in the
+    hold directory (written at once on every change of what it honours, its state or its drain, and at least every
+    ACK_REFRESH_S), and format 1's in the hold directory itself for the hold commands of earlier releases.
 
-    The acknowledgement is written only where the directory exists (the filler never creates it); a write that
-    fails is said once (`ack_problem`) and tried again at the next change or refresh."""
+    The acknowledgement is written only where the hold directory exists (the filler never creates it). A filler that
+    cannot have its own directory there (not writable, its names taken) says so once (`ack_problem`), writes no
+    acknowledgement anywhere (never one that says drained) and tries again at the next change or refresh; `ack_ok`
+    says whether its last one was written."""
 
     def __init__(self, hold_dir: str, gpu_uuid: str, pid: int, wall_clock: Callable[[], float],
                  idle_age_out_s: float = DEFAULT_IDLE_AGE_OUT_S, board: HoldBoard | None = None,
-                 boot_clock: Callable[[], BootStamp] = disk.boot_stamp, whole_gpu_uuid: str = "") -> None:
+                 boot_clock: Callable[[], BootStamp] = acks.boot_stamp, whole_gpu_uuid: str = "") -> None:
         self.watch = HoldWatch(hold_dir, gpu_uuid, idle_age_out_s, board, whole_gpu_uuid)
         self.whole_gpu_uuid = whole_gpu_uuid
         self.boot_clock = boot_clock  # the host's, even in a simulated run: `hold --wait` reads it in real time
@@ -241,13 +247,21 @@ class FillerHolds:
         self.gpu_uuid = gpu_uuid
         self.pid = pid
         self.wall_clock = wall_clock
+        self.own = OwnDir(hold_dir)
+        self.ack_ok = False
         self._last: tuple[str, tuple[str, ...], bool, int] | None = None
         self._written_s = -math.inf
         self._failed: str | None = None
+        self._legacy_failed = False
 
     @property
     def held(self) -> bool:
         return self.watch.held
+
+    @property
+    def ack_failing(self) -> bool:
+        """Its last acknowledgement could not be written where a hold directory exists (said once: ack_problem)."""
+        return self._failed is not None
 
     @property
     def generation(self) -> int:
@@ -272,21 +286,34 @@ class FillerHolds:
         if said == self._last and now_s < self.ack_due_s:  # the same sum: woken at it, it writes
             return None
         self._last, self._written_s = said, now_s
+        ack = Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock(), self.boot_clock(),
+                  self.whole_gpu_uuid, fail_safe=self.watch.fail_safe is not None)
         try:
-            disk.write_ack(self.hold_dir, Ack(self.gpu_uuid, self.pid, state, said[1], drained, self.wall_clock(),
-                                              self.boot_clock(), self.whole_gpu_uuid))
+            acks.write_ack(self.own, ack)
         except FileNotFoundError:
+            self.ack_ok = False
             return None  # no hold directory (not mounted): nothing to acknowledge to
-        except OSError as error:
-            problem = (f"cannot write the acknowledgement {os.path.join(self.hold_dir, ack_name(self.gpu_uuid))} "
-                       f"({error.strerror or error}): `forge-load hold --wait` cannot see this filler drain; "
-                       "is the hold directory mounted read-write?")
+        except (OSError, HoldError) as error:
+            self.ack_ok = False
+            why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            problem = (f"cannot write its acknowledgement in {self.hold_dir} ({why}): `forge-load hold --wait` "
+                       "cannot see this filler drain; is the hold directory mounted read-write, and writable by "
+                       "this user?")
             first, self._failed = self._failed is None, problem
             return problem if first else None
-        self._failed = None
+        self._failed, self.ack_ok = None, True
+        try:  # for the hold commands of earlier releases, where it can (a neighbour may have taken the name)
+            acks.write_legacy_ack(self.hold_dir, ack)
+        except OSError as error:
+            if not self._legacy_failed:
+                self._legacy_failed = True
+                return (f"cannot write the acknowledgement for the hold commands of earlier releases "
+                        f"({error.strerror or error}): they see no filler of this GPU; this release's commands "
+                        f"read {os.path.join(self.own.path, ack_file(self.gpu_uuid, self.whole_gpu_uuid))}")
         return None
 
     def close(self) -> None:
         """The filler stops: no acknowledgement left behind (`hold --wait` need not wait for it to go stale)."""
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(self.hold_dir, ack_name(self.gpu_uuid)))
+        self.own.remove(ack_file(self.gpu_uuid, self.whole_gpu_uuid))
+        acks.remove_legacy_ack(self.hold_dir, self.gpu_uuid)
+        self.own.close()
