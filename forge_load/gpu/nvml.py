@@ -30,7 +30,15 @@ from forge_load.control.probe import (
     NoGpuError,
     UtilSample,
 )
-from forge_load.gpu.nvml_values import MIB, StampClock, boot_clock, merge_processes, sample_value
+from forge_load.gpu.nvml_values import (
+    MIB,
+    GpuInstance,
+    MinorGpu,
+    StampClock,
+    boot_clock,
+    merge_processes,
+    sample_value,
+)
 
 INIT_HINT: str = (
     "is the NVIDIA driver installed and loaded (does `nvidia-smi` work)? "
@@ -359,6 +367,49 @@ def device_id_uuids(device_id: str, nvml: ModuleType | None = None) -> tuple[str
             return ()  # NVML answered, but not with a device for this id
     finally:
         _nvml_shutdown(lib)
+
+
+def gpus_by_minor(nvml: ModuleType | None = None) -> list[MinorGpu]:
+    """Every GPU NVML shows by its minor number, with its MIG devices by GPU instance profile and placement: what
+    NVIDIA's DRA driver names devices by (service/kubelet.py, docs/design.md §13). A GPU whose minor NVML does not
+    say is left out; a MIG device whose GPU instance it does not say (NVML asks privileges for it) too: a name of
+    it then matches nothing, and the kubelet's holds fall back to its GPU. NoGpuError when NVML cannot be asked."""
+    lib = _load_nvml(nvml)
+    _nvml_init(lib)
+    try:
+        found: list[MinorGpu] = []
+        for index in range(_device_count(lib)):
+            handle = _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False)
+            try:
+                minor = int(_call(lib, "nvmlDeviceGetMinorNumber", handle, fail=_setup_fail))
+            except (_Unavailable, NoGpuError):
+                continue
+            found.append(MinorGpu(minor, _device_uuid(lib, handle), tuple(_gpu_instances(lib, handle))))
+        return found
+    finally:
+        _nvml_shutdown(lib)
+
+
+def _gpu_instances(nvml: ModuleType, handle: Any) -> list[GpuInstance]:
+    """The MIG devices of a GPU in MIG mode with their GPU instances' profile IDs and placements."""
+    out = []
+    try:
+        slots = int(_call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle, fail=_setup_fail))
+    except (_Unavailable, NoGpuError):
+        return []
+    for slot in range(slots):
+        try:
+            mig = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot, fail=_setup_fail, not_found=None)
+            if mig is None:
+                continue  # NOT_FOUND: no MIG device in that slot
+            gi_id = int(_call(nvml, "nvmlDeviceGetGpuInstanceId", mig, fail=_setup_fail))
+            gi = _call(nvml, "nvmlDeviceGetGpuInstanceById", handle, gi_id, fail=_setup_fail)
+            info = _call(nvml, "nvmlGpuInstanceGetInfo", gi, fail=_setup_fail)
+            out.append(GpuInstance(int(info.profileId), int(info.placement.start), int(info.placement.size),
+                                   _device_uuid(nvml, mig)))
+        except (_Unavailable, NoGpuError):
+            continue
+    return out
 
 
 class NvmlProbe:
