@@ -193,7 +193,7 @@ def estimate_s(args: argparse.Namespace) -> float:
     """A rough length of a real run, for the first log line."""
     total = cpu.estimate_s(args) if "cpu" in args.scenarios else 0.0
     if args.scenarios - {"cpu"}:
-        steps = real_plan(args, None, {})  # type: ignore[arg-type]  # only the estimates are read
+        steps = real_plan(args, None, {"notes": [], "skipped": []})  # type: ignore[arg-type]  # estimates only
         total += sum(estimate for _, estimate, _ in steps) + 20.0
     return total
 

@@ -347,6 +347,16 @@ def test_announced_paths_that_cannot_run_here_are_left_out_saying_why(monkeypatc
         assert len(why) == 1 and "docker" in why[0] and "fails" in why[0], results
 
 
+def test_the_runs_estimate_leaves_out_the_announced_paths_that_cannot_run_here(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first log line's estimate plans the run too: a default path that cannot run here (no Docker engine) is
+    left out of it, not a KeyError before anything ran."""
+    monkeypatch.setenv("VGPU_STATE", "/nonexistent")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    args = cli.parse_args(["--scenarios", "announced", "--announced-jobs", "1"])
+    assert cli.estimate_s(args) > 0
+
+
 def test_cpu_percent_and_proc_stat() -> None:
     assert runner.cpu_percent([(0.0, 0), (5.0, 5 * runner.CLK_TCK // 100)], 0.0, 10.0) == pytest.approx(1.0, abs=0.2)
     assert runner.cpu_percent([(0.0, 0)], 0.0, 10.0) is None
