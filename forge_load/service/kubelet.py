@@ -58,19 +58,26 @@ def assignments(response: Any) -> list[Assignment]:
     """Every (container, device) of a ListPodResourcesResponse: the device plugins' ids, then the claims' devices."""
     found: list[Assignment] = []
     for pod in response.pod_resources:
+        namespace, name = pod.namespace, pod.name
         for container in pod.containers:
-            found.extend(Assignment(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
-                         for devices in container.devices for device_id in devices.device_ids)
+            found.extend([Assignment(namespace, name, container.name, devices.resource_name, device_id)
+                          for devices in container.devices for device_id in devices.device_ids])
             for claim in container.dynamic_resources:
-                name = f"{claim.claim_namespace}/{claim.claim_name}"
-                if not claim.claim_resources:  # listed before its driver prepared it: which driver is unknown
-                    found.append(Assignment(pod.namespace, pod.name, container.name, "", "", name))
-                for device in claim.claim_resources:
-                    driver = device.driver_name
-                    if not driver and any(c.name.startswith(DRA_CDI_VENDOR) for c in device.cdi_devices):
-                        driver = DRA_DRIVER  # Kubernetes 1.27 to 1.30 list the CDI devices alone
-                    found.append(Assignment(pod.namespace, pod.name, container.name, driver, device.device_name,
-                                            name))
+                found.extend(_claim_assignments(namespace, name, container.name, claim))
+    return found
+
+
+def _claim_assignments(namespace: str, pod: str, container: str, claim: Any) -> list[Assignment]:
+    """A claim's devices; one with no driver and device while it is being prepared (which driver is unknown)."""
+    name = f"{claim.claim_namespace}/{claim.claim_name}"
+    if not claim.claim_resources:
+        return [Assignment(namespace, pod, container, "", "", name)]
+    found = []
+    for device in claim.claim_resources:
+        driver = device.driver_name
+        if not driver and any(c.name.startswith(DRA_CDI_VENDOR) for c in device.cdi_devices):
+            driver = DRA_DRIVER  # Kubernetes 1.27 to 1.30 list the CDI devices alone
+        found.append(Assignment(namespace, pod, container, driver, device.device_name, name))
     return found
 
 
