@@ -177,7 +177,7 @@ def docker_job(bench: RealBench, watcher: Child, i: int) -> tuple[float, dict[st
 def dra_device_name(uuid: str) -> str:
     """The name NVIDIA's DRA driver gives the GPU (or MIG device) of this UUID (docs/design.md §13): `gpu-<minor>`,
     or `gpu-<parent minor>-mig-<profile ID>-<start>-<size>`, from NVML."""
-    from forge_load.gpu.nvml import gpus_by_minor
+    from forge_load.gpu.nvml_mig import gpus_by_minor
 
     for gpu in gpus_by_minor():
         if gpu.uuid == uuid:

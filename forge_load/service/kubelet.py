@@ -184,10 +184,11 @@ ResolveDra = Callable[[str], DraHold]  # a DRA device name of NVIDIA's driver ("
 
 
 def nvml_dra_resolver(nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> ResolveDra:
-    """DRA device names of NVIDIA's driver through NVML (forge_load/gpu/nvml.py: the GPUs by minor number, their MIG
-    devices by GPU instance), read again at most once a second, and only for a name not known a moment ago: what a
-    name holds is kept DRA_KEEP_S (MIG devices are remade), a fail safe DRA_RETRY_S (a MIG device made late)."""
+    """DRA device names of NVIDIA's driver through NVML (forge_load/gpu/nvml_mig.py: the GPUs by minor number, their
+    MIG devices by GPU instance), read again at most once a second, and only for a name not known a moment ago: what
+    a name holds is kept DRA_KEEP_S (MIG devices are remade), a fail safe DRA_RETRY_S (a MIG device made late)."""
     from forge_load.gpu import nvml as nvml_module
+    from forge_load.gpu import nvml_mig
 
     gpus: list[MinorGpu] = []
     read_s = -math.inf
@@ -200,7 +201,7 @@ def nvml_dra_resolver(nvml: Any = None, clock: Callable[[], float] = time.monoto
         if kept is not None and now_s < kept[0]:
             return kept[1]
         if now_s - read_s >= 1.0:
-            gpus, read_s = nvml_module.gpus_by_minor(nvml), now_s
+            gpus, read_s = nvml_mig.gpus_by_minor(nvml), now_s
         held = dra_hold(device_name, gpus)
         if not held.uuids and held.how != NONE:  # NVML names no GPU by minor: every GPU it shows at all
             held = DraHold(tuple(nvml_module.device_uuids(nvml)), EVERY_GPU)
