@@ -1,7 +1,7 @@
 """The announced scenario: foreign jobs announced before they start (a hold by the Slurm prolog's command, the
-kubelet's assignment, the Docker watch's hold from a container's create event) or not at all (nvml, for
-comparison); how long before its context each announcement came, and whether a kernel of ours ran beside the job.
-Real mode only: holds are files, and the announcements come in real time."""
+kubelet's assignment, a DRA claim the kubelet lists, the Docker watch's hold from a container's create event) or
+not at all (nvml, for comparison); how long before its context each announcement came, and whether a kernel of ours
+ran beside the job. Real mode only: holds are files, and the announcements come in real time."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from bench.kubelet import TestKubelet
 
 BENCH_NAMESPACE = "bench"  # the test kubelet's namespace of the foreign jobs' pods
+DRA_DRIVER, DRA_POOL = "gpu.nvidia.com", "bench-node"  # NVIDIA's DRA driver; its pool is the node's name
 DRIVER_DIR = "/usr/lib/x86_64-linux-gnu"  # where the NVIDIA toolkit mounts the driver's libraries
 DOCKER_CONTEXT_AFTER_S = 0.5  # the issue's harsh case: the container's job opens its context 0.5 s in
 
@@ -36,9 +37,11 @@ def real_announced(bench: RealBench, path: str, controller: str) -> Scenario:
 
     hold: `forge-load hold --wait 2` (the Slurm prolog), then the waiting job's "go", then `forge-load
     release` (the epilog). kubelet: the test kubelet assigns the GPU's UUID to a pod, then the job's process
-    starts; freed once it exits. docker: `docker run --gpus device=N` of a driver-API job that opens its
-    context 0.5 s after the container's first instruction, `forge-load fleet watch` placing the hold from the
-    create event and releasing it when the container dies. nvml: the waiting job's "go", nothing else."""
+    starts; freed once it exits. dra: the same with a claim of NVIDIA's DRA driver naming the GPU as that driver
+    does (`gpu-<minor>`, or its MIG name), which the filler resolves through NVML. docker: `docker run --gpus
+    device=N` of a driver-API job that opens its context 0.5 s after the container's first instruction,
+    `forge-load fleet watch` placing the hold from the create event and releasing it when the container dies.
+    nvml: the waiting job's "go", nothing else."""
     args = bench.args
     bench.wait_idle()
     hold_dir = bench.tmp / f"holds_{path}"
@@ -50,7 +53,7 @@ def real_announced(bench: RealBench, path: str, controller: str) -> Scenario:
     filler: Child | None = None
     jobs: list[tuple[float, float | None, int | None, float, float, float, int | None, int | None]] = []
     try:
-        if path == "kubelet":
+        if path in ("kubelet", "dra"):
             from bench.kubelet import TestKubelet
 
             kubelet = TestKubelet(bench.tmp / "kubelet.sock").start()
@@ -60,6 +63,7 @@ def real_announced(bench: RealBench, path: str, controller: str) -> Scenario:
             watcher = Child("docker watcher", [sys.executable, "-m", "forge_load", "fleet", "watch",
                                                "--hold-dir", str(hold_dir)], bench.env())
             watch_line(watcher, lambda line: "event=engine state=connected" in line, 60.0, "its connected line")
+        dra_name = dra_device_name(bench.probe.info.uuid) if path == "dra" else ""
         filler = bench.start_filler(YIELD_TARGET, controller, args.warmup_s + args.announced_jobs * per_job,
                                    env_extra)
         start_wall = float((first(filler.events, "start") or {})["wall_time"])
@@ -72,14 +76,20 @@ def real_announced(bench: RealBench, path: str, controller: str) -> Scenario:
                 assert watcher is not None
                 began, context, end_wall, release_wall = docker_job(bench, watcher, i)
             else:
+                listed = path in ("kubelet", "dra")  # the kubelet lists the job's GPU, then its process starts
                 if path == "kubelet":
                     assert kubelet is not None
                     kubelet.assign(BENCH_NAMESPACE, f"job-{i + 1}", "main", "nvidia.com/gpu",
                                    [bench.probe.info.uuid])
                     began = time.time()
-                job = bench.foreign(name, wait=path != "kubelet")  # kubelet: its process starts just after
+                elif path == "dra":
+                    assert kubelet is not None
+                    kubelet.claim(BENCH_NAMESPACE, f"job-{i + 1}", "main", f"job-{i + 1}-gpu",
+                                  [(DRA_DRIVER, DRA_POOL, dra_name)])
+                    began = time.time()
+                job = bench.foreign(name, wait=not listed)
                 try:
-                    if path != "kubelet":
+                    if not listed:
                         job.wait_for(lambda e: e.get("event") == "ready", args.start_timeout, "its ready line")
                         began = time.time()
                         if path == "hold":
@@ -97,7 +107,7 @@ def real_announced(bench: RealBench, path: str, controller: str) -> Scenario:
                     job.stop(grace_s=5.0)
                 if path == "hold":
                     _, release_wall, _ = hold_command(bench, "release", hold_dir, "--gpu", bench.gpu)
-                elif path == "kubelet":
+                elif path in ("kubelet", "dra"):
                     assert kubelet is not None
                     release_wall = time.time()
                     kubelet.free(BENCH_NAMESPACE, f"job-{i + 1}")
@@ -164,6 +174,20 @@ def docker_job(bench: RealBench, watcher: Child, i: int) -> tuple[float, dict[st
     return began, context, end_wall, float(release.split()[0].removeprefix("t="))
 
 
+def dra_device_name(uuid: str) -> str:
+    """The name NVIDIA's DRA driver gives the GPU (or MIG device) of this UUID (docs/design.md §13): `gpu-<minor>`,
+    or `gpu-<parent minor>-mig-<profile ID>-<start>-<size>`, from NVML."""
+    from forge_load.gpu.nvml_mig import gpus_by_minor
+
+    for gpu in gpus_by_minor():
+        if gpu.uuid == uuid:
+            return f"gpu-{gpu.minor}"
+        for mig in gpu.migs:
+            if mig.uuid == uuid:
+                return f"gpu-{gpu.minor}-mig-{mig.profile_id}-{mig.start}-{mig.size}"
+    raise BenchError(f"NVML gives no minor number for {uuid}: the dra path cannot name it")
+
+
 def hold_command(bench: RealBench, action: str, hold_dir: Path, *extra: str) -> tuple[int, float, float]:
     """`forge-load hold|release` as a Slurm prolog or epilog runs it: (exit code, began, answered) in wall time."""
     argv = [sys.executable, "-m", "forge_load", action, "--holder", "bench", "--hold-dir", str(hold_dir), *extra]
@@ -221,7 +245,7 @@ def docker_unavailable() -> str | None:
 
 
 def kubelet_unavailable() -> str | None:
-    """Why the kubelet path cannot run here (None: it can): grpcio, which the test kubelet is served by."""
+    """Why the kubelet and dra paths cannot run here (None: they can): grpcio, which the test kubelet is served by."""
     try:
         import grpc  # noqa: F401
     except ImportError:

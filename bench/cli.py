@@ -101,7 +101,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--announced-by", default=None, metavar="PATHS",
                         help="announced scenario: how each job is announced, comma separated, of "
                              f"{','.join(ANNOUNCED_PATHS)}: hold (`forge-load hold --wait 2`, as the Slurm prolog), "
-                             "kubelet (a test kubelet's pod-resources assignment), docker (`forge-load fleet watch` "
+                             "kubelet (a test kubelet's pod-resources assignment), dra (a DRA claim of NVIDIA's "
+                             "driver on the test kubelet), docker (`forge-load fleet watch` "
                              "on a container's create event; needs a Docker engine with the nvidia driver, "
                              "scripts/docker_engine.sh), nvml (nobody announces it: the reactive baseline); "
                              "default: those that can run here")
@@ -193,7 +194,7 @@ def estimate_s(args: argparse.Namespace) -> float:
     """A rough length of a real run, for the first log line."""
     total = cpu.estimate_s(args) if "cpu" in args.scenarios else 0.0
     if args.scenarios - {"cpu"}:
-        steps = real_plan(args, None, {})  # type: ignore[arg-type]  # only the estimates are read
+        steps = real_plan(args, None, {"notes": [], "skipped": []})  # type: ignore[arg-type]  # estimates only
         total += sum(estimate for _, estimate, _ in steps) + 20.0
     return total
 

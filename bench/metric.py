@@ -52,7 +52,7 @@ def held(readings: Sequence[tuple[float, float]], target: float, start_s: float,
 
 def no_gpm_reason(info: Any, simulated: bool) -> str | None:
     """Why the metric scenario cannot run on this device (None: it can). `info` is forge_load's DeviceInfo, whose
-    `gpm` is nvmlGpmQueryDeviceSupport's answer (forge_load/gpu/nvml.py)."""
+    `gpm` is nvmlGpmQueryDeviceSupport's answer (forge_load/gpu/nvml_mig.py)."""
     if simulated:
         return "metric: the simulated GPU models no GPM (SM activity and graphics activity need a GPU " \
                "with NVML GPM: Hopper, cc 9.0, or newer)"

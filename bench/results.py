@@ -174,11 +174,14 @@ class MetricRun:
 
 # The announced scenario's paths: how a job's GPU is announced to the filler before the job runs, and `nvml`,
 # the baseline nobody announces (the filler finds the job by its NVML signals).
-ANNOUNCED_PATHS = ("hold", "kubelet", "docker", "nvml")
+ANNOUNCED_PATHS = ("hold", "kubelet", "dra", "docker", "nvml")
 ANNOUNCED_LABELS = {
     "hold": "`forge-load hold --wait 2` (the Slurm prolog's call)",
     "kubelet": "the kubelet's pod-resources List (a test kubelet assigns the GPU just before the job's process "
                "starts; the filler polls it)",
+    "dra": "a DRA claim in the kubelet's pod-resources List (a test kubelet lists a claim of NVIDIA's driver naming "
+           "the GPU by its minor number just before the job's process starts; the filler polls it and finds the GPU "
+           "through NVML)",
     "docker": "`forge-load fleet watch`, from the container's create event (the job opens its context 0.5 s after "
               "the container's first instruction)",
     "nvml": "not announced: found by the filler's NVML signals",

@@ -114,7 +114,8 @@ def real_plan(args: argparse.Namespace, bench: RealBench, results: dict[str, Any
         announced_s = args.warmup_s + args.announced_jobs * (args.foreign_s + args.resume_after + overhead + 5.0)
         controller = args.controllers[0]
         for path in args.announced_by:
-            why = {"docker": docker_unavailable, "kubelet": kubelet_unavailable}.get(path, lambda: None)()
+            why = {"docker": docker_unavailable, "kubelet": kubelet_unavailable,
+                   "dra": kubelet_unavailable}.get(path, lambda: None)()
             if why is None:
                 plan.append((f"announced by {path}, {controller} ({args.announced_jobs} jobs)", announced_s,
                              announced_run(path, controller)))

@@ -52,6 +52,9 @@ class FakeDevice:
     mig_mode: int | None = None  # None: GetMigMode raises NotSupported (a GPU without MIG)
     migs: list[FakeDevice] = field(default_factory=list)  # its MIG devices (found by UUID, not by GPU index)
     compute_mode: int = 0  # nvmlComputeMode_t: 0 default, 1 exclusive thread, 2 prohibited, 3 exclusive process
+    minor: int | None = None  # the N of /dev/nvidiaN; None: GetMinorNumber raises NotSupported (as for a MIG device)
+    # A MIG device's GPU instance: (its ID, its profile ID, placement start, placement size); None: not one
+    gpu_instance: tuple[int, int, int, int] | None = None
     errors: dict[str, ErrorSpec] = field(default_factory=dict)
 
 
@@ -87,6 +90,10 @@ class FakeNvml:
         "nvmlDeviceGetTotalEnergyConsumption",
         "nvmlDeviceGetEnforcedPowerLimit",
         "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetGpuInstanceById",
+        "nvmlGpuInstanceGetInfo",
     )
     CONSTANTS: tuple[str, ...] = (
         "nvmlMemory_v2",
@@ -289,6 +296,33 @@ class FakeNvml:
     def _nvmlDeviceGetTemperature(self, handle: FakeDevice, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU, sensor
         return handle.temperature_c
+
+
+    def _nvmlDeviceGetMinorNumber(self, handle: FakeDevice) -> int:
+        if handle.minor is None:
+            raise pynvml.NVMLError_NotSupported()
+        return handle.minor
+
+    def _nvmlDeviceGetGpuInstanceId(self, handle: FakeDevice) -> int:
+        if handle.gpu_instance is None:
+            raise pynvml.NVMLError_NotSupported()
+        return handle.gpu_instance[0]
+
+    def _nvmlDeviceGetGpuInstanceById(self, handle: FakeDevice, gi_id: int) -> FakeDevice:
+        if not handle.mig_mode:
+            raise pynvml.NVMLError_NotSupported()
+        for mig in handle.migs:
+            if mig.gpu_instance is not None and mig.gpu_instance[0] == gi_id:
+                return mig  # the GPU instance's handle: here its MIG device (one compute instance each)
+        raise pynvml.NVMLError_NotFound()
+
+    def _nvmlGpuInstanceGetInfo(self, instance: FakeDevice) -> Any:
+        assert instance.gpu_instance is not None
+        gi_id, profile_id, start, size = instance.gpu_instance
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id, info.profileId = gi_id, profile_id
+        info.placement.start, info.placement.size = start, size
+        return info
 
 
 def _raise(spec: ErrorSpec) -> None:

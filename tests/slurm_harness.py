@@ -10,7 +10,10 @@ No systemd or cgroups are needed (ProctrackType=proctrack/linuxproc, TaskPlugin=
 `Gres=gpu:2`: gres.conf names two character devices made with mknod (major 195, minors 0 and 1, as the NVIDIA
 driver's /dev/nvidia0 and /dev/nvidia1) in the cluster's directory. munged listens on a socket of its own there
 (AuthInfo=socket=...), and the daemons on free ports, so nothing of the host's Slurm or munge is touched.
-`settings` are written as forge-load.conf beside slurm.conf, which the project's prolog reads.
+`settings` are written as forge-load.conf beside slurm.conf, which the project's prolog reads. `gres` replaces
+gres.conf's records (each what follows `NodeName=localhost Name=gpu `, `{dev}` standing for the cluster's device
+directory, whose files named there are made as character devices): one GRES per record, as a MIG device's record
+with `MultipleFiles=` (its GPU's device and its two capability devices) is.
 
 `configless=True` makes a configless node: slurm.conf has `SlurmctldParameters=enable_configless` and slurmd
 starts with `--conf-server localhost:PORT` and no slurm.conf, in a mount namespace of its own (`unshare -m`)
@@ -50,6 +53,7 @@ CLIENTS = ("srun", "sinfo", "squeue", "scontrol")
 SBIN = ("/usr/sbin", "/sbin")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 NVIDIA_MAJOR = 195
+NVIDIA_CAPS_MAJOR = 508  # /dev/nvidia-caps' is dynamic; Slurm reads it from the file
 
 
 def _which(name: str) -> str | None:
@@ -96,7 +100,7 @@ class SlurmCluster:
 
     def __init__(self, *, prolog: Path | None = None, epilog: Path | None = None,
                  settings: Mapping[str, str] | None = None, configless: bool = False,
-                 start_timeout_s: float = 60.0) -> None:
+                 gres: Sequence[str] | None = None, start_timeout_s: float = 60.0) -> None:
         self.prolog = prolog
         self.epilog = epilog
         self.settings = dict(settings or {})
@@ -108,6 +112,7 @@ class SlurmCluster:
         self.conf = self.root / "etc" / "slurm.conf"
         self.conf_cache = self.root / "spool" / "conf-cache"  # a configless slurmd's copy of the configuration
         self.ctld_port = _free_port()
+        self.gres = list(gres) if gres is not None else ["File={dev}/nvidia[0-1]"]
         self.devices = [self.root / "dev" / f"nvidia{i}" for i in range(2)]
         self.logs = self.root / "log"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -199,6 +204,18 @@ class SlurmCluster:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    @property
+    def gpu_count(self) -> int:
+        """The node's GRES of gpu: one per record, a record's File= range one per device in it."""
+        count = 0
+        for record in self.gres:
+            if record.startswith("File=") and "[" in record:
+                low, high = record.split("[", 1)[1].split("]", 1)[0].split("-")
+                count += int(high) - int(low) + 1
+            else:
+                count += 1
+        return count
+
     # -- internals ---------------------------------------------------------------------------------------------
 
     def _write_config(self) -> None:
@@ -210,6 +227,14 @@ class SlurmCluster:
         (key_dir / "key").chmod(0o600)
         for minor, device in enumerate(self.devices):
             os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+        dev = str(self.root / "dev")
+        for record in self.gres:
+            for word in record.replace("=", ",").replace(" ", ",").split(","):
+                path = Path(word.format(dev=dev))
+                if word.startswith("{dev}/") and "[" not in word and not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    digits = "".join(c for c in path.name if c.isdigit()) or "0"
+                    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_CAPS_MAJOR, int(digits)))
         run = self.root / "run"
         lines = [
             "ClusterName=forgetest",
@@ -243,12 +268,12 @@ class SlurmCluster:
         if self.epilog is not None:
             lines.append(f"Epilog={self.epilog}")
         lines += [
-            "NodeName=localhost CPUs=2 Gres=gpu:2 State=UNKNOWN",
+            f"NodeName=localhost CPUs=2 Gres=gpu:{self.gpu_count} State=UNKNOWN",
             "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
         (self.root / "etc" / "gres.conf").write_text(
-            f"NodeName=localhost Name=gpu File={self.root / 'dev'}/nvidia[0-1]\n")
+            "".join(f"NodeName=localhost Name=gpu {record.format(dev=dev)}\n" for record in self.gres))
         if self.settings:
             (self.root / "etc" / "forge-load.conf").write_text(
                 "".join(f"{key}={value}\n" for key, value in self.settings.items()))

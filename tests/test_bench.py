@@ -277,18 +277,19 @@ def test_announced_job_from_a_real_log() -> None:
 def test_announced_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Path,
                                                capfd: pytest.CaptureFixture[str]) -> None:
     """Two jobs announced by `forge-load hold --wait 2`, two assigned their GPU on the test kubelet just before
-    their process starts, and one nobody announces (nvml): for the announced ones the virtual GPU's record has
-    none of our kernels on their GPU while they ran, and each lead time is > 0; nvml is the baseline, not judged."""
+    their process starts, two given it by a DRA claim there, and one nobody announces (nvml): for the announced
+    ones the virtual GPU's record has none of our kernels on their GPU while they ran, and each lead time is > 0;
+    nvml is the baseline, not judged."""
     out = tmp_path / "announced"
-    code = cli.main(["--vgpu", "--scenarios", "announced", "--announced-by", "hold,kubelet,nvml",
+    code = cli.main(["--vgpu", "--scenarios", "announced", "--announced-by", "hold,kubelet,dra,nvml",
                      "--announced-jobs", "2", "--foreign-s", "2", "--warmup-s", "2", "--resume-after", "1",
                      "--out", str(out), "--foreign-args", "--backend numba --size 256"])
     printed = capfd.readouterr().out  # --vgpu runs the benchmark again in a child, on a fresh virtual GPU
     r = json.loads((out / "results.json").read_text())
     assert r["failures"] == [] and r["virtual_gpu"] is True, r["failures"]
-    assert list(r["announced"]) == ["hold", "kubelet", "nvml"] and r["settings"]["announced_by"] == list(
+    assert list(r["announced"]) == ["hold", "kubelet", "dra", "nvml"] and r["settings"]["announced_by"] == list(
         r["announced"])
-    for path in ("hold", "kubelet"):
+    for path in ("hold", "kubelet", "dra"):
         m = r["announced"][path]
         assert m["announced"] is True and len(m["jobs"]) == 2 and m["every_lead_positive"] is True, m
         assert 0 < m["min_lead_s"]["value"] <= m["median_lead_s"]["value"] <= m["max_lead_s"]["value"]
@@ -298,13 +299,13 @@ def test_announced_scenario_on_the_virtual_gpu(tmp_path: Path, vgpu_lib_dir: Pat
             assert 0 < job["held_after_s"]["value"] < 2.0, job
     for job in r["announced"]["hold"]["jobs"]:
         assert job["acknowledged"] is True and job["own_kernels_while_held"]["value"] == 0, job
-    for job in r["announced"]["kubelet"]["jobs"]:
+    for job in r["announced"]["kubelet"]["jobs"] + r["announced"]["dra"]["jobs"]:
         assert job["acknowledged"] is None and job["hold_s"]["value"] is None, job  # no command answers
     nvml = r["announced"]["nvml"]
     assert nvml["announced"] is False and len(nvml["jobs"]) == 2 and nvml["min_lead_s"]["value"] is not None
     rows = {line.split("|")[1].strip(): line for line in printed.splitlines()
             if line.startswith("| ") and line.count("|") == 7}
-    assert rows["hold"].endswith("| 0 | yes |") and rows["kubelet"].endswith("| 0 | yes |"), rows
+    assert all(rows[path].endswith("| 0 | yes |") for path in ("hold", "kubelet", "dra")), rows
     assert rows["nvml"].endswith("| n/a (not announced) |"), rows
     for path, leaf in leaves(r):
         if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
@@ -337,7 +338,7 @@ def test_announced_paths_that_cannot_run_here_are_left_out_saying_why(monkeypatc
 
     monkeypatch.setenv("VGPU_STATE", "/nonexistent")  # as on the virtual GPU, past the first check
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    for argv, planned in ((["--scenarios", "announced"], ["hold", "kubelet", "nvml"]),
+    for argv, planned in ((["--scenarios", "announced"], ["hold", "kubelet", "dra", "nvml"]),
                           (["--scenarios", "announced", "--announced-by", "docker,nvml"], ["nvml"])):
         args = cli.parse_args(argv)
         results: dict[str, Any] = {"notes": [], "skipped": []}
@@ -345,6 +346,16 @@ def test_announced_paths_that_cannot_run_here_are_left_out_saying_why(monkeypatc
         assert [what.split()[2].rstrip(",") for what, _, _ in plan] == planned
         why = results["notes"] if "--announced-by" not in argv else results["skipped"]
         assert len(why) == 1 and "docker" in why[0] and "fails" in why[0], results
+
+
+def test_the_runs_estimate_leaves_out_the_announced_paths_that_cannot_run_here(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first log line's estimate plans the run too: a default path that cannot run here (no Docker engine) is
+    left out of it, not a KeyError before anything ran."""
+    monkeypatch.setenv("VGPU_STATE", "/nonexistent")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    args = cli.parse_args(["--scenarios", "announced", "--announced-jobs", "1"])
+    assert cli.estimate_s(args) > 0
 
 
 def test_cpu_percent_and_proc_stat() -> None:

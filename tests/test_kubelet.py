@@ -20,7 +20,19 @@ from bench.kubelet import TestKubelet
 from forge_load.config.load import load_config
 from forge_load.control.filler import Controls
 from forge_load.service import kubelet
-from forge_load.service.kubelet import Assignment, KubeletHolds, holder_name, nvml_resolver
+from forge_load.service.kubelet import (
+    EVERY_GPU,
+    EXACT,
+    ITS_GPU,
+    NONE,
+    Assignment,
+    DraName,
+    KubeletHolds,
+    dra_name,
+    holder_name,
+    nvml_dra_resolver,
+    nvml_resolver,
+)
 from forge_load.service.loop import run_simulated
 from forge_load.steering.hold_watch import HoldBoard, HoldWatch
 from forge_load.steering.holds import HOLDER_RE, Hold
@@ -127,6 +139,143 @@ def test_a_hold_keeps_its_since_while_assigned_and_is_new_when_it_comes_back() -
     assert [h.since_unix_s for h in board.holds_for(GPU_A)] == [4.0]
 
 
+# --- DRA claims ------------------------------------------------------------------------------------------------
+
+MIG_B1 = "MIG-bbbbbbbb-0001-4000-8000-000000000000"
+
+
+def dra_gpus() -> FakeNvml:
+    """GPU A (index 0) is minor 5; GPU B (index 1) minor 2, in MIG mode with two 3g.40gb GPU instances (IDs 1 and
+    2, profile 9) at memory slices 0 and 4."""
+    return FakeNvml([FakeDevice(uuid=GPU_A, minor=5),
+                     FakeDevice(uuid=GPU_B, minor=2, mig_mode=1,
+                                migs=[FakeDevice(uuid=MIG_B0, gpu_instance=(1, 9, 0, 4)),
+                                      FakeDevice(uuid=MIG_B1, gpu_instance=(2, 9, 4, 4))])])
+
+
+def test_dra_device_names_of_nvidias_driver_in_both_forms() -> None:
+    assert dra_name("gpu-5") == DraName(5)
+    assert dra_name("gpu-2-mig-9-4-4") == DraName(2, 9, 4, 4)  # v25.3 to v25.8: profile ID, start, size
+    assert dra_name("gpu-2-mig-3g40gb-9-4") == DraName(2, 9, 4)  # v25.12 on: profile name, ID, start
+    assert dra_name("gpu-0-mig-1g10gb-me-20-6") == DraName(0, 20, 6)  # "1g.10gb+me", made a DNS label
+    for other in ("gpu-vfio-0", "gpu-", "gpu-2-mig-9-4", "GPU-5", "imex-channel-0", "gpu-2-mig--9-4", ""):
+        assert dra_name(other) is None, other
+
+
+def test_dra_names_are_resolved_by_minor_number_and_gpu_instance_through_nvml() -> None:
+    fake = dra_gpus()
+    now = [0.0]
+    resolve = nvml_dra_resolver(fake.module, clock=lambda: now[0])
+    every = (GPU_A, GPU_B)
+    assert [(n, (h := resolve(n)).uuids, h.how) for n in (
+        "gpu-5", "gpu-2", "gpu-2-mig-9-4-4", "gpu-2-mig-3g40gb-9-0", "gpu-2-mig-9-4-2", "gpu-2-mig-1g10gb-19-6",
+        "gpu-0", "", "gpu-vfio-0", "nonsense")] == [
+        ("gpu-5", (GPU_A,), EXACT),  # minor 5 is index 0: the name's number is never the index
+        ("gpu-2", (GPU_B,), EXACT),
+        ("gpu-2-mig-9-4-4", (MIG_B1,), EXACT),
+        ("gpu-2-mig-3g40gb-9-0", (MIG_B0,), EXACT),
+        ("gpu-2-mig-9-4-2", (GPU_B,), ITS_GPU),  # no such placement on GPU minor 2: that GPU, every MIG device of it
+        ("gpu-2-mig-1g10gb-19-6", (GPU_B,), ITS_GPU),
+        ("gpu-0", every, EVERY_GPU),  # no GPU of that minor: fail safe
+        ("", every, EVERY_GPU),  # a claim being prepared
+        ("gpu-vfio-0", (), NONE),  # passed to a VM: NVML, and so no filler, sees it
+        ("nonsense", every, EVERY_GPU)]
+    assert fake.init_count == fake.shutdown_count
+    reads = len(fake.called("nvmlDeviceGetCount"))
+    assert reads == 1  # NVML read once for all those names: within a second of each other
+    now[0] = 6.0  # past the fail safe's 5 s, within the found name's 30 s
+    resolve("gpu-5")
+    resolve("gpu-2-mig-9-4-2")
+    assert len(fake.called("nvmlDeviceGetCount")) == reads + 1  # a name found is kept; a fail safe asked again
+
+
+def test_a_mig_name_whose_gpu_instance_nvml_keeps_to_itself_holds_its_whole_gpu() -> None:
+    import pynvml
+
+    fake = dra_gpus()
+    fake.devices[1].errors["nvmlDeviceGetGpuInstanceById"] = pynvml.NVMLError_NoPermission  # "privileged user"
+    held_by = nvml_dra_resolver(fake.module)("gpu-2-mig-9-4-4")
+    assert (held_by.uuids, held_by.how) == ((GPU_B,), ITS_GPU)
+
+
+def claim(pod: str, device: str, driver: str = "gpu.nvidia.com", container: str = "main") -> Assignment:
+    return Assignment("ml", pod, container, driver if device else "", device, f"ml/{pod}-gpu")
+
+
+def test_a_claims_gpu_is_held_by_its_container_other_drivers_are_not_read_and_each_is_said_once() -> None:
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, own_pod=("forge-load", "forge-load-x"),
+                   resolve_dra=nvml_dra_resolver(dra_gpus().module))
+    found = [claim("a", "gpu-5"),
+             claim("m", "gpu-2-mig-3g40gb-9-4"),
+             claim("n", "eth-0", driver="dra.net"),  # another driver's device
+             Assignment("forge-load", "forge-load-x", "forge-load", "gpu.nvidia.com", "gpu-2", "forge-load/own")]
+    for _ in range(3):
+        board.replace(watch.holds_of(found, 7.0))
+    assert held(board, GPU_A, GPU_B, MIG_B0, MIG_B1) == {GPU_A: ["k8s-ml_a_main"], GPU_B: [], MIG_B0: [],
+                                                         MIG_B1: ["k8s-ml_m_main"]}
+    (hold,) = board.holds_for(GPU_A)
+    assert hold == Hold(GPU_A, "k8s-ml_a_main", "Kubernetes ml/a container main (claim ml/a-gpu, gpu-5)", 7.0, None)
+    assert lines == [f"claim ml/a-gpu device gpu-5 (gpu.nvidia.com) is {GPU_A}",
+                     f"claim ml/m-gpu device gpu-2-mig-3g40gb-9-4 (gpu.nvidia.com) is {MIG_B1}"]
+    # The claim's MIG device only: the filler of its sibling goes on
+    sibling = HoldWatch("/nonexistent", MIG_B0, board=board, whole_gpu_uuid=GPU_B)
+    sibling.check(0.0, 7.0)
+    assert sibling.holders == ()
+
+
+def test_a_claim_being_prepared_or_naming_no_gpu_holds_every_gpu_said_once_then_what_it_names() -> None:
+    board, lines = HoldBoard(), []
+    watch = client(board, lines, resolve_dra=nvml_dra_resolver(dra_gpus().module))
+    for _ in range(2):
+        board.replace(watch.holds_of([claim("p", ""), claim("u", "gpu-9")], 1.0))
+    assert held(board, GPU_A, GPU_B) == {GPU_A: ["k8s-ml_p_main", "k8s-ml_u_main"],
+                                         GPU_B: ["k8s-ml_p_main", "k8s-ml_u_main"]}
+    assert lines == [
+        f"claim ml/p-gpu is being prepared (its driver and devices not listed yet): every GPU held (fail safe): "
+        f"{GPU_A}, {GPU_B}",
+        f"claim ml/u-gpu device gpu-9 (gpu.nvidia.com) names no GPU NVML shows: every GPU held (fail safe): "
+        f"{GPU_A}, {GPU_B}"]
+    board.replace(watch.holds_of([claim("p", "gpu-5")], 2.0))  # prepared: its GPU alone
+    assert held(board, GPU_A, GPU_B) == {GPU_A: ["k8s-ml_p_main"], GPU_B: []}
+    assert [h.since_unix_s for h in board.holds_for(GPU_A)] == [1.0]  # the same hold, kept since it began
+
+
+def wire(number: int, *parts: bytes | str) -> bytes:
+    """A length-delimited protobuf field (string or message) by its number, as the kubelet's encoder writes it."""
+    payload = b"".join(p.encode() if isinstance(p, str) else p for p in parts)
+    assert len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+# The field numbers of the kubelet's pkg/apis/podresources/v1/api.proto (kubernetes/kubelet v0.35.0), and its
+# DynamicResource's class_name (1), which Kubernetes 1.27 to 1.30 still sent.
+KUBELET_CLAIM_WIRE = wire(1, wire(1, "p"), wire(2, "ml"), wire(3, wire(1, "c"), wire(5, (
+    wire(1, "x") + wire(2, "k") + wire(3, "ml") +
+    wire(4, wire(1, wire(1, "v/c=d")), wire(2, "gpu.nvidia.com"), wire(3, "n1"), wire(4, "gpu-5"), wire(5, "s"))))))
+
+
+def test_the_claims_fields_are_the_kubelets_own_numbers() -> None:
+    from forge_load.podresources import api_pb2
+
+    response = api_pb2.ListPodResourcesResponse.FromString(KUBELET_CLAIM_WIRE)
+    assert kubelet.assignments(response) == [Assignment("ml", "p", "c", "gpu.nvidia.com", "gpu-5", "ml/k")]
+    (resource,) = response.pod_resources[0].containers[0].dynamic_resources[0].claim_resources
+    assert (resource.pool_name, resource.share_id, resource.cdi_devices[0].name) == ("n1", "s", "v/c=d")
+
+
+def test_before_kubernetes_1_31_a_claim_of_nvidias_driver_is_known_by_its_cdi_device() -> None:
+    from forge_load.podresources import api_pb2
+
+    claim_resource = api_pb2.ClaimResource(cdi_devices=[api_pb2.CDIDevice(name="k8s.gpu.nvidia.com/claim=u-gpu-0")])
+    other = api_pb2.ClaimResource(cdi_devices=[api_pb2.CDIDevice(name="vendor.example/nic=x")])
+    response = api_pb2.ListPodResourcesResponse(pod_resources=[api_pb2.PodResources(
+        name="p", namespace="ml", containers=[api_pb2.ContainerResources(name="c", dynamic_resources=[
+            api_pb2.DynamicResource(claim_name="k", claim_namespace="ml", claim_resources=[claim_resource, other])])])])
+    assert kubelet.assignments(response) == [Assignment("ml", "p", "c", "gpu.nvidia.com", "", "ml/k"),
+                                             Assignment("ml", "p", "c", "", "", "ml/k")]
+
+
 # --- the protocol, against a test kubelet ----------------------------------------------------------------------
 
 def test_the_test_kubelet_assigns_and_frees_over_the_real_protocol(tmp_path: Path) -> None:
@@ -143,6 +292,24 @@ def test_the_test_kubelet_assigns_and_frees_over_the_real_protocol(tmp_path: Pat
         assert watch.poll() and held(board, GPU_A, GPU_B) == {GPU_A: [], GPU_B: []}
         assert server.calls == 3
     assert lines == []
+
+
+def test_the_test_kubelet_lists_a_claim_being_prepared_then_its_device_over_the_real_protocol(tmp_path: Path) -> None:
+    socket_path = tmp_path / "kubelet.sock"
+    board, lines = HoldBoard(), []
+    with TestKubelet(socket_path) as server:
+        watch = client(board, lines, socket_path=str(socket_path), resolve_dra=nvml_dra_resolver(dra_gpus().module))
+        server.claim("ml", "train", "main", "train-gpu", None)  # NodePrepareResources not done yet
+        assert watch.poll() and held(board, GPU_A, GPU_B) == {GPU_A: ["k8s-ml_train_main"],
+                                                              GPU_B: ["k8s-ml_train_main"]}
+        server.claim("ml", "train", "main", "train-gpu", [("gpu.nvidia.com", "node-1", "gpu-2-mig-9-0-4")])
+        server.claim("ml", "train", "side", "nic", [("dra.net", "node-1", "eth-0")])
+        assert watch.poll() and held(board, GPU_A, GPU_B, MIG_B0) == {GPU_A: [], GPU_B: [],
+                                                                      MIG_B0: ["k8s-ml_train_main"]}
+        server.free("ml", "train")
+        assert watch.poll() and held(board, MIG_B0) == {MIG_B0: []}
+    assert [line.split(" (")[0] for line in lines] == ["claim ml/train-gpu is being prepared",
+                                                       "claim ml/train-gpu device gpu-2-mig-9-0-4"]
 
 
 def test_an_unreachable_kubelet_is_said_once_its_holds_stay_and_it_is_found_again(tmp_path: Path) -> None:
@@ -304,3 +471,76 @@ def test_the_filler_holds_within_half_a_second_what_the_test_kubelet_assigns(vgp
     held_after_s = float(start0["wall_time"]) + float(hold["t"]) - assigned_s
     assert held_after_s < 0.5
     print(f"held {held_after_s:.3f} s after the test kubelet assigned the GPU (virtual GPU, this machine)")
+
+
+DRA_ON_VGPU = r'''
+import json, sys
+from forge_load.service.kubelet import nvml_dra_resolver
+resolve = nvml_dra_resolver()
+print(json.dumps({name: [list((held := resolve(name)).uuids), held.how] for name in json.loads(sys.argv[1])}))
+'''
+
+
+def test_dra_names_resolve_through_the_real_pynvml_on_the_virtual_gpu(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(gpus=2, mig=3, minors=[4, 1])  # index 0 is minor 4, index 1 minor 1
+    migs = gpu.mig_devices()
+    by_name = {"gpu-4": gpu.uuids()[0], "gpu-1": gpu.uuids()[1]}
+    for m in migs:
+        minor = gpu.minors()[m.gpu]
+        by_name[f"gpu-{minor}-mig-{m.profile_id}-{m.placement[0]}-{m.placement[1]}"] = m.uuid
+        by_name[f"gpu-{minor}-mig-{m.profile.replace('.', '')}-{m.profile_id}-{m.placement[0]}"] = m.uuid
+    proc = gpu.run([sys.executable, "-c", DRA_ON_VGPU, json.dumps([*by_name, "gpu-0"])], cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout)
+    assert found.pop("gpu-0") == [gpu.uuids(), "every GPU"]  # index 0 is not minor 0: no GPU of that minor
+    assert found == {name: [[uuid], "exact"] for name, uuid in by_name.items()}
+    assert len(found) == 2 + 2 * 6
+
+
+@pytest.mark.parametrize("prepared_first", [False, True])
+def test_the_filler_holds_the_gpu_of_the_minor_a_claim_names(vgpu: VgpuFactory, tmp_path: Path,
+                                                             prepared_first: bool) -> None:
+    """Minor numbers unlike the indices: the claim's gpu-0 is the GPU NVML calls 1. Listed prepared, it is held within
+    half a second, and GPU 0 fills throughout; listed first while being prepared, every GPU is held until it names
+    its device, and from then on only that GPU."""
+    gpu = vgpu(gpus=2, minors=[1, 0])
+    uuids = gpu.uuids()
+    socket_path = tmp_path / "kubelet.sock"
+    with TestKubelet(socket_path) as server:
+        run = forge(gpu, "--gpus", "all", "--duration", "8", "--log-interval", "0.5", "--hold-dir", str(tmp_path),
+                    env={"FORGE_TARGET": "0.5", "FORGE_KUBELET_SOCKET": str(socket_path)})
+        try:
+            for _ in range(4):
+                wait_for(run, "status")  # both GPUs filling
+            if prepared_first:
+                server.claim("ml", "train", "main", "train-gpu", None)  # NodePrepareResources under way
+                time.sleep(0.6)
+            claimed_s = time.time()
+            server.claim("ml", "train", "main", "train-gpu", [("gpu.nvidia.com", "node-1", "gpu-0")])
+            time.sleep(2.5)
+            freed_s = time.time()
+            server.free("ml", "train")
+            assert finish(run) == 0, run.stderr[-3000:]
+        finally:
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.communicate(timeout=30)
+    gpu1 = run.kernels(device=1)
+    # GPU 1 (minor 0): nothing of ours from half a second after the claim was listed until it was freed ...
+    assert [k for k in gpu1 if claimed_s + (0.0 if prepared_first else 0.5) < k.submit < freed_s] == []
+    assert any(k.start > freed_s for k in gpu1)  # ... and it filled again
+    # GPU 0 (minor 1) filled while GPU 1 was held
+    assert len([k for k in run.kernels(device=0) if claimed_s + 0.5 < k.start < freed_s]) > 10
+    said = [e["reason"] for e in run.of("kubelet") if "reason" in e]
+    assert said[-1] == f"claim ml/train-gpu device gpu-0 (gpu.nvidia.com) is {uuids[1]}"
+    assert said[:-1] == ([f"claim ml/train-gpu is being prepared (its driver and devices not listed yet): every GPU "
+                          f"held (fail safe): {uuids[0]}, {uuids[1]}"] if prepared_first else [])
+    holds = {(e["gpu"], e["holder"]) for e in run.of("hold")}
+    assert holds == ({(0, "k8s-ml_train_main"), (1, "k8s-ml_train_main")} if prepared_first
+                     else {(1, "k8s-ml_train_main")})
+    if not prepared_first:
+        (hold,) = run.of("hold")
+        start1 = next(e for e in run.of("start") if e["gpu"] == 1)
+        held_after_s = float(start1["wall_time"]) + float(hold["t"]) - claimed_s
+        assert held_after_s < 0.5
+        print(f"held {held_after_s:.3f} s after the test kubelet listed the claim (virtual GPU, this machine)")

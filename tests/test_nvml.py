@@ -189,7 +189,7 @@ def test_importing_forge_load_nvml_does_not_need_pynvml() -> None:
     assert done.stdout.strip() == "ok"
 
 
-def test_nvml_py_is_the_only_module_that_imports_pynvml() -> None:
+def test_nvml_calls_py_is_the_only_module_that_imports_pynvml() -> None:
     package = pathlib.Path(__file__).resolve().parents[1] / "forge_load"
     importers = sorted(
         path.name
@@ -199,7 +199,7 @@ def test_nvml_py_is_the_only_module_that_imports_pynvml() -> None:
             for line in path.read_text(encoding="utf-8").splitlines()
         )
     )
-    assert importers == ["nvml.py"]
+    assert importers == ["nvml_calls.py"]
 
 
 # --- utilization samples ---

@@ -107,11 +107,14 @@ def write_settings(directory: Path, **settings: str) -> Path:
 
 def run_script(script: Path, slurm_conf: Path, job_id: str, gpus: str | None, context: str,
                timeout_s: float = 30.0, cwd: Path | None = None) -> tuple[int, float]:
-    """Run a script as slurmd does (a bare environment, no arguments); its exit code and wall time."""
+    """Run a script as slurmd does (a bare environment, no arguments); its exit code and wall time. Indices as
+    Slurm writes them for File= devices go in CUDA_VISIBLE_DEVICES too (tests/test_slurm_gpus.py pairs others)."""
     env = {"SLURM_CONF": str(slurm_conf), "SLURM_JOB_ID": job_id, "SLURM_JOB_USER": "root",
            "SLURM_SCRIPT_CONTEXT": context}
     if gpus is not None:
         env["SLURM_JOB_GPUS"] = gpus
+        if gpus and all(part.isdigit() for part in gpus.split(",")):
+            env["CUDA_VISIBLE_DEVICES"] = gpus
     start = time.monotonic()
     proc = subprocess.run([str(script)], env=env, capture_output=True, timeout=timeout_s, check=False, cwd=cwd)
     return proc.returncode, time.monotonic() - start
@@ -480,7 +483,7 @@ def test_the_prolog_exits_0_within_its_bound_with_no_filler_a_healthy_one_or_a_s
     # No filler at all: no acknowledgement to wait for.
     rc, no_filler_s = run_script(PROLOG, conf, "21", "1", "prolog_slurmd")
     assert rc == 0 and no_filler_s < BOUND_S
-    assert "held GPU 1 as slurm-21" in syslog.wait_for("job 21:")
+    assert f"held GPU {gpu.uuids()[1]} as slurm-21" in syslog.wait_for("job 21:")  # what forge-load held
     assert run_script(EPILOG, conf, "21", "1", "epilog_slurmd")[0] == 0
     filler = start_filler(gpu, hold_dir, tmp_path / "filler.log")
     try:
@@ -492,7 +495,7 @@ def test_the_prolog_exits_0_within_its_bound_with_no_filler_a_healthy_one_or_a_s
             returned_s = time.time()
             assert rc == 0 and took_s < BOUND_S
             healthy_s.append(took_s)
-            assert "its filler drained" in syslog.wait_for(f"job {job}: held GPU 1")
+            assert "its filler drained" in syslog.wait_for(f"job {job}: held GPU {gpu.uuids()[1]}")
             time.sleep(0.5)
             released_s = time.time()
             assert run_script(EPILOG, conf, job, "1", "epilog_slurmd")[0] == 0
@@ -508,7 +511,7 @@ def test_the_prolog_exits_0_within_its_bound_with_no_filler_a_healthy_one_or_a_s
         # acknowledgement has aged past 3 s by then.
         assert WAIT_S - 0.3 <= hung_s < BOUND_S + SLACK_S
         line = syslog.wait_for("job 22:")
-        assert "no drain acknowledged within 2 s" in line or "held GPU 1" in line, line
+        assert "no drain acknowledged within 2 s" in line or f"held GPU {gpu.uuids()[1]}" in line, line
         assert run_script(EPILOG, conf, "22", "1", "epilog_slurmd")[0] == 0
     finally:
         filler.stop()
@@ -613,7 +616,7 @@ def test_real_slurm_jobs_start_on_drained_gpus_and_the_gpus_fill_again(
             f"job {job.job_id}: the other GPU did not keep filling"
         assert any(k.start > call_time(calls, "end", "release", holder) for k in ours), \
             f"job {job.job_id}: GPU {device} did not fill again after the epilog"
-        took = syslog.wait_for(f"job {job.job_id}: held GPU {device} as {holder} in ")
+        took = syslog.wait_for(f"job {job.job_id}: held GPU {gpu.uuids()[device]} as {holder} in ")
         prolog_s.append(float(took.split(" in ")[1].split(" s")[0]))
         start_after_s.append(job.context_begin_s - held_s)
     print(f"\nSlurm jobs on the virtual GPU, {len(jobs)} jobs:"

@@ -340,3 +340,130 @@ def test_old_driver_falls_back_to_v2_processes_and_v1_memory(vgpu: VgpuFactory) 
     assert r["v3"] == "missing" and r["driver"].startswith("515.")
     assert r["procs"] == [[r["pid"], 512.0]]  # through nvmlDeviceGetComputeRunningProcesses_v2
     assert r["used_mib"] == 541 + 512  # v1: the reserved memory counts as used
+
+
+# --- the whole API, and what a DRA driver's device names need ---------------------------------------------------
+
+def api() -> tuple[dict[str, str], set[str]]:
+    """Every function nvml.h declares (name: parameters), and those vgpu/src/nvml.c models."""
+    from vgpu.build import SRC, headers
+    from vgpu.gen_nvml_stubs import declarations, defined
+
+    return declarations(headers()["nvml.h"].read_text()), defined((SRC / "nvml.c").read_text())
+
+
+EVERY_FUNCTION = r'''
+import ctypes, json, os, sys
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+names = json.loads(sys.argv[1])
+missing = [name for name in names if not hasattr(lib, name)]
+stubs = json.loads(sys.argv[2])
+before = getattr(lib, stubs[0])()  # a stub, before nvmlInit: as NVIDIA's library, UNINITIALIZED
+assert lib.nvmlInit_v2() == 0
+answers = {name: getattr(lib, name)() for name in stubs}  # a stub reads none of its arguments
+print(json.dumps({"missing": missing, "before": before, "answers": sorted(set(answers.values()))}))
+'''
+
+
+def test_every_function_nvml_h_declares_is_exported_and_the_unmodelled_answer_not_supported(
+        vgpu: VgpuFactory) -> None:
+    import pynvml
+
+    declared, modelled = api()
+    assert len(declared) > 400 and modelled <= set(declared)
+    stubs = sorted(set(declared) - modelled)
+    gpu = vgpu()
+    proc = gpu.run([sys.executable, "-c", EVERY_FUNCTION, json.dumps(sorted(declared)), json.dumps(stubs)],
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["missing"] == []
+    assert r["before"] == pynvml.NVML_ERROR_UNINITIALIZED
+    assert r["answers"] == [pynvml.NVML_ERROR_NOT_SUPPORTED]
+    assert gpu.nvml_unmodelled() == stubs  # each named, once
+    assert proc.stderr == ""  # NOT_SUPPORTED is an answer, not a fault: nothing said
+
+
+CLIENT_CALLS = NVML + r'''
+import json
+out = {}
+for name in ("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetFanSpeed",
+             "nvmlDeviceGetPerformanceState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetDisplayActive"):
+    args = (h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC) if "Ecc" in name else (h,)
+    try:
+        getattr(n, name)(*args); out[name] = "answered"
+    except n.NVMLError as error:
+        out[name] = type(error).__name__
+t = n.nvmlDeviceGetTemperatureV(h, n.NVML_TEMPERATURE_GPU)
+out["temperature"] = [t, n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)]
+print(json.dumps(out))
+'''
+
+
+def test_the_queries_gpustat_and_nvitop_make_answer_as_a_driver_does(vgpu: VgpuFactory) -> None:
+    r = run_py(vgpu(), "import os\n" + CLIENT_CALLS)
+    temperature = r.pop("temperature")
+    assert r == dict.fromkeys(r, "NVMLError_NotSupported") and len(r) == 6  # not FunctionNotFound
+    assert temperature[0] == temperature[1] == 30  # idle
+
+
+GPU_INSTANCES = r'''
+import json
+import pynvml as n
+n.nvmlInit()
+out = []
+for i in range(n.nvmlDeviceGetCount()):
+    gpu = n.nvmlDeviceGetHandleByIndex(i)
+    migs = []
+    for slot in range(n.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+        try:
+            mig = n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+        except n.NVMLError_NotFound:
+            continue
+        try:
+            n.nvmlDeviceGetMinorNumber(mig); mig_minor = "answered"
+        except n.NVMLError_NotSupported:
+            mig_minor = "NotSupported"
+        gi = n.nvmlDeviceGetGpuInstanceId(mig)
+        info = n.nvmlGpuInstanceGetInfo(n.nvmlDeviceGetGpuInstanceById(gpu, gi))
+        migs.append({"uuid": n.nvmlDeviceGetUUID(mig), "gi": info.id, "profile_id": info.profileId,
+                     "placement": [info.placement.start, info.placement.size], "minor": mig_minor,
+                     "parent": n.nvmlDeviceGetUUID(info.device)})
+    try:
+        n.nvmlDeviceGetGpuInstanceById(gpu, 99); absent = "found"
+    except n.NVMLError as error:
+        absent = type(error).__name__
+    out.append({"uuid": n.nvmlDeviceGetUUID(gpu), "minor": n.nvmlDeviceGetMinorNumber(gpu), "migs": migs,
+                "absent": absent})
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("mig", [0, 3])
+def test_minor_numbers_and_gpu_instances_answer_as_configured(vgpu: VgpuFactory, mig: int) -> None:
+    gpu = vgpu(gpus=2, mig=mig, minors=[5, 2])
+    r = json.loads(gpu.run([sys.executable, "-c", GPU_INSTANCES], timeout=120).stdout)
+    assert [(g["uuid"], g["minor"]) for g in r] == list(zip(gpu.uuids(), [5, 2], strict=True)) == \
+        list(zip(gpu.uuids(), gpu.minors(), strict=True))
+    if not mig:
+        assert [g["migs"] for g in r] == [[], []] and {g["absent"] for g in r} == {"NVMLError_NotSupported"}
+        return
+    # three 2g.20gb GPU instances per GPU: H100 80GB's profile 14, placed at memory slices 0, 2 and 4
+    assert [[(m["gi"], m["profile_id"], m["placement"]) for m in g["migs"]] for g in r] == \
+        [[(3, 14, [0, 2]), (4, 14, [2, 2]), (5, 14, [4, 2])]] * 2
+    assert all(m["parent"] == g["uuid"] and m["minor"] == "NotSupported" for g in r for m in g["migs"])
+    assert [(m.uuid, m.profile_id, m.placement) for m in gpu.mig_devices()] == \
+        [(m["uuid"], m["profile_id"], tuple(m["placement"])) for g in r for m in g["migs"]]
+    assert {g["absent"] for g in r} == {"NVMLError_NotFound"}
+
+
+def test_minors_by_default_are_the_indices_and_bad_ones_are_refused(vgpu: VgpuFactory, tmp_path: Path) -> None:
+    from vgpu import VgpuError, VirtualGpu
+
+    assert vgpu(gpus=3).minors() == [0, 1, 2]
+    for minors in ([5], [5, 5], [1, 255], [-1, 0]):
+        with pytest.raises(VgpuError, match="minors="):
+            VirtualGpu(tmp_path / "bad", gpus=2, minors=minors, lib_dir=vgpu.lib_dir)
+    proc = subprocess.run([sys.executable, str(VGPU_CLI), "run", "--gpus", "2", "--minors", "5,x", "--", "true"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("vgpu: --minors '5,x': expected 2 minor numbers")

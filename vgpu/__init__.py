@@ -6,6 +6,7 @@ unmodified numba-cuda and pynvml load, sharing one modelled GPU across processes
     gpu.kernels()        # every kernel that ran: pid, device, start, end (Unix seconds)
     gpu.unimplemented()  # driver entry points called but not implemented (should stay empty)
     gpu.nvml_calls()     # every process's NVML calls so far, per function
+    gpu.nvml_unmodelled()  # NVML functions called that it does not model (they answered NOT_SUPPORTED)
 
 `nvml_cost={"nvmlDeviceGetComputeRunningProcesses_v3": 4.5}` makes each call of that function burn 4.5 ms of the
 caller's CPU, as a slow driver would.
@@ -38,6 +39,7 @@ NVML_COST_MAX_MS = 10000.0  # the most a call may cost (src/state.c, nvml_cost)
 # NVML's and CUDA's compute modes the virtual GPU models (EXCLUSIVE_THREAD is gone from both: "Support Removed")
 COMPUTE_MODES = ("default", "prohibited", "exclusive_process")
 MIG_MAX, MIG_TOTAL_MAX = 7, 16  # VGPU_MIG_SLOTS and VGPU_MAX_MIG in src/state.h
+MINOR_MAX = 254  # /dev/nvidia255 is nvidiactl's
 
 
 class VgpuError(Exception):
@@ -77,7 +79,8 @@ class Context:
 
 @dataclass(frozen=True)
 class MigDevice:
-    """A MIG device of the virtual GPU: its UUID (MIG-...), GPU and compute instance IDs, profile, SMs, memory."""
+    """A MIG device of the virtual GPU: its UUID (MIG-...), GPU and compute instance IDs, profile, SMs, memory; its
+    GPU instance's profile ID and placement (start and size in memory slices), as nvmlGpuInstanceGetInfo gives them."""
 
     gpu: int
     uuid: str
@@ -86,6 +89,8 @@ class MigDevice:
     profile: str
     sms: int
     total_mib: float
+    profile_id: int = 0
+    placement: tuple[int, int] = (0, 0)
 
 
 def parse_cc(cc: str) -> tuple[int, int]:
@@ -124,7 +129,7 @@ class VirtualGpu:
                  history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
                  nvml_cost: Mapping[str, float] | None = None,
                  compute_mode: str = "default", cc: str = "9.0", cuda_version: int = 12090, mig: int = 0,
-                 lib_dir: str | os.PathLike[str] | None = None) -> None:
+                 minors: Sequence[int] | None = None, lib_dir: str | os.PathLike[str] | None = None) -> None:
         if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
             raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
         if not (isinstance(window_s, (int, float)) and WINDOW_MIN_S - 1e-9 <= window_s <= WINDOW_MAX_S):
@@ -144,6 +149,10 @@ class VirtualGpu:
                             f"at most {MIG_TOTAL_MAX} in all ({gpus} GPUs)")
         if mig and (cc_major, cc_minor) < (8, 0):
             raise VgpuError(f"mig={mig}: MIG needs compute capability 8.0 or newer, not {cc}")
+        if minors is not None and not (len(minors) == gpus and len(set(minors)) == gpus
+                                       and all(isinstance(m, int) and 0 <= m <= MINOR_MAX for m in minors)):
+            raise VgpuError(f"minors={minors!r}: expected {gpus} distinct minor numbers from 0 to {MINOR_MAX}, "
+                            "one per GPU (the N of /dev/nvidiaN)")
         for name in not_supported:
             if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
                 raise VgpuError(f"not_supported: {name!r} is not an NVML function name (nvml...)")
@@ -175,6 +184,8 @@ class VirtualGpu:
                     raise VgpuError(f"nvml_cost: {name!r} is not an NVML function name (nvml...)")
                 items.append(f"{name}:{float(ms)!r}")
             config["nvml_cost"] = ",".join(items)
+        if minors is not None:
+            config["minors"] = ",".join(str(m) for m in minors)
         if fastest_first is not None:
             config["fastest_first"] = ",".join(str(int(i)) for i in fastest_first)
         if (self.state_dir / "state").exists():
@@ -269,5 +280,14 @@ class VirtualGpu:
     def mig_devices(self) -> list[MigDevice]:
         """Every MIG device, GPU by GPU, in the order nvmlDeviceGetMigDeviceHandleByIndex gives them."""
         return [MigDevice(gpu=d["index"], uuid=m["uuid"], gi=m["gi"], ci=m["ci"], profile=m["profile"], sms=m["sms"],
-                          total_mib=m["total_mib"])
+                          total_mib=m["total_mib"], profile_id=m["profile_id"], placement=tuple(m["placement"]))
                 for d in self.show()["devices"] for m in d["mig"]]
+
+    def minors(self) -> list[int]:
+        """Each GPU's minor number (nvmlDeviceGetMinorNumber, /dev/nvidia<minor>), in index order."""
+        return [int(d["minor"]) for d in self.show()["devices"]]
+
+    def nvml_unmodelled(self) -> list[str]:
+        """The NVML functions called that the virtual GPU does not model (each answered NOT_SUPPORTED), sorted."""
+        text = (self.state_dir / "nvml_unmodelled").read_text()
+        return sorted({line.strip() for line in text.splitlines() if line.strip()})

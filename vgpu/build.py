@@ -3,8 +3,10 @@
     scripts/vgpu build              # prints the directory with libcuda.so.1, libnvidia-ml.so.1 and vgpuctl
 
 Headers: cuda.h and cudaTypedefs.h from the nvidia-cuda-runtime-cu12 wheel (numba-cuda[cu12] installs it),
-nvml.h from the nvidia-nvml-dev wheel (requirements-dev.txt). Output: build/vgpu/<hash>/, where the hash
-covers the sources, the headers, the compiler and the flags, so a change rebuilds and nothing else does.
+nvml.h from the nvidia-nvml-dev wheel (requirements-dev.txt). Generated from them first: the driver's entry-point
+table (gen_cuda_procs.py) and a stub for every NVML function nvml.c does not model (gen_nvml_stubs.py). Output:
+build/vgpu/<hash>/, where the hash covers the sources, the headers, the compiler and the flags, so a change
+rebuilds and nothing else does.
 Two processes building at once take turns on a lock file; the loser finds the finished build.
 """
 
@@ -67,7 +69,8 @@ def _digest(cc: str, hdrs: dict[str, Path]) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(version.encode())
     h.update(" ".join(CFLAGS).encode())
-    for path in sorted(SRC.iterdir()) + [PACKAGE / "gen_cuda_procs.py", Path(__file__).resolve()]:
+    for path in sorted(SRC.iterdir()) + [PACKAGE / "gen_cuda_procs.py", PACKAGE / "gen_nvml_stubs.py",
+                                         Path(__file__).resolve()]:
         if path.is_file():
             h.update(path.name.encode())
             h.update(path.read_bytes())
@@ -88,6 +91,8 @@ def _compile(cc: str, hdrs: dict[str, Path], out: Path) -> None:
     gen.mkdir(parents=True)
     _run([sys.executable, str(PACKAGE / "gen_cuda_procs.py"), str(hdrs["cudaTypedefs.h"]), str(hdrs["cuda.h"]),
           str(SRC / "cuda.c"), str(gen / "cuda_procs.inc")])
+    _run([sys.executable, str(PACKAGE / "gen_nvml_stubs.py"), str(hdrs["nvml.h"]), str(SRC / "nvml.c"),
+          str(gen / "nvml_stubs.inc")])
     cuda_inc = str(hdrs["cuda.h"].parent)
     nvml_inc = str(hdrs["nvml.h"].parent)
     state = [str(SRC / name) for name in ("state.c", "mig.c", "gpm.c")]  # the shared state, MIG devices, GPM
@@ -97,7 +102,7 @@ def _compile(cc: str, hdrs: dict[str, Path], out: Path) -> None:
     for variant, extra in (("", []), (OLD_DRIVER_DIR, ["-DVGPU_OLD_DRIVER"])):
         target = out / variant
         target.mkdir(exist_ok=True)
-        _run([cc, *CFLAGS, *extra, f"-I{SRC}", f"-I{nvml_inc}", "-Wl,-soname,libnvidia-ml.so.1",
+        _run([cc, *CFLAGS, *extra, f"-I{SRC}", f"-I{gen}", f"-I{nvml_inc}", "-Wl,-soname,libnvidia-ml.so.1",
               str(SRC / "nvml.c"), *state, "-o", str(target / "libnvidia-ml.so.1"), *link])
     _run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{SRC}", str(SRC / "vgpuctl.c"), *state,
           "-o", str(out / "vgpuctl"), *link])

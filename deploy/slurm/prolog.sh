@@ -8,13 +8,18 @@
 #
 # For each GPU of the job (SLURM_JOB_GPUS: Slurm's indices of the node's GPUs) the prolog runs
 #   forge-load hold --gpu GPU,... --holder slurm-$SLURM_JOB_ID --reason "Slurm job N" --wait 2
-# and the epilog `forge-load release --holder slurm-$SLURM_JOB_ID`. Which of the two runs: SLURM_SCRIPT_CONTEXT
-# (prolog_slurmd or epilog_slurmd, set by slurmd), else the script's name (containing "epilog" or not).
+# and the epilog `forge-load release --holder slurm-$SLURM_JOB_ID`, which releases whatever the prolog held.
+# Which of the two runs: SLURM_SCRIPT_CONTEXT (prolog_slurmd or epilog_slurmd, set by slurmd), else the
+# script's name (containing "epilog" or not).
 #
-# Slurm's index i names the i-th `File=` device of gres.conf: the script holds the GPU whose device minor
-# number is i (/dev/nvidia<i>), by UUID, from the driver's /proc/driver/nvidia/gpus/*/information; where that
-# directory is absent it passes the index, which forge-load resolves through NVML. docs/slurm.md says when
-# these numberings agree and how to check.
+# Which GPU: Slurm writes SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES entry by entry for the same devices. Where
+# the i-th CUDA_VISIBLE_DEVICES entry is a UUID (MIG-... for a MIG device; GPU-... where Slurm knows a whole
+# GPU's), that device is held by it. Otherwise (an index there, or the variable missing or of another length,
+# said in one line) Slurm's index i names the i-th `File=` device of gres.conf: the script holds the GPU whose
+# device minor number is i (/dev/nvidia<i>), by UUID, from the driver's /proc/driver/nvidia/gpus/*/information;
+# where that directory is absent it passes the index, which forge-load resolves through NVML. docs/slurm.md
+# says when these numberings agree and how to check. The job's syslog line names what forge-load says it held,
+# and every GPU of the job it did not hold.
 #
 # It fails open, always: it exits 0 whatever happens (a prolog or epilog that fails drains the node), within
 # its bound, FORGE_SLURM_WAIT_S + 1 s from its start (3 s by default), whatever blocks. What can block runs in
@@ -137,24 +142,109 @@ gpu_of_index() {  # Slurm's index -> $gpu: the UUID of the GPU with that device 
     fi
 }
 
-job_gpus() {  # SLURM_JOB_GPUS ("0,2" or "0-3") -> $gpus, "GPU-...,GPU-..." (empty when the job has no GPU)
+uuid_entry() {  # is $1 a GPU's or a MIG device's UUID as NVML writes it (GPU-/MIG- and 8-4-4-4-12 hex digits)?
+    case $1 in GPU-* | MIG-*) ;; *) return 1 ;; esac
+    case ${1#????} in
+        *[!0-9a-fA-F-]*) return 1 ;;
+        ????????-????-????-????-????????????) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+add_gpu() {  # $1 onto $gpus, once
+    case ",$gpus," in *",$1,"*) ;; *) gpus=${gpus:+$gpus,}$1 ;; esac
+}
+
+job_gpus() {  # SLURM_JOB_GPUS, paired with CUDA_VISIBLE_DEVICES -> $gpus ("MIG-...,GPU-...,3"; empty: none)
     gpus=
     no_minor=
     skipped=
+    unheld=  # what cannot be held, for the job's line: "'*' (not an index)"
+    other=
+    whole=
+    # Slurm writes both variables in one loop over the job's GRES, one entry per device in the same order
+    # (docs/slurm.md): the i-th index of SLURM_JOB_GPUS is the device whose CUDA_VISIBLE_DEVICES entry is the i-th.
+    entries=
     for item in $(printf '%s' "${SLURM_JOB_GPUS:-}" | tr ',' ' '); do
         case $item in
-            *[!0-9-]* | -* | *-*-* | *-) skipped="$skipped '$item'"; continue ;;
-            *-*) indices=$(seq "${item%-*}" "${item#*-}") ;;
-            *) indices=$item ;;
+            *[!0-9-]* | -* | *-*-* | *-) entries="$entries $item" ;;  # not an index: kept, its place pairs
+            *-*) entries="$entries $(seq "${item%-*}" "${item#*-}" | tr '\n' ' ')" ;;
+            *) entries="$entries $item" ;;
         esac
-        for i in $indices; do
-            gpu_of_index "$i"
-            gpus=${gpus:+$gpus,}$gpu
-        done
+    done
+    pair=
+    if [ "${CUDA_VISIBLE_DEVICES+set}" = set ]; then
+        # shellcheck disable=SC2086 # split on purpose: one word per entry (set -f: never a file name pattern)
+        n_entries=$(set -- $entries; echo $#)
+        # shellcheck disable=SC2046
+        n_visible=$(set -- $(printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' ' '); echo $#)
+        if [ "$n_entries" -eq "$n_visible" ]; then
+            pair=1
+        else
+            say warning "job $SLURM_JOB_ID: SLURM_JOB_GPUS='$SLURM_JOB_GPUS' ($n_entries) and CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES' ($n_visible) do not pair entry by entry; Slurm's indices mapped by device minor, which name no MIG device"
+        fi
+    else
+        say info "job $SLURM_JOB_ID: CUDA_VISIBLE_DEVICES is not set (a gres.conf Flags= without nvidia_gpu_env?); Slurm's indices mapped by device minor, which name no MIG device"
+    fi
+    if [ -n "$pair" ]; then
+        # shellcheck disable=SC2046 # split on purpose, as above
+        set -- $(printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' ' ')
+    else
+        set --
+    fi
+    for entry in $entries; do
+        visible=
+        if [ -n "$pair" ]; then
+            visible=$1
+            shift
+        fi
+        if uuid_entry "$visible"; then  # a MIG device's UUID (or a whole GPU's, where Slurm knows it): held by it
+            add_gpu "$visible"
+            continue
+        fi
+        parent=${visible#MIG-}
+        parent=${parent%%/*}
+        case $visible in MIG-GPU-*/*/*) if uuid_entry "$parent"; then  # Slurm's name of a MIG device on a driver
+            add_gpu "$parent"                                           # before 470.42.01: held with its GPU
+            whole="$whole '$visible'"
+            continue
+        fi ;; esac
+        case $visible in '' | *[!0-9]*) [ -z "$visible" ] || other="$other '$visible'" ;; esac
+        case $entry in
+            *[!0-9]*) skipped="$skipped '$entry'"; unheld="${unheld:+$unheld, }'$entry' (not an index)"; continue ;;
+        esac
+        gpu_of_index "$entry"
+        add_gpu "$gpu"
     done
     # One line each, however many items: the lines are sent at the end and cost no time here.
     [ -z "$skipped" ] || say warning "job $SLURM_JOB_ID: SLURM_JOB_GPUS='$SLURM_JOB_GPUS': item(s)$skipped not an index (accepted: N or N-M, comma-separated); skipped"
+    [ -z "$whole" ] || say warning "job $SLURM_JOB_ID: CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES': MIG device(s)$whole named by GPU and instance (a driver before 470.42.01): held with every MIG device of their GPU"
+    [ -z "$other" ] || say warning "job $SLURM_JOB_ID: CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES': entr(ies)$other neither an index nor a GPU or MIG UUID; Slurm's index used instead"
     [ -z "$no_minor" ] || say warning "job $SLURM_JOB_ID: no GPU with device minor $no_minor in $FORGE_SLURM_NVIDIA_PROC; holding NVML index(es) $no_minor"
+}
+
+held_report() {  # $1 forge-load hold's exit code, $2 its output (both streams) -> $held (what it says it held), $unheld
+    report=$(printf '%s\n' "$2" | awk -v asked="$gpus" -v rc="$1" '
+        $2 == "held" && $3 == "by" && $1 ~ /^(GPU|MIG)-[0-9a-fA-F-]+:?$/ {
+            sub(/:$/, "", $1); held[tolower($1)] = 1; h = h (h == "" ? "" : ",") $1; next
+        }
+        match($0, /index [0-9][0-9, ]* is not a GPU/) {  # forge-load hold: "index 7, 9 is not a GPU of this host"
+            s = substr($0, RSTART + 6, RLENGTH - 19); gsub(/ /, "", s); bad = bad "," s
+        }
+        END {
+            n = split(asked, a, ","); k = split(substr(bad, 2), b, ","); for (i = 1; i <= k; i++) unknown[b[i]] = 1
+            for (i = 1; i <= n; i++) {
+                x = a[i]
+                if (x ~ /^[0-9]+$/ && (x in unknown)) why = "no GPU of this host has that index"
+                else if ((rc != 0 && rc != 1) || (x !~ /^[0-9]+$/ && !(tolower(x) in held))) why = "not held"
+                else continue
+                m = m (m == "" ? "" : ", ") x " (" why ")"
+            }
+            print h; print m
+        }')
+    held=${report%%"$NL"*}
+    case $report in *"$NL"*) missed=${report#*"$NL"} ;; *) missed= ;; esac  # $(...) ate a last empty line
+    [ -z "$missed" ] || unheld="${unheld:+$unheld, }$missed"
 }
 
 guarded() {  # `$0 --guarded START DEADLINE WAIT FORGE_LOAD HOLD_DIR NVIDIA_PROC SETTINGS`, run under timeout
@@ -182,14 +272,17 @@ guarded() {  # `$0 --guarded START DEADLINE WAIT FORGE_LOAD HOLD_DIR NVIDIA_PROC
     # took its share of the bound).
     wait_s=$(awk -v w="$FORGE_SLURM_WAIT_S" -v d="$deadline" -v r="$PYTHON_S" -v n="$(now_s)" \
         'BEGIN { s = d - r - n; if (s < 0) s = 0; if (w + 0 <= s) print w; else printf "%.3f", s }')
-    err=$("$FORGE_LOAD" hold --gpu "$gpus" --holder "$holder" --reason "Slurm job $SLURM_JOB_ID" \
-        --wait "$wait_s" --hold-dir "$FORGE_HOLD_DIR" 2>&1 >/dev/null)
+    # Both streams: stdout has a line "UUID held by HOLDER" per GPU held, stderr what was not and why.
+    out=$("$FORGE_LOAD" hold --gpu "$gpus" --holder "$holder" --reason "Slurm job $SLURM_JOB_ID" \
+        --wait "$wait_s" --hold-dir "$FORGE_HOLD_DIR" 2>&1)
     rc=$?
     took=$(since "$start")
+    held_report "$rc" "$out"
+    not_held=${unheld:+; not held: $unheld}
     case $rc in
-        0) say info "job $SLURM_JOB_ID: held GPU $gpus as $holder in ${took} s (its filler drained, or none runs there); $settings" ;;
-        1) say warning "job $SLURM_JOB_ID: held GPU $gpus as $holder, no drain acknowledged within ${wait_s} s; the job starts anyway; $settings" ;;
-        *) say err "job $SLURM_JOB_ID: forge-load hold exited $rc after ${took} s: $(printf '%s' "$err" | head -c 300); the job starts anyway; $settings" ;;
+        0) say info "job $SLURM_JOB_ID: held GPU ${held:-none} as $holder in ${took} s (its filler drained, or none runs there)$not_held; $settings" ;;
+        1) say warning "job $SLURM_JOB_ID: held GPU ${held:-none} as $holder, no drain acknowledged within ${wait_s} s$not_held; the job starts anyway; $settings" ;;
+        *) say err "job $SLURM_JOB_ID: forge-load hold exited $rc after ${took} s: $(printf '%s' "$out" | grep -v ' held by ' | head -c 300); nothing held$not_held; the job starts anyway; $settings" ;;
     esac
 }
 

@@ -63,7 +63,7 @@ class Backend(Protocol):
 
 
 class NvidiaBackend:
-    """The machine's GPUs: NVML (nvml.py) and numba-cuda (launcher.py), imported only when used."""
+    """The machine's GPUs: NVML (nvml.py, nvml_mig.py) and the CUDA driver (launcher.py), imported only when used."""
 
     claims_gpus = True
 
@@ -73,9 +73,9 @@ class NvidiaBackend:
         return nvml.list_devices()
 
     def mig_devices(self, gpu_uuid: str) -> list[str]:
-        from forge_load.gpu import nvml
+        from forge_load.gpu import nvml_mig
 
-        return nvml.mig_device_uuids(gpu_uuid)
+        return nvml_mig.mig_device_uuids(gpu_uuid)
 
     def open_probe(self, selector: str) -> Probe:
         from forge_load.gpu import nvml

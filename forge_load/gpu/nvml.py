@@ -1,13 +1,6 @@
-"""The Probe on a real GPU, through NVML. The only module in forge_load that imports pynvml.
-
-pynvml is NVIDIA's `nvidia-ml-py` package (not the deprecated `pynvml` package). It is imported lazily,
-and the module can be passed in, so forge_load imports (and its tests run) where it is missing.
-
-Errors: every query goes through `_call`, which maps NVML's errors in one place:
-  - not supported / no permission / function missing in this driver -> the query returns None;
-  - GPU lost, driver gone, unknown error -> GpuFailedError ("GPU 0 (GPU-...) was lost: ..."), exit 4;
-  - any other NVMLError during a query -> GpuFailedError with NVML's message (never swallowed);
-  - any NVML error while opening the GPU -> NoGpuError with a hint, exit 3.
+"""The Probe on a real GPU, through NVML, and the host's GPUs as NVML shows them. NVML is asked through its one call
+path, nvml_calls.py (the only module that imports pynvml, and where NVML's errors are mapped); MIG devices, GPU
+instances and GPM through nvml_mig.py.
 """
 
 from __future__ import annotations
@@ -26,152 +19,25 @@ from forge_load.control.probe import (
     DeviceInfo,
     GpuFailedError,
     GpuProcess,
-    MigModeError,
     NoGpuError,
     UtilSample,
 )
+from forge_load.gpu.nvml_calls import (
+    _NOT_GIVEN,
+    _call,
+    _device_count,
+    _device_uuid,
+    _load_nvml,
+    _nvml_init,
+    _nvml_shutdown,
+    _setup_fail,
+    _text,
+    _Unavailable,
+)
+from forge_load.gpu.nvml_mig import gpm_metrics, gpm_supported, mig_identity, mig_mode_refusal, mig_uuids
 from forge_load.gpu.nvml_values import MIB, StampClock, boot_clock, merge_processes, sample_value
 
-INIT_HINT: str = (
-    "is the NVIDIA driver installed and loaded (does `nvidia-smi` work)? "
-    "In Docker, start the container with `--gpus device=N` (or `--gpus all`) and the NVIDIA container "
-    "toolkit installed; or run with --simulate to try forge_load without a GPU"
-)
-INSTALL_HINT: str = (
-    "the NVML Python bindings are missing: `pip install nvidia-ml-py` (module pynvml), "
-    "or run with --simulate to try forge_load without a GPU"
-)
-
-
-class _Unavailable(Exception):
-    """Internal: this GPU/driver does not offer the query (NotSupported, NoPermission, missing function)."""
-
-
-class _NeverRaised(Exception):
-    """Stands in for an NVMLError subclass that an older pynvml does not define, so `except` never matches."""
-
-
-_NOT_GIVEN: Any = object()  # `_call` without a value for NOT_FOUND: NOT_FOUND is an error
 _NO_SAMPLES: Any = object()  # nvmlDeviceGetSamples answered NOT_FOUND: nothing new in the buffer
-
-
-def _load_nvml(nvml: ModuleType | None) -> ModuleType:
-    if nvml is not None:
-        return nvml
-    try:
-        import pynvml  # the only import of pynvml in the project
-    except ImportError as err:
-        raise NoGpuError(f"cannot import pynvml ({err}): {INSTALL_HINT}") from err
-    module: ModuleType = pynvml
-    return module
-
-
-def _err_class(nvml: ModuleType, name: str) -> type[BaseException]:
-    cls = getattr(nvml, name, None)
-    return cls if isinstance(cls, type) and issubclass(cls, BaseException) else _NeverRaised
-
-
-def _err_text(err: BaseException) -> str:
-    # NVMLError.__str__ may need the library for unknown codes; never let the message itself fail.
-    try:
-        text = str(err)
-    except Exception:  # noqa: BLE001 - a message is all we want here
-        text = ""
-    return text or type(err).__name__
-
-
-def _text(value: str | bytes) -> str:
-    """Older pynvml returns bytes for names, UUIDs and versions."""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _call(
-    nvml: ModuleType,
-    names: str | tuple[str, ...],
-    *args: Any,
-    fail: Callable[[str, bool], Exception],
-    optional: bool = True,
-    not_found: Any = _NOT_GIVEN,
-    **kwargs: Any,
-) -> Any:
-    """Run one NVML query and map its errors; the one place where NVMLErrors are interpreted.
-
-    `names` are tried in order: a name the pynvml module lacks (AttributeError) or whose C symbol the driver
-    lacks (NVMLError_FunctionNotFound) moves on to the next, for the _v3 -> _v2 -> plain fallbacks.
-    Returns the value, or `not_found` where NVML says NOT_FOUND and a value is given for it.
-    Raises _Unavailable where the query is not offered (only when `optional`), else `fail(message, lost)`.
-    """
-    error_base = _err_class(nvml, "NVMLError")
-    function_missing = (
-        _err_class(nvml, "NVMLError_FunctionNotFound"),
-        # pynvml's unversioned wrappers turn FunctionNotFound into this (not an NVMLError).
-        _err_class(nvml, "NVMLLibraryMismatchError"),
-    )
-    unsupported = (
-        _err_class(nvml, "NVMLError_NotSupported"),
-        _err_class(nvml, "NVMLError_NoPermission"),
-        # A struct version this driver does not know (e.g. nvmlMemory_v2 on an old driver).
-        _err_class(nvml, "NVMLError_ArgumentVersionMismatch"),
-    )
-    lost = (
-        _err_class(nvml, "NVMLError_GpuIsLost"),
-        _err_class(nvml, "NVMLError_Unknown"),
-        _err_class(nvml, "NVMLError_DriverNotLoaded"),
-        _err_class(nvml, "NVMLError_ResetRequired"),
-    )
-    not_found_cls = _err_class(nvml, "NVMLError_NotFound")
-
-    chain = (names,) if isinstance(names, str) else names
-    for name in chain:
-        fn = getattr(nvml, name, None)
-        if fn is None:
-            continue
-        try:
-            return fn(*args, **kwargs)
-        except function_missing:
-            continue
-        except unsupported as err:
-            if optional:
-                raise _Unavailable(name) from err
-            raise fail(f"{name} is not available: {_err_text(err)}", False) from err
-        except not_found_cls as err:
-            if not_found is not _NOT_GIVEN:
-                return not_found
-            raise fail(f"{name} failed: {_err_text(err)}", False) from err
-        except lost as err:
-            raise fail(f"{_err_text(err)} ({name})", True) from err
-        except error_base as err:
-            raise fail(f"{name} failed: {_err_text(err)}", False) from err
-    if optional:
-        raise _Unavailable(chain[-1])
-    raise fail(f"{' / '.join(chain)} is missing from this pynvml or NVIDIA driver", False)
-
-
-def _nvml_init(nvml: ModuleType) -> None:
-    try:
-        nvml.nvmlInit()
-    except _err_class(nvml, "NVMLError") as err:
-        raise NoGpuError(f"NVML could not start ({_err_text(err)}): {INIT_HINT}") from err
-
-
-def _nvml_shutdown(nvml: ModuleType) -> None:
-    try:
-        nvml.nvmlShutdown()
-    except _err_class(nvml, "NVMLError"):
-        pass  # nothing useful to do when the driver is already gone
-
-
-def _setup_fail(message: str, lost: bool) -> Exception:
-    # While opening the GPU, any failure means "no usable GPU" (exit 3), not "the GPU failed" (exit 4).
-    return NoGpuError(f"cannot use the GPU: {message}")
-
-
-def _device_count(nvml: ModuleType) -> int:
-    return int(_call(nvml, "nvmlDeviceGetCount", fail=_setup_fail, optional=False))
-
-
-def _device_uuid(nvml: ModuleType, handle: Any) -> str:
-    return _text(_call(nvml, "nvmlDeviceGetUUID", handle, fail=_setup_fail, optional=False))
 
 
 def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
@@ -198,30 +64,9 @@ def _describe(nvml: ModuleType, handle: Any, index: int) -> DeviceInfo:
         driver_version=driver,
         mig_enabled=mig_enabled,
         compute_mode=_compute_mode(nvml, handle),
-        gpm=_gpm_supported(nvml, handle),
-        **(_mig_identity(nvml, handle, name) if uuid.startswith("MIG-") else {}),
+        gpm=gpm_supported(nvml, handle),
+        **(mig_identity(nvml, handle, name) if uuid.startswith("MIG-") else {}),
     )
-
-
-def _mig_identity(nvml: ModuleType, handle: Any, name: str) -> dict[str, Any]:
-    """A MIG device's GPU instance ID, profile and GPU UUID, as far as NVML says (docs/design.md §12). The
-    profile is the end of its name ("NVIDIA H100 80GB HBM3 MIG 2g.20gb"), as nvidia-smi -L shows it."""
-    out: dict[str, Any] = {"mig_profile": name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""}
-    with contextlib.suppress(_Unavailable, NoGpuError):
-        out["gpu_instance"] = int(_call(nvml, "nvmlDeviceGetGpuInstanceId", handle, fail=_setup_fail))
-    with contextlib.suppress(_Unavailable, NoGpuError):
-        parent = _call(nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle, fail=_setup_fail)
-        out["gpu_uuid"] = _device_uuid(nvml, parent)
-    return out
-
-
-def _gpm_supported(nvml: ModuleType, handle: Any) -> bool:
-    """Whether NVML's GPM answers for this GPU or MIG device (Hopper and newer, docs/design.md §12)."""
-    try:
-        support = _call(nvml, "nvmlGpmQueryDeviceSupport", handle, fail=_setup_fail)
-    except (_Unavailable, NoGpuError):
-        return False  # an older driver or pynvml, or a GPU before Hopper
-    return bool(support.isSupportedDevice)
 
 
 # nvmlComputeMode_t (nvml.h): 0 default, 1 exclusive thread ("Support Removed"), 2 prohibited, 3 exclusive process
@@ -256,31 +101,6 @@ def _index_of(nvml: ModuleType, handle: Any, uuid: str, count: int) -> int:
     return -1
 
 
-def _mig_device_uuids(nvml: ModuleType, handle: Any) -> list[str]:
-    """The UUIDs of a GPU's MIG devices (none where MIG is off or NVML does not say)."""
-    try:
-        slots = int(_call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle, fail=_setup_fail))
-    except (_Unavailable, NoGpuError):
-        return []
-    uuids = []
-    for slot in range(slots):
-        try:
-            mig = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, slot, fail=_setup_fail, not_found=None)
-        except (_Unavailable, NoGpuError):
-            continue
-        if mig is not None:  # NOT_FOUND: no MIG device in that slot
-            uuids.append(_device_uuid(nvml, mig))
-    return uuids
-
-
-def _mig_mode_refusal(index: int, uuid: str, migs: list[str]) -> MigModeError:
-    """A GPU in MIG mode runs CUDA only on its MIG devices, and a process sees one of them (docs/design.md §12): the
-    filler fills each MIG device instead (gpu_threads); this message is for a GPU with none made yet."""
-    which = ", ".join(migs) if migs else "none is made yet (nvidia-smi mig -cgi ... -C)"
-    return MigModeError(f"GPU {index} ({uuid}) is in MIG mode: CUDA runs only on its MIG devices, one per process; "
-                        f"its MIG devices: {which}", index, uuid, migs)
-
-
 def _visible(nvml: ModuleType, count: int) -> str:
     """'2 GPUs are visible: 0 GPU-..., 1 GPU-...' for error messages."""
     if count == 0:
@@ -306,18 +126,6 @@ def list_devices(nvml: ModuleType | None = None) -> list[DeviceInfo]:
             handle = _call(lib, "nvmlDeviceGetHandleByIndex", index, fail=_setup_fail, optional=False)
             infos.append(_describe(lib, handle, index))
         return infos
-    finally:
-        _nvml_shutdown(lib)
-
-
-def mig_device_uuids(gpu_uuid: str, nvml: ModuleType | None = None) -> list[str]:
-    """The UUIDs of the MIG devices of the GPU in MIG mode `gpu_uuid` names (none made yet: empty), in NVML's order;
-    `--gpus all` fills each one (docs/operating.md, MIG)."""
-    lib = _load_nvml(nvml)
-    _nvml_init(lib)
-    try:
-        return _mig_device_uuids(lib, _call(lib, "nvmlDeviceGetHandleByUUID", gpu_uuid, fail=_setup_fail,
-                                            optional=False))
     finally:
         _nvml_shutdown(lib)
 
@@ -391,7 +199,7 @@ class NvmlProbe:
         try:
             self._handle, self.info = self._open(str(gpu).strip())
             if self.info.mig_enabled and not self.info.uuid.startswith("MIG-"):
-                raise _mig_mode_refusal(self.info.index, self.info.uuid, _mig_device_uuids(self._nvml, self._handle))
+                raise mig_mode_refusal(self.info.index, self.info.uuid, mig_uuids(self._nvml, self._handle))
             # Power, energy, the power limit and temperature are the board's, which a MIG device shares with its
             # GPU's other MIG devices (docs/design.md §12): they are read from the GPU's handle.
             self._board = self._handle
@@ -559,7 +367,6 @@ class NvmlProbe:
         metric did not answer."""
         if not self.info.gpm:
             return None
-        lib = self._nvml
         sample = self._query("nvmlGpmSampleAlloc")
         if sample is None:
             return None
@@ -575,21 +382,10 @@ class NvmlProbe:
             return None
         before, before_s = previous
         try:
-            get = lib.c_nvmlGpmMetricsGet_t()
-            get.version = lib.NVML_GPM_METRICS_GET_VERSION
-            get.numMetrics = 2
-            get.sample1, get.sample2 = before, sample
-            get.metrics[0].metricId = lib.NVML_GPM_METRIC_SM_UTIL
-            get.metrics[1].metricId = lib.NVML_GPM_METRIC_GRAPHICS_UTIL
-            if self._query("nvmlGpmMetricsGet", get) is None:
-                return None
-            # each metric answers for itself: the call can succeed while one of them did not
-            if get.metrics[0].nvmlReturn != 0 or get.metrics[1].nvmlReturn != 0:
-                return None
-            return Activity(taken_s, taken_s - before_s, min(max(get.metrics[0].value / 100.0, 0.0), 1.0),
-                            min(max(get.metrics[1].value / 100.0, 0.0), 1.0))
+            ratios = gpm_metrics(self._nvml, self._query, before, sample)
         finally:
             self._query("nvmlGpmSampleFree", before)
+        return None if ratios is None else Activity(taken_s, taken_s - before_s, *ratios)
 
     def close(self) -> None:
         with self._close_lock:

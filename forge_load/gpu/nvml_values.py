@@ -6,12 +6,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from forge_load.clock import boot_time_s, clock_minus_monotonic_s
 from forge_load.control.probe import GpuProcess
 
 MIB: int = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """A MIG device by where it sits (docs/design.md §13): its GPU instance's profile ID and placement (start and size,
+    in memory slices), and its UUID."""
+
+    profile_id: int
+    start: int
+    size: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class MinorGpu:
+    """A GPU by its minor number (the N of /dev/nvidiaN, not its NVML index), its UUID, and its MIG devices."""
+
+    minor: int
+    uuid: str
+    migs: tuple[GpuInstance, ...] = ()
 
 # NVML's "not available" value for 64-bit fields (e.g. usedGpuMemory under WDDM or without permission).
 # Current pynvml already turns it into None; older ones pass it through.

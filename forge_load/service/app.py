@@ -190,7 +190,9 @@ def start_kubelet(config: Config, log: EventLog, stop: threading.Event) -> HoldB
     board = HoldBoard()
     client = kubelet.KubeletHolds(config.kubelet_socket, board, lambda line: log.emit("kubelet", reason=line),
                                   kubelet.nvml_resolver() if not config.simulate else kubelet.simulated_resolver,
-                                  own_pod=own_pod)
+                                  own_pod=own_pod,
+                                  resolve_dra=kubelet.nvml_dra_resolver() if not config.simulate
+                                  else kubelet.simulated_dra_resolver)
     log.emit("kubelet", socket=config.kubelet_socket, own_pod="/".join(own_pod) if own_pod else None,
              poll_s=client.poll_s)
     client.start(stop)

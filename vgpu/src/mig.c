@@ -3,7 +3,10 @@
  * slot), so its kernels queue on its own timeline (instances run side by side), and its contexts, memory and
  * processes are its own. Profiles and GPU instance IDs follow an H100's placements (NVIDIA's MIG user guide,
  * "Supported MIG Profiles"): 7 compute slices and 8 memory slices; 1 instance is 7g (GI 0), 2 are 3g (GIs 1, 2),
- * 3 are 2g (GIs 3, 4, 5), 4 to 7 are 1g (GIs 7 to 13). SMs are the GPU's in proportion to compute slices. */
+ * 3 are 2g (GIs 3, 4, 5), 4 to 7 are 1g (GIs 7 to 13). SMs are the GPU's in proportion to compute slices. Each GPU
+ * instance has the H100 80GB's profile ID of its profile (`nvidia-smi mig -lgip`: 1g.10gb 19, 2g.20gb 14, 3g.40gb 9,
+ * 7g.80gb 0) and a placement among that profile's (memory slices {0..6}:1, {0,2,4}:2, {0,4}:4, {0}:8): the k-th
+ * instance starts at k x its size. */
 #define _GNU_SOURCE
 #include "state.h"
 
@@ -13,6 +16,7 @@
 
 static const int FIRST_GI[8] = {0, 7, 3, 1, 1, 1, 1, 0}; /* by compute slices: 1g 7.., 2g 3.., 3g 1.., 7g 0 */
 static const int MEM_SLICES[8] = {0, 1, 2, 4, 4, 4, 4, 8};
+static const int PROFILE_ID[8] = {0, 19, 14, 9, 5, 5, 5, 0}; /* by compute slices (4g.40gb is 5; never made here) */
 
 void vgpu_mig_create(vgpu_state *st) {
     for (int g = 0; g < st->gpus; g++) {
@@ -31,6 +35,9 @@ void vgpu_mig_create(vgpu_state *st) {
             d->slot = k;
             d->gi_id = FIRST_GI[slices] + k;
             d->ci_id = 0;
+            d->gi_profile_id = PROFILE_ID[slices];
+            d->placement_size = MEM_SLICES[slices];
+            d->placement_start = k * MEM_SLICES[slices];
             d->sms = st->sms * slices / 7;
             if (d->sms < 1) d->sms = 1;
             d->total_bytes = (st->total_bytes * (uint64_t)MEM_SLICES[slices] / 8) >> 20 << 20;

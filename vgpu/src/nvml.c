@@ -1,8 +1,11 @@
 /* libnvidia-ml.so.1 for the virtual GPU: what pynvml (nvidia-ml-py) calls, read from the shared state of
- * state.h. Compiled against NVIDIA's nvml.h with -Werror. Functions not here are absent from the library, so
- * pynvml raises NVMLError_FunctionNotFound for them as it does on a driver that lacks them.
+ * state.h. Compiled against NVIDIA's nvml.h with -Werror. Every other function nvml.h declares is exported too, as a
+ * stub generated from the header (vgpu/gen_nvml_stubs.py, included at the end) that answers NOT_SUPPORTED, as a
+ * driver does for what a GPU lacks, and notes its name in <state>/nvml_unmodelled: NVML clients written elsewhere
+ * (gpustat, nvitop) run on it.
  *
- * With -DVGPU_OLD_DRIVER: an older driver without the _v3 process queries and without nvmlMemory_v2.
+ * With -DVGPU_OLD_DRIVER: an older driver without the _v3 process queries and without nvmlMemory_v2 (absent from
+ * the library, no stub: pynvml raises NVMLError_FunctionNotFound for them as it does on such a driver).
  *
  * The model (the README's testing section says the same):
  * - utilization samples: a window ends every window_s (per-device phase); its value is the share of the
@@ -15,8 +18,10 @@
  * - power: idle + (max - idle) x the busy share of the last second; energy: the integral of the
  *   instantaneous power (idle, or max while a kernel runs) since the state was created;
  * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED;
- * - the compute mode is the configured one (cuda.c enforces it);
- * - MIG (mig.c): a GPU in MIG mode answers NOT_SUPPORTED for utilization, and so does each of its MIG devices,
+ * - the compute mode is the configured one (cuda.c enforces it); the minor number the configured one (by default
+ *   the index; a MIG device answers NOT_SUPPORTED: its device file is its GPU's);
+ * - MIG (mig.c): a GPU in MIG mode answers its GPU instances by ID (profile ID and placement, for the DRA driver's
+ *   device names) and NOT_SUPPORTED for utilization, and so does each of its MIG devices,
  *   which also answer NOT_SUPPORTED for power, energy and temperature (those are the GPU's); a MIG device's memory
  *   and processes are its own, the GPU's are the sum of its MIG devices' (as a privileged caller sees them);
  * - GPM (gpm.c) on compute capability 9.0 and newer: SM_UTIL, SM_OCCUPANCY and GRAPHICS_UTIL between two samples,
@@ -329,7 +334,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index
 nvmlReturn_t DECLDIR nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber) {
     ENTER(device);
     if (minorNumber == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *minorNumber = (unsigned int)dev_;
+    if (vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;  /* its device file is its GPU's */
+    *minorNumber = (unsigned int)g_view.st->dev[dev_].minor;
     return NVML_SUCCESS;
 }
 
@@ -430,6 +436,43 @@ nvmlReturn_t DECLDIR nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigne
     if (id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (!vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;
     *id = (unsigned int)g_view.st->dev[dev_].ci_id;
+    return NVML_SUCCESS;
+}
+
+/* A GPU instance handle: the MIG device whose GPU instance it is. */
+#define GI_MAGIC 0x49475056u
+struct nvmlGpuInstance_st {
+    uint32_t magic;
+    int dev;
+};
+static struct nvmlGpuInstance_st g_gis[VGPU_MAX_DEVS];
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                  nvmlGpuInstance_t *gpuInstance) {
+    ENTER(device);
+    if (gpuInstance == NULL || vgpu_is_mig(g_view.st, dev_)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!vgpu_mig_mode(g_view.st, dev_)) return NVML_ERROR_NOT_SUPPORTED;  /* "doesn't have MIG mode enabled" */
+    int mig = vgpu_mig_by_gi(g_view.st, dev_, (int)id);
+    if (mig < 0) return NVML_ERROR_NOT_FOUND;
+    g_gis[mig].magic = GI_MAGIC;
+    g_gis[mig].dev = mig;
+    *gpuInstance = &g_gis[mig];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
+    COUNTED();
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (gpuInstance == NULL || info == NULL || gpuInstance < g_gis || gpuInstance >= g_gis + VGPU_MAX_DEVS ||
+        gpuInstance->magic != GI_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const vgpu_device *d = &g_view.st->dev[gpuInstance->dev];
+    if (vgpu_lost(&g_view, gpuInstance->dev, vgpu_now_ns(), 1)) return NVML_ERROR_GPU_IS_LOST;
+    info->device = (nvmlDevice_t)&g_devs[d->parent];
+    info->id = (unsigned int)d->gi_id;
+    info->profileId = (unsigned int)d->gi_profile_id;
+    info->placement.start = (unsigned int)d->placement_start;
+    info->placement.size = (unsigned int)d->placement_size;
     return NVML_SUCCESS;
 }
 
@@ -779,15 +822,29 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t d
     return NVML_SUCCESS;
 }
 
+static unsigned int temperature_c(int dev) {
+    const vgpu_state *st = g_view.st;
+    double span = (double)(st->max_power_mw - st->idle_power_mw);
+    double share = span > 0 ? ((double)power_mw(dev) - st->idle_power_mw) / span : 0.0;
+    return (unsigned int)(30.0 + 40.0 * share + 0.5);
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
                                               unsigned int *temp) {
     ENTER(device);
     BOARD_ONLY();
     if (temp == NULL || sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
-    const vgpu_state *st = g_view.st;
-    double span = (double)(st->max_power_mw - st->idle_power_mw);
-    double share = span > 0 ? ((double)power_mw(dev_) - st->idle_power_mw) / span : 0.0;
-    *temp = (unsigned int)(30.0 + 40.0 * share + 0.5);
+    *temp = temperature_c(dev_);
+    return NVML_SUCCESS;
+}
+
+/* nvml.h 13's successor of nvmlDeviceGetTemperature (which it marks deprecated); nvitop asks it. */
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature) {
+    ENTER(device);
+    BOARD_ONLY();
+    if (temperature == NULL || temperature->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    temperature->temperature = (int)temperature_c(dev_);
     return NVML_SUCCESS;
 }
 
@@ -895,3 +952,14 @@ nvmlReturn_t DECLDIR nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
     }
     return NVML_SUCCESS;
 }
+
+/* --- every other function nvml.h declares ------------------------------------------------------------------ */
+
+/* What a function the virtual GPU does not model answers: NOT_SUPPORTED, once NVML is initialised. */
+static nvmlReturn_t unmodelled(const char *fn) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    vgpu_nvml_unmodelled(&g_view, fn);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+#include "nvml_stubs.inc"

@@ -60,7 +60,7 @@ static int open_in(const char *dir, const char *name, int flags) {
 
 int vgpu_attach(vgpu_view *v, char *why, size_t why_len) {
     memset(v, 0, sizeof *v);
-    v->fd = v->kernels_fd = v->unimpl_fd = v->modules_fd = v->slot_fd = -1;
+    v->fd = v->kernels_fd = v->unimpl_fd = v->modules_fd = v->unmodelled_fd = v->slot_fd = -1;
     v->slot = -1;
     const char *dir = getenv(VGPU_ENV);
     if (dir == NULL || dir[0] == '\0') {
@@ -100,6 +100,7 @@ int vgpu_attach(vgpu_view *v, char *why, size_t why_len) {
     v->kernels_fd = open_in(dir, "kernels.jsonl", O_WRONLY | O_APPEND);
     v->unimpl_fd = open_in(dir, "unimplemented", O_WRONLY | O_APPEND);
     v->modules_fd = open_in(dir, "modules.jsonl", O_WRONLY | O_APPEND);
+    v->unmodelled_fd = open_in(dir, "nvml_unmodelled", O_WRONLY | O_APPEND);
     v->pidns = own_pidns();
     return 0;
 }
@@ -110,9 +111,10 @@ void vgpu_detach(vgpu_view *v) {
     if (v->kernels_fd >= 0) close(v->kernels_fd);
     if (v->unimpl_fd >= 0) close(v->unimpl_fd);
     if (v->modules_fd >= 0) close(v->modules_fd);
+    if (v->unmodelled_fd >= 0) close(v->unmodelled_fd);
     if (v->slot_fd >= 0) close(v->slot_fd);  /* releases the slot: the next reap frees it */
     v->st = NULL;
-    v->fd = v->kernels_fd = v->unimpl_fd = v->modules_fd = v->slot_fd = -1;
+    v->fd = v->kernels_fd = v->unimpl_fd = v->modules_fd = v->unmodelled_fd = v->slot_fd = -1;
     v->slot = -1;
 }
 
@@ -276,27 +278,40 @@ uint64_t vgpu_used_bytes(const vgpu_state *st, int dev) {
     return used;
 }
 
-void vgpu_unimplemented(vgpu_view *v, const char *what) {
-    /* once per name per process: a hash set of the names already written */
-    static uint64_t seen[256];
+/* Once per name per process: a hash set of the names already said (entry points of both libraries). */
+static int first_time(const char *what) {
+    static uint64_t seen[1024];
     uint64_t h = 1469598103934665603ull;
     for (const char *c = what; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
     h |= 1;
-    for (unsigned i = 0; i < 256; i++) {
-        unsigned k = (unsigned)(h + i) % 256;
+    for (unsigned i = 0; i < 1024; i++) {
+        unsigned k = (unsigned)(h + i) % 1024;
         uint64_t cur = __atomic_load_n(&seen[k], __ATOMIC_RELAXED);
-        if (cur == h) return;
+        if (cur == h) return 0;
         if (cur == 0) {
-            if (__atomic_compare_exchange_n(&seen[k], &cur, h, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
-            if (cur == h) return;
+            if (__atomic_compare_exchange_n(&seen[k], &cur, h, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return 1;
+            if (cur == h) return 0;
         }
     }
+    return 1;
+}
+
+static void append_line(int fd, const char *what) {
     char line[512];
     int n = snprintf(line, sizeof line, "%s\n", what);
     if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
-    if (v != NULL && v->unimpl_fd >= 0 && write(v->unimpl_fd, line, (size_t)n) < 0) {
-        /* nothing more to do: stderr below still says it */
+    if (fd >= 0 && write(fd, line, (size_t)n) < 0) {
+        /* a record lost: nothing more to do */
     }
+}
+
+void vgpu_nvml_unmodelled(vgpu_view *v, const char *fn) {
+    if (v != NULL && first_time(fn)) append_line(v->unmodelled_fd, fn);
+}
+
+void vgpu_unimplemented(vgpu_view *v, const char *what) {
+    if (!first_time(what)) return;
+    append_line(v != NULL ? v->unimpl_fd : -1, what);
     fprintf(stderr, "vgpu: %s is not implemented by the virtual GPU (it fails with an error)\n", what);
 }
 
@@ -341,6 +356,7 @@ const char *const vgpu_nvml_names[] = {
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetPowerManagementLimitConstraints",
     "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureV",
     "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
@@ -348,6 +364,8 @@ const char *const vgpu_nvml_names[] = {
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId",
     "nvmlDeviceGetAttributes_v2",
+    "nvmlDeviceGetGpuInstanceById",
+    "nvmlGpuInstanceGetInfo",
     "nvmlGpmQueryDeviceSupport",
     "nvmlGpmSampleAlloc",
     "nvmlGpmSampleFree",
@@ -494,7 +512,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
     int order[VGPU_MAX_GPUS];
     int have_order = 0;
     for (int i = 0; i < VGPU_MAX_GPUS; i++) fail_s[i] = fail_calls[i] = -1;
-    char pending_fail_s[1024] = "", pending_fail_calls[1024] = "", pending_order[256] = "";
+    char pending_fail_s[1024] = "", pending_fail_calls[1024] = "", pending_order[256] = "", pending_minors[256] = "";
     int32_t compute_mode = 0;
 
     char *text = strdup(config ? config : "");
@@ -570,6 +588,8 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
             }
         } else if (strcmp(key, "fastest_first") == 0) {
             snprintf(pending_order, sizeof pending_order, "%s", val);
+        } else if (strcmp(key, "minors") == 0) {
+            snprintf(pending_minors, sizeof pending_minors, "%s", val);
         } else if (strcmp(key, "nvml_cost") == 0) {
             /* "FUNCTION:MS,FUNCTION:MS" */
             char buf[2048];
@@ -632,6 +652,31 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         }
         have_order = 1;
     }
+    int32_t minors[VGPU_MAX_GPUS];
+    for (int i = 0; i < VGPU_MAX_GPUS; i++) minors[i] = i;  /* a host's usual numbering: minor = index */
+    if (pending_minors[0]) {
+        /* "M0,M1,...": GPU i's minor number, one per GPU, distinct; /dev/nvidia255 is nvidiactl's */
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", pending_minors);
+        int n = 0;
+        char *s2 = NULL;
+        for (char *tok = strtok_r(buf, ",", &s2); tok; tok = strtok_r(NULL, ",", &s2)) {
+            char *end = NULL;
+            long m = strtol(tok, &end, 10);
+            int dup = 0;
+            for (int j = 0; j < n && j < VGPU_MAX_GPUS; j++) dup |= minors[j] == m;
+            if (*end != '\0' || end == tok || m < 0 || m > 254 || dup || n >= st->gpus) {
+                n = -1;
+                break;
+            }
+            minors[n++] = (int32_t)m;
+        }
+        if (n != st->gpus) {
+            say(why, why_len, "minors=%s: expected %d distinct minor numbers from 0 to 254, one per GPU",
+                pending_minors, st->gpus);
+            goto out;
+        }
+    }
     if (st->gpus * st->mig > VGPU_MAX_MIG) {
         say(why, why_len, "mig=%d: %d GPUs x %d MIG devices exceed the %d the virtual GPU holds", st->mig, st->gpus,
             st->mig, VGPU_MAX_MIG);
@@ -668,6 +713,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         d->lost_after_calls = fail_calls[i];
         st->fastest_first[i] = have_order ? order[i] : i;
         d->compute_mode = compute_mode;
+        d->minor = minors[i];
         d->parent = -1;
         d->sms = st->sms;
         d->total_bytes = st->total_bytes;
@@ -696,8 +742,8 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         fchmod(fd, 0666);
         close(fd);
     }
-    const char *files[] = {"kernels.jsonl", "unimplemented", "modules.jsonl"};
-    for (unsigned i = 0; i < 3; i++) {
+    const char *files[] = {"kernels.jsonl", "unimplemented", "modules.jsonl", "nvml_unmodelled"};
+    for (unsigned i = 0; i < 4; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
         if (fd < 0) {

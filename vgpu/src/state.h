@@ -7,6 +7,7 @@
  *   kernels.jsonl    one JSON line per kernel, appended at launch: the ground truth of what ran
  *   unimplemented    one line per driver entry point called but not implemented
  *   modules.jsonl    one JSON line per module load (cuModuleLoadData, cuLibraryLoadData): what it was, the result
+ *   nvml_unmodelled  one line per NVML function called that the stand-in does not model (it answered NOT_SUPPORTED)
  * The state also counts every NVML call per process and function (nvml_proc) and holds what each NVML
  * function costs (nvml_cost_ns: CPU the stand-in burns per call, to model a slow driver).
  * Times are CLOCK_MONOTONIC nanoseconds (one clock for every process and container on a host).
@@ -20,7 +21,8 @@
 #pragma GCC visibility push(hidden)
 
 #define VGPU_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_LAYOUT 5u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml); 4: cc (light); 5: MIG, GPM */
+#define VGPU_LAYOUT 6u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml); 4: cc (light); 5: MIG, GPM;
+                          6: minor numbers, GPU instance profiles and placements */
 #define VGPU_MAX_GPUS 8
 #define VGPU_MAX_MIG 16 /* MIG devices in all (gpus x instances per GPU) */
 #define VGPU_MAX_DEVS (VGPU_MAX_GPUS + VGPU_MAX_MIG) /* physical devices first, then MIG devices (mig.c) */
@@ -54,7 +56,7 @@ typedef struct {
     int64_t lost_after_calls;    /* lost once NVML was asked this many device queries (-1: never) */
     uint64_t nvml_calls;         /* NVML device queries so far (atomic) */
     int32_t compute_mode;        /* NVML's and CUDA's value: 0 default, 2 prohibited, 3 exclusive process */
-    int32_t pad;
+    int32_t minor;               /* physical device: its minor number (/dev/nvidia<minor>); by default its index */
     int32_t parent;              /* MIG device: its GPU's index; -1 for a physical device (mig.c) */
     int32_t mig;                 /* physical device: MIG devices under it (0: MIG mode off) */
     int32_t gi_id, ci_id;        /* MIG device: its GPU instance and compute instance IDs */
@@ -62,6 +64,10 @@ typedef struct {
     int32_t slot;                /* MIG device: its index under the parent (nvmlDeviceGetMigDeviceHandleByIndex) */
     uint64_t total_bytes;        /* device memory (a MIG device: its share) */
     char profile[16];            /* MIG device: its profile name, e.g. "2g.26gb" */
+    int32_t gi_profile_id;       /* MIG device: its GPU instance's profile ID (nvidia-smi mig -lgip: 19 is 1g, ...) */
+    int32_t placement_start;     /* MIG device: its GPU instance's placement in memory slices: start and size */
+    int32_t placement_size;
+    int32_t pad4;
     int64_t tail_ns;             /* end of the last kernel queued on the device (FIFO across contexts) */
     int64_t busy_queued_ns;      /* sum of the durations of every kernel ever queued */
     uint64_t kernels;            /* kernels ever queued */
@@ -122,6 +128,7 @@ typedef struct {
     int kernels_fd;  /* kernels.jsonl, O_APPEND (libcuda only) */
     int unimpl_fd;   /* unimplemented, O_APPEND */
     int modules_fd;  /* modules.jsonl, O_APPEND (libcuda only) */
+    int unmodelled_fd; /* nvml_unmodelled, O_APPEND (libnvidia-ml only) */
     int slot;        /* our process slot, -1 until the first context */
     int slot_fd;     /* held with flock(LOCK_EX) while this process lives */
     uint64_t pidns;
@@ -166,6 +173,9 @@ int vgpu_nvml_claim(vgpu_view *v);
 /* Burn `ns` of this thread's CPU time (a driver call that costs CPU, not a sleep). */
 void vgpu_burn_cpu_ns(int64_t ns);
 
+/* Record a call of an NVML function the stand-in does not model (once per name per process; no line on stderr:
+ * NOT_SUPPORTED is an answer NVML's clients expect). */
+void vgpu_nvml_unmodelled(vgpu_view *v, const char *fn);
 /* Record a call to an entry point the stand-in does not implement (once per name per process). */
 void vgpu_unimplemented(vgpu_view *v, const char *what);
 

@@ -60,19 +60,22 @@ static int show(const char *dir) {
         printf("%s{\"index\":%d,\"uuid\":\"%s\",\"name\":", i ? "," : "", i, uuid);
         json_string(d->name);
         printf(",\"pci_bus_id\":\"%s\",\"lost\":%s,\"used_mib\":%.3f,\"kernels\":%llu,\"busy_s\":%.9f,"
-               "\"nvml_calls\":%llu,\"compute_mode\":%d",
+               "\"nvml_calls\":%llu,\"compute_mode\":%d,\"minor\":%d",
                d->pci_bus_id, d->lost_at_ns <= now ? "true" : "false",
                (double)vgpu_used_bytes(st, i) / 1048576.0, (unsigned long long)d->kernels,
-               (double)d->busy_queued_ns / 1e9, (unsigned long long)d->nvml_calls, (int)d->compute_mode);
+               (double)d->busy_queued_ns / 1e9, (unsigned long long)d->nvml_calls, (int)d->compute_mode,
+               (int)d->minor);
         printf(",\"mig\":[");  /* its MIG devices (mig.c), with their GPU instance IDs */
         for (int k = 0; k < d->mig; k++) {
             int m = vgpu_mig_device(st, i, k);
             const vgpu_device *md = &st->dev[m];
             char muuid[48];
             vgpu_mig_uuid_string(md->uuid, muuid);
-            printf("%s{\"uuid\":\"%s\",\"gi\":%d,\"ci\":%d,\"profile\":\"%s\",\"sms\":%d,\"total_mib\":%.3f,"
+            printf("%s{\"uuid\":\"%s\",\"gi\":%d,\"ci\":%d,\"profile\":\"%s\",\"profile_id\":%d,"
+                   "\"placement\":[%d,%d],\"sms\":%d,\"total_mib\":%.3f,"
                    "\"used_mib\":%.3f,\"kernels\":%llu,\"busy_s\":%.9f}",
-                   k ? "," : "", muuid, md->gi_id, md->ci_id, md->profile, md->sms,
+                   k ? "," : "", muuid, md->gi_id, md->ci_id, md->profile, md->gi_profile_id, md->placement_start,
+                   md->placement_size, md->sms,
                    (double)md->total_bytes / 1048576.0, (double)vgpu_used_bytes(st, m) / 1048576.0,
                    (unsigned long long)md->kernels, (double)md->busy_queued_ns / 1e9);
         }
