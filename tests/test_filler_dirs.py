@@ -1,5 +1,5 @@
 """forge_load.steering.filler_dirs: a filler's directory of its own in a directory others may write, made and trusted
-by owner and mode, and the write locks of liveness and the context, which no reader can take (design §13). With a
+by owner and mode, and the write locks of liveness and the context, which no reader can take (design §14). With a
 second real user where a neighbour is needed (tests/neighbours.py)."""
 
 from __future__ import annotations

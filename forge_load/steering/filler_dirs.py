@@ -10,7 +10,7 @@ name's uid owns it and nobody else can write it, and only its user's (or root's)
 
 Liveness and the context lock are `fcntl` write locks (open file description locks), which only a descriptor open
 for writing can take: only the filler's user can open its files for writing, so no reader can take a lock that
-says a filler lives (a reader's `flock` or read lock is not a write lock, and is not looked at; design §13).
+says a filler lives (a reader's `flock` or read lock is not a write lock, and is not looked at; design §14).
 """
 
 from __future__ import annotations
