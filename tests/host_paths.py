@@ -35,7 +35,7 @@ def isolate() -> Path:
     """Point SHARED into a new directory of the session's own and unset UNSET, in os.environ; the directory."""
     base = Path(tempfile.mkdtemp(prefix="forge-load-suite-"))
     for variable, name in SHARED.items():
-        (base / name).mkdir(mode=0o700)
+        (base / name).mkdir(mode=0o700, exist_ok=True)  # two variables may name one
         os.environ[variable] = str(base / name)
     for variable in UNSET:
         os.environ.pop(variable, None)
