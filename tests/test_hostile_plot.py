@@ -196,3 +196,9 @@ def test_a_gpu_that_is_not_a_name_is_a_line_not_the_fillers() -> None:
     line = json.dumps({"t": 3.0, "event": "status", "gpu": {"a": [1]}, "util": 0.5})
     run = read_log([*TEXT, line, as_json(TEXT[2])])
     assert list(run.gpus) == ["0"] and run.skipped == 1
+
+
+def test_a_title_or_gpu_with_dollars_is_text_not_mathtext(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    log = write_log(tmp_path, [line.replace("gpu=0", "gpu=$\\frac{$") for line in TEXT])
+    assert command.main([str(log), "-o", str(tmp_path / "x.png"), "--title", "$\\frac{$ $x^$"]) == 0
