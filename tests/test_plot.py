@@ -7,18 +7,25 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import math
+import re
 import struct
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from forge_load.commands import plot as command
 from forge_load.config.load import load_config
-from forge_load.plot.logs import parse_line, read_log
+from forge_load.plot.lines import parse_line
+from forge_load.plot.logs import read_log
 from forge_load.service.loop import run_simulated
+
+if TYPE_CHECKING:
+    from forge_load.plot.series import Curve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,16 +59,22 @@ def as_json(line: str) -> str:
     return json.dumps(fields, separators=(",", ":"))
 
 
+def points(curve: Curve) -> list[tuple[float, float | None]]:
+    """A curve's points, a gap (NaN: nothing known before it) as None, so that lists compare."""
+    return [(t, None if math.isnan(v) else v) for t, v in curve.points()]
+
+
 def check_series(lines: list[str]) -> None:
     run = read_log(lines)
     assert list(run.gpus) == ["0"]
     gpu = run.gpus["0"]
-    assert gpu.util == [(5.0, 0.51), (10.0, 0.9), (15.0, 0.0)]
-    assert gpu.own == [(5.0, 0.5), (10.0, 0.0), (15.0, 0.0)]
-    assert gpu.foreign == [(5.0, 0.01), (10.0, 0.9), (15.0, 0.0)]
-    assert gpu.power_w == [(5.0, 383.7), (10.0, 600.0), (15.0, 70.0)]
+    # each status line's mean stands for the interval that ends at it; the first interval begins at the start
+    assert points(gpu.util) == [(0.0, None), (5.0, 0.51), (10.0, 0.9), (15.0, 0.0)]
+    assert points(gpu.own) == [(0.0, None), (5.0, 0.5), (10.0, 0.0), (15.0, 0.0)]
+    assert points(gpu.foreign) == [(0.0, None), (5.0, 0.01), (10.0, 0.9), (15.0, 0.0)]
+    assert points(gpu.power_w) == [(0.0, None), (5.0, 383.7), (10.0, 600.0), (15.0, 70.0)]
     assert gpu.spans == [("yielding", 7.0, 12.0), ("paused", 14.0, 16.0)]
-    assert {value for _, value in gpu.target} == {0.5} and gpu.end_t == 20.0
+    assert {value for _, value in gpu.target.points()} == {0.5} and gpu.end_t == 20.0
 
 
 def test_key_value_lines() -> None:
@@ -157,7 +170,7 @@ def test_a_simulated_run_drawn_through_the_command_line(tmp_path: Path) -> None:
     (["{log}", "-o", "x.jpg"], "-o='x.jpg': expected a file name ending in .png or .svg"),
     (["missing.log"], "LOG='missing.log': cannot be read (No such file or directory): expected a log "
                             "file, or - for stdin"),
-    (["{log}", "--gpu", "7"], "--gpu='7': expected one of the log's GPUs: 0"),
+    (["{log}", "--gpu", "7"], "--gpu='7': expected one of the log's GPUs, or a list of them: 0"),
     (["{empty}"], "LOG='{empty}': 1 lines, none of them a filler's line with numbers: expected key=value or JSON "
                   "lines as forge-load writes them (t=... event=...)"),
     ([], "the following arguments are required: LOG (see --help)"),
@@ -205,4 +218,60 @@ def test_a_held_span_and_a_boosted_target() -> None:
              't=12.00 event=stop state=boosted target=0.600 gpu=0']
     gpu = read_log(lines).gpus["0"]
     assert gpu.spans == [("held", 2.0, 5.0)]
-    assert gpu.target[-2:] == [(9.0, 0.6), (12.0, 0.6)]
+    assert gpu.target.points() == [(0.0, 0.5), (9.0, 0.6)]  # a target is kept where it changes
+
+
+def summary(run: Any) -> object:
+    """Everything read from a log, to compare two ways of reading it (a gap's NaN as None)."""
+    def curve(c: Curve) -> list[tuple[float, float | None]]:
+        return points(c)
+
+    return (run.lines, run.skipped, run.impossible, run.beyond, {
+        key: (s.gpu, s.uuid, s.metric, s.end_t, s.spans, s.restarts_t, curve(s.target),
+              {name: curve(c) for name, c in s.curves()}) for key, s in run.gpus.items()})
+
+
+def simulated_log(fmt: str, seconds: int = 300) -> str:
+    config = load_config(["--simulate", "--sim-speed", "0", "--duration", str(seconds), "--sim-foreign", "60-90",
+                          "--log-interval", "1", "--resume-after", "20"], env={"FORGE_LOG_FORMAT": fmt})
+    out = io.StringIO()
+    run_simulated(config, out)
+    return out.getvalue()
+
+
+def two_gpus(text: str) -> str:
+    """A JSON log of one GPU, and a second GPU's beside it, line for line."""
+    lines = text.splitlines()
+    other = [line.replace('"gpu":0', '"gpu":1').replace('000000"', '000001"') for line in lines]
+    return "".join(f"{a}\n{b}\n" for a, b in zip(lines, other))
+
+
+def corrupt(text: str) -> str:
+    """A key=value log with a few numbers no filler writes, and a few `-`."""
+    text = re.sub(r"util=0\.50\d", "util=-", text, count=5)
+    text = re.sub(r"power_w=38\d\.\d", "power_w=1e30", text, count=3)
+    return re.sub(r"own=0\.49\d", "own=nan", text, count=2)
+
+
+@pytest.mark.parametrize("name", ["text", "json", "two gpus", "prefixed", "corrupt", "held metric", "crlf"])
+def test_a_file_read_in_blocks_reads_as_its_lines_do(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_file() reads most status lines by their shape, in batches: the same series as read_log(), line by line."""
+    from forge_load.plot import logs
+
+    text = {"text": lambda: simulated_log("text"), "json": lambda: simulated_log("json"),
+            "two gpus": lambda: two_gpus(simulated_log("json", 120)),
+            "prefixed": lambda: "".join(f"2026-11-27T03:41:07.{i:09d}Z {line}\n"
+                                        for i, line in enumerate(simulated_log("text", 60).splitlines())),
+            "corrupt": lambda: corrupt(simulated_log("text", 100)),
+            "held metric": lambda: simulated_log("text", 100).replace(" gpu=0", " sm_activity=0.5 "
+                                                                     "sm_activity_own=0.49 gpu=0"),
+            "crlf": lambda: simulated_log("json", 60).replace("\n", "\r\n")}[name]()
+    monkeypatch.setattr(logs, "_BLOCK_BYTES", 4096)  # lines cut across blocks too
+    from_blocks = logs.read_file(io.BytesIO(text.encode()))
+    assert summary(from_blocks) == summary(read_log(text.splitlines()))
+    assert from_blocks.lines > 50
+    if name == "two gpus":
+        assert list(from_blocks.gpus) == ["0", "1"]
+    if name == "corrupt":
+        assert from_blocks.impossible == sum("=1e30" in line or "=nan" in line for line in text.splitlines()) > 2
+        assert points(from_blocks.gpus["0"].util)[0] == (6.0, None)  # five `-` at the start: nothing known

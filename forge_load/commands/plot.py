@@ -1,44 +1,58 @@
 """`forge-load plot LOG [-o FILE]`: a run drawn from its log (docs/operating.md, Plot a run); the log is read by
 forge_load/plot/logs.py and drawn by forge_load/plot/draw.py, which imports matplotlib only to draw.
 
+The picture never takes the log's place: an output that is the log (by name, link or inode) is refused, and the
+picture is written to a new file beside the output and renamed onto it, so a symlink there is replaced, never
+followed.
+
 Exit codes (forge_load/exits.py): 0 drawn; 1 matplotlib is not installed (one line says how to install the extra);
-2 bad input (the log cannot be read or holds no filler line, the output's suffix is neither .png nor .svg, a GPU not
-in the log): one line naming what was given and what is accepted.
+2 bad input (the log cannot be read or holds no filler line, the output's suffix is neither .png nor .svg, the
+output is the log, the output cannot be written, a GPU not in the log): one line naming what was given and what is
+accepted; 5 drawn, but stdout (the line that says so) could not be written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from forge_load.commands.shared import BadInput, shown
 from forge_load.config.cmdline import ArgParser, UsageError
-from forge_load.exits import EXIT_BAD_INPUT, EXIT_NO_MATPLOTLIB, EXIT_OK
-from forge_load.log import escape_controls, say
-from forge_load.plot.logs import Run, read_log
+from forge_load.exits import EXIT_BAD_INPUT, EXIT_LOG_LOST, EXIT_NO_MATPLOTLIB, EXIT_OK
+from forge_load.log import escape_controls, say, to_devnull
+from forge_load.plot.logs import MAX_GPUS, MAX_PANELS, NotInLog, Run, panels, read_file, read_log
 
 INSTALL_HINT = "pip install 'forge-load[plot]' (or: pip install matplotlib)"
+_NAMES_SHOWN = 16  # GPUs named in one line before "and N more"
 
 
 def build_parser(prog: str = "forge-load plot") -> ArgParser:
     parser = ArgParser(prog=prog, description="Draw a run from its log: target, NVML utilization, own and foreign "
-                     "share, the yielding, paused and held spans, board power where logged.",
+                     "share, the held metric where it is not NVML's utilization, the yielding, paused and held "
+                     "spans, board power where logged; a panel per GPU or MIG device.",
                      epilog="LOG is key=value or JSON, as the filler writes it, also with `docker logs -t`'s, "
                      "`docker compose logs`' or journald's prefixes. Exit codes: 0 drawn; 1 matplotlib missing; "
-                     "2 bad input.")
+                     "2 bad input; 5 drawn, but stdout could not be written.")
     parser.add_argument("log", metavar="LOG", help="the log file, or - for stdin (docker logs NAME 2>&1 | ...)")
     parser.add_argument("-o", "--output", metavar="FILE", default=None,
-                        help="the picture, PNG or SVG by its suffix; default LOG's name with .png (plot.png for -)")
+                        help="the picture, PNG or SVG by its suffix; default LOG's name with .png (plot.png for -); "
+                        "never the log itself")
     parser.add_argument("--gpu", metavar="GPU", default=None,
-                        help="only this GPU (its index as the log's gpu field); default every GPU, a panel each")
+                        help="only these GPUs: an index (the log's gpu field), a GPU-... or MIG-... UUID (a GPU's "
+                        "index or UUID picks each of its MIG devices), or a comma-separated list; default every GPU, "
+                        f"a panel each, at most {MAX_PANELS}")
     parser.add_argument("--title", default="", help="a title above the panels")
     return parser
 
 
 def output_path(log: str, output: str | None) -> Path:
-    from forge_load.plot.draw import SUFFIXES  # draw.py imports matplotlib only inside draw()
+    from forge_load.plot.draw import SUFFIXES  # draw.py imports matplotlib only inside render()
 
     path = Path(output) if output is not None else (Path("plot.png") if log == "-" else Path(log).with_suffix(".png"))
     if path.suffix.lower() not in SUFFIXES:
@@ -46,33 +60,110 @@ def output_path(log: str, output: str | None) -> Path:
     return path
 
 
-def read(log: str, stdin: TextIO) -> Run:
-    if log == "-":
-        return read_log(stdin)
+def _not_the_log(log: str, out: Path, log_stat: os.stat_result | None, default: bool) -> None:
+    """Refuse an output that is the log: the same name, or the same file by another name (a link, a symlink)."""
     try:
-        with open(log, encoding="utf-8", errors="replace") as file:
-            return read_log(file)
+        out_stat = out.stat()
+    except OSError:
+        out_stat = None
+    same = log != "-" and os.path.abspath(log) == os.path.abspath(out)
+    if log_stat is not None and out_stat is not None:
+        same = same or (log_stat.st_dev, log_stat.st_ino) == (out_stat.st_dev, out_stat.st_ino)
+    if same:
+        why = " (LOG's name with .png, the default)" if default else ""
+        more = ", named with -o" if default else ""
+        raise BadInput(f"-o={shown(str(out))}{why} is the log itself (LOG={shown(log)}): expected another file for "
+                       f"the picture{more}")
+
+
+@contextlib.contextmanager
+def _opened(log: str, stdin: TextIO | None) -> Iterator[tuple[object, os.stat_result | None]]:
+    """The log's stream (bytes; a text stream as given) and what it is on disk, if it is a file."""
+    if log == "-":
+        if stdin is None:
+            raise BadInput("LOG='-': stdin is closed: expected a log on stdin (docker logs NAME 2>&1 | forge-load "
+                           "plot -) or a file")
+        try:
+            stat: os.stat_result | None = os.fstat(stdin.fileno())
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's)
+            stat = None
+        yield getattr(stdin, "buffer", stdin), stat
+        return
+    try:
+        stream = open(log, "rb")  # noqa: SIM115 (closed below; the errors are the log's, said as such)
     except OSError as error:
-        raise BadInput(f"LOG={shown(log)}: cannot be read ({error.strerror or error}): expected a log file, "
-                       "or - for stdin") from None
+        raise _unreadable(log, error) from None
+    with stream:
+        yield stream, os.fstat(stream.fileno())
+
+
+def _unreadable(log: str, error: OSError) -> BadInput:
+    return BadInput(f"LOG={shown(log)}: cannot be read ({error.strerror or error}): expected a log file, or - for "
+                    "stdin")
+
+
+def _read(log: str, stream: object) -> Run:
+    try:
+        if isinstance(stream, io.TextIOBase):  # a text stream given as such (a test's); stdin is read as bytes
+            return read_log(stream)
+        return read_file(stream)  # type: ignore[arg-type]
+    except OSError as error:
+        raise _unreadable(log, error) from None
+
+
+def _write_new(out: Path, write: object) -> None:
+    """Write the picture to a new file beside `out` and rename it onto `out`: whatever `out` was (a symlink, a
+    hard link to another file) is replaced, never written through; nothing is left behind on failure."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as a file the user created (mkstemp's are 0600)
+        with os.fdopen(fd, "wb") as file:
+            write(file)  # type: ignore[operator]
+        os.replace(temporary, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _names(keys: list[str]) -> str:
+    more = len(keys) - _NAMES_SHOWN
+    return ", ".join(escape_controls(k)[:80] for k in keys[:_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def _standard_streams() -> bool:
+    """stdout or stderr closed at start (`>&-`) is None in Python: each is pointed at /dev/null, so that say()
+    (which would print to stdout with no stderr) and the interpreter's last flush work, and no file opened later
+    takes its place. Returns whether stdout was closed: the picture is still drawn, and the exit code says it (5)."""
+    closed = sys.stdout is None
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 (for the life of the process)
+    return closed
 
 
 def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None) -> int:
-    from forge_load.plot.draw import MissingExtra, draw, drawable
+    stdout_closed = _standard_streams()
+    from forge_load.plot.draw import MissingExtra, draw
 
+    out: Path | None = None
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         out = output_path(args.log, args.output)
-        run = read(args.log, stdin if stdin is not None else sys.stdin)
-        if args.gpu is not None:
-            if args.gpu not in run.gpus:
-                raise BadInput(f"--gpu={shown(args.gpu)}: expected one of the log's GPUs: "
-                               f"{', '.join(run.gpus) or 'none'}")
-            run.gpus = {args.gpu: run.gpus[args.gpu]}
-        if not drawable(run):
+        with _opened(args.log, stdin if stdin is not None else sys.stdin) as (stream, log_stat):
+            _not_the_log(args.log, out, log_stat, default=args.output is None)
+            run = _read(args.log, stream)
+        try:
+            chosen, left_out = panels(run, args.gpu)
+        except NotInLog as error:
+            raise BadInput(f"--gpu={shown(error.entry)}: expected one of the log's GPUs, or a list of them: "
+                           f"{_names(error.names) or 'none'}") from None
+        if not chosen:
             raise BadInput(f"LOG={shown(args.log)}: {run.lines} lines, none of them a filler's line with numbers: "
                            "expected key=value or JSON lines as forge-load writes them (t=... event=...)")
-        drawn = draw(run, out, title=args.title)
+        _write_new(out, lambda file: draw(chosen, file, out.suffix, title=args.title))
     except (UsageError, BadInput) as error:
         hint = " (see --help)" if isinstance(error, UsageError) else ""  # argparse's words: where to read more
         say(f"forge-load plot: {error}{hint}")
@@ -83,7 +174,22 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None) -> int:
     except OSError as error:
         say(f"forge-load plot: -o={shown(str(out))}: cannot be written ({error.strerror or error})")
         return EXIT_BAD_INPUT
-    gpus = sorted({name.split(":", 1)[0] for name in drawn})
-    skipped = f"; {run.skipped} lines not the filler's left out" if run.skipped else ""
-    print(f"forge-load plot: wrote {escape_controls(str(out))} (GPU {', '.join(gpus)}: {run.lines} lines{skipped})")
+    if left_out:
+        say(f"forge-load plot: GPU {_names(left_out)} not drawn: at most {MAX_PANELS} panels in one picture; "
+            f"--gpu {','.join(left_out[:_NAMES_SHOWN])} draws {'them' if len(left_out) <= _NAMES_SHOWN else 'those'}")
+    notes = [f"{run.skipped} lines not the filler's left out" if run.skipped else "",
+             f"{run.impossible} lines with an impossible number (not finite, or out of range) skipped"
+             if run.impossible else "",
+             f"{run.beyond} lines of GPUs beyond the first {MAX_GPUS} left out" if run.beyond else ""]
+    line = (f"forge-load plot: wrote {escape_controls(str(out))} (GPU {_names([s.key for s in chosen])}: "
+            f"{run.lines} lines{''.join(f'; {note}' for note in notes if note)})")
+    try:
+        if stdout_closed:
+            raise OSError("closed")
+        print(line, flush=True)
+    except (OSError, ValueError) as error:
+        say(f"forge-load plot: stdout could not be written ({getattr(error, 'strerror', None) or error}); "
+            f"the picture was written: {out}")
+        to_devnull(sys.stdout)  # what is left in its buffer must not fail the interpreter's last flush
+        return EXIT_LOG_LOST
     return EXIT_OK

@@ -1,149 +1,193 @@
 """A filler's log read back into series: JSON or key=value lines, from a file, stdin or `docker logs` output.
 
-Each line is found by its own start (`{"t":` for JSON, `t=... event=` for key=value), so whatever a log collector
-put before it is skipped: `docker logs -t`'s timestamp, `docker compose logs`' `name  | `, `kubectl logs --prefix`'s
-`[pod/...]`, journald's `host forge-load[pid]: `. Lines that are not the filler's (its stderr, a shell's) are
-counted and left out. Pure: no matplotlib, no GPU library, so that reading 30 minutes of log costs milliseconds.
+Each line is found by its own start (`{"t":` for JSON, `t=... event=` for key=value, other fields allowed between
+the two), so whatever a log collector put before it is skipped: `docker logs -t`'s timestamp, `docker compose
+logs`' `name  | `, `kubectl logs --prefix`'s `[pod/...]`, journald's `host forge-load[pid]: `. Lines that are not
+the filler's (its stderr, a shell's, a line too long or too deep to be one) are counted and left out, and so are
+lines with an impossible number (not finite, or beyond any GPU's range): a log is input, and may be corrupt.
+
+The log is streamed: each series keeps its points in two compact arrays (8 bytes a number), so memory grows with
+what is drawn, not with the text. Pure: no matplotlib, no GPU library.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
 
-# A key=value line: `t=` at the start of the line or after a space, `|`, `]` or `:`, then the event.
-_TEXT_START_RE = re.compile(r"(?:^|(?<=[\s|\]:]))t=\S+ event=")
-_PAIR_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)=("(?:[^"\\]|\\.)*"|\S*)')
-_JSON_START = '{"t":'
+from forge_load.plot.lines import LineReader
+from forge_load.plot.series import METRIC_FIELDS, SHARES, Impossible, Series, status_plan
 
-# The states in which the filler runs nothing of its own, each drawn as a span (control/policy.py's names).
-SPAN_STATES = ("yielding", "paused", "held")
-
-
-def parse_line(line: str) -> dict[str, object] | None:
-    """One log line as its fields (key=value values as text, "-" as None), or None when it is not the filler's."""
-    at = line.find(_JSON_START)
-    if at >= 0:
-        try:
-            record = json.loads(line[at:])
-        except ValueError:
-            return None
-        return record if isinstance(record, dict) and "event" in record else None
-    match = _TEXT_START_RE.search(line)
-    if match is None:
-        return None
-    record_text: dict[str, object] = {}
-    for key, raw in _PAIR_RE.findall(line[match.start():]):
-        if raw.startswith('"'):
-            try:
-                record_text[key] = json.loads(raw)
-            except ValueError:
-                record_text[key] = raw
-        else:
-            record_text[key] = None if raw == "-" else raw
-    return record_text
-
-
-def _number(value: object) -> float | None:
-    """A field as a float: JSON gives numbers, key=value text; `-`, null, NaN and words are None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        number = float(value)
-    else:
-        try:
-            number = float(str(value))
-        except ValueError:
-            return None
-    return number if math.isfinite(number) else None
-
-
-@dataclass
-class Series:
-    """One GPU's run: every series as (t seconds, value) points; runs after a restart follow on, offset."""
-
-    gpu: str
-    target: list[tuple[float, float]] = field(default_factory=list)
-    util: list[tuple[float, float]] = field(default_factory=list)
-    own: list[tuple[float, float]] = field(default_factory=list)
-    foreign: list[tuple[float, float]] = field(default_factory=list)
-    power_w: list[tuple[float, float]] = field(default_factory=list)
-    # (state, begin t, end t) for every span in SPAN_STATES
-    spans: list[tuple[str, float, float]] = field(default_factory=list)
-    restarts_t: list[float] = field(default_factory=list)  # where a later run's start line continues the plot
-    end_t: float = 0.0
-    _offset_s: float = 0.0
-    _last_t: float = -math.inf
-    _state: str | None = None
-    _state_since_t: float = 0.0
-
-    def add(self, record: dict[str, object]) -> None:
-        t = _number(record.get("t"))
-        if t is None:
-            return
-        event = record.get("event")
-        if event == "start" and self._last_t > -math.inf:
-            # A restarted filler (docker logs keeps every run): its t begins at 0 again; draw it after the last.
-            self._close_state(self._last_t)
-            self._offset_s = self._last_t
-            self.restarts_t.append(self._offset_s)
-        t += self._offset_s
-        t = max(t, self._last_t)  # lines of one run are in order; a clock step back is not drawn as a loop
-        self._last_t = self.end_t = t
-        state = record.get("state")
-        if isinstance(state, str) and state != self._state:
-            self._close_state(t)
-            self._state, self._state_since_t = state, t
-        target = _number(record.get("target"))
-        if target is not None:
-            self.target.append((t, target))
-        if event == "status":
-            for name in ("util", "own", "foreign"):
-                value = _number(record.get(name))
-                if value is not None:
-                    getattr(self, name).append((t, value))
-        power = _number(record.get("power_w"))
-        if power is not None:
-            self.power_w.append((t, power))
-
-    def finish(self) -> None:
-        self._close_state(self.end_t)
-        self._state = None
-
-    def _close_state(self, t: float) -> None:
-        if self._state in SPAN_STATES and t > self._state_since_t:
-            self.spans.append((self._state, self._state_since_t, t))
-        self._state_since_t = t
+MAX_LINE_BYTES = 65536  # the filler's longest line (a JSON start line) is a few KiB
+MAX_GPUS = 1024  # panels kept while reading; a log naming more is not a host's
+# The fields read: the rest of a line is passed over (LineReader captures only these).
+WANTED = frozenset(("t", "event", "state", "target", "power_w", "gpu", "uuid", "count", "reason", "child_pid",
+                    "filling", "metric", "gpu_uuid", "mig_profile", "gpu_instance", *SHARES, *METRIC_FIELDS))
 
 
 @dataclass
 class Run:
-    """A log read: one Series per GPU, in the order they first appear, and how many lines were not the filler's."""
+    """A log read: one Series per GPU or MIG device, in the order they first appear; how many lines were read,
+    how many were not the filler's, how many had an impossible number, and how many named GPUs beyond MAX_GPUS."""
 
     gpus: dict[str, Series]
     lines: int
     skipped: int
+    impossible: int = 0
+    beyond: int = 0
 
 
-def read_log(lines: Iterable[str]) -> Run:
-    gpus: dict[str, Series] = {}
-    count = skipped = 0
-    for line in lines:
-        if not line.strip():
-            continue
-        count += 1
-        record = parse_line(line)
+class _Reading:
+    """A log as it is read: its GPUs' series and its counts. Lines come one by one (line()) or as a block of whole
+    lines (block()): there a status line of a shape read before goes straight to its series (Series.add_status),
+    and any other line the way line() reads it."""
+
+    def __init__(self) -> None:
+        self.run = Run({}, 0, 0)
+        self.reader = LineReader(WANTED)
+        self._series_of: dict[tuple[str, str], Series] = {}  # a shape's gpu and uuid tokens: their series
+
+    def line(self, line: str | None) -> None:
+        """One line (None: a line too long to be the filler's)."""
+        run = self.run
+        record = self.reader.fields(line) if line is not None else None
         if record is None:
-            skipped += 1
-            continue
-        gpu = str(record.get("gpu", "-"))
-        series = gpus.get(gpu)
+            if line is None or line.strip():  # blank lines are nobody's
+                run.lines += 1
+                run.skipped += 1
+            return
+        run.lines += 1
+        gpu = record.get("gpu")
+        if gpu is None:  # the process's own lines (an error before any GPU): nothing to draw
+            return
+        if type(gpu) is not str and type(gpu) is not int:
+            run.skipped += 1  # no filler names a GPU so
+            return
+        uuid = record.get("uuid")
+        key = uuid if type(uuid) is str and uuid.startswith("MIG-") else str(gpu)
+        series = run.gpus.get(key)
         if series is None:
-            series = gpus[gpu] = Series(gpu)
-        series.add(record)
-    for series in gpus.values():
-        series.finish()
-    return Run(gpus, count, skipped)
+            if len(run.gpus) >= MAX_GPUS:
+                run.beyond += 1
+                return
+            series = run.gpus[key] = Series(key, str(gpu))
+        try:
+            series.add(record)
+        except Impossible:
+            run.impossible += 1
+        matched = self.reader.matched
+        if matched is not None and len(self._series_of) < MAX_GPUS:
+            plan = status_plan(matched[0])
+            if plan is not None:
+                self._series_of[plan.key(matched[1])] = series
+
+    def block(self, text: str) -> None:
+        """Whole lines, each ending in a newline (the last may not)."""
+        position, size = 0, len(text)
+        series_of = self._series_of
+        taken = 0
+        while position < size:
+            shape = self.reader.shape
+            plan = status_plan(shape) if shape is not None else None
+            if plan is not None:  # the lines of the last shape, as long as they come
+                match, key = plan.pattern.match, plan.key
+                while (found := match(text, position)) is not None:
+                    groups = found.groups()
+                    series = series_of.get(key(groups))
+                    if series is None or not series.add_status(groups, plan):
+                        break
+                    taken += 1
+                    position = found.end()
+                if position >= size:
+                    break
+            end = text.find("\n", position)
+            end = size if end < 0 else end + 1
+            self.line(text[position:end] if end - position <= MAX_LINE_BYTES else None)
+            position = end
+        self.run.lines += taken
+
+    def finish(self) -> Run:
+        for series in self.run.gpus.values():
+            series.finish()
+            self.run.impossible += series.impossible_lines
+        return self.run
+
+
+def read_log(lines: Iterable[str | None]) -> Run:
+    """Every line of a log (None: a line too long to be the filler's)."""
+    reading = _Reading()
+    for line in lines:
+        reading.line(line)
+    return reading.finish()
+
+
+def read_file(stream: BinaryIO) -> Run:
+    """A log from a file or stdin, read the same way: in blocks of whole lines, decoded as UTF-8 with a byte that is
+    not replaced; a line longer than MAX_LINE_BYTES is counted and left out unread (it is no filler's, and would
+    cost its length)."""
+    reading = _Reading()
+    for block in _blocks(stream):
+        if block is None:
+            reading.line(None)
+        else:
+            reading.block(block)
+    return reading.finish()
+
+
+_BLOCK_BYTES = 1 << 20
+
+
+def _blocks(stream: BinaryIO) -> Iterator[str | None]:
+    """The stream as blocks of whole lines (split at a newline, which no UTF-8 character holds), or None for a line
+    too long, whose bytes are passed over as they come (a line within a block is judged by block())."""
+    pending = b""  # the start of a line not ended yet
+    passing = False  # inside a line too long, counted already
+    while data := stream.read(_BLOCK_BYTES):
+        if passing:
+            end = data.find(b"\n")
+            if end < 0:
+                continue
+            data, passing = data[end + 1:], False
+        data = pending + data
+        cut = data.rfind(b"\n") + 1
+        pending = data[cut:]
+        if cut:
+            yield data[:cut].decode("utf-8", errors="replace")
+        if len(pending) > MAX_LINE_BYTES:
+            yield None
+            pending, passing = b"", True
+    if pending and not passing:
+        yield pending.decode("utf-8", errors="replace")
+
+
+class NotInLog(ValueError):
+    """A --gpu entry that names no GPU of the log; `names` says which it has."""
+
+    def __init__(self, entry: str, names: list[str]) -> None:
+        super().__init__(entry)
+        self.entry = entry
+        self.names = names
+
+
+MAX_PANELS = 16  # panels in one picture: beyond, each is too thin to read
+
+
+def _order(series: Series) -> tuple[int, str, str]:
+    index = int(series.gpu) if series.gpu.isdigit() and len(series.gpu) < 10 else 1 << 40
+    instance = series.gpu_instance.zfill(8) if series.gpu_instance.isdigit() else series.gpu_instance
+    return index, instance, series.key
+
+
+def panels(run: Run, selection: str | None = None) -> tuple[list[Series], list[str]]:
+    """The panels to draw, in GPU order: every GPU with something to draw, or those `selection` names (a comma list
+    of indices, GPU-/MIG- UUIDs; a GPU's index or UUID picks each of its MIG devices); at most MAX_PANELS of them.
+    Returns them and the keys of the GPUs left out past MAX_PANELS. NotInLog for an entry that names none."""
+    shown = sorted((s for s in run.gpus.values() if s.drawable()), key=_order)
+    if selection is not None:
+        entries = [entry.strip() for entry in selection.split(",")]
+        for entry in entries:
+            if not entry or not any(entry in (s.key, s.gpu, s.uuid, s.gpu_uuid) for s in shown):
+                raise NotInLog(entry, list(dict.fromkeys(name for s in shown for name in (s.gpu, s.key))))
+        shown = [s for s in shown if any(entry in (s.key, s.gpu, s.uuid, s.gpu_uuid) for entry in entries)]
+    return shown[:MAX_PANELS], [s.key for s in shown[MAX_PANELS:]]
