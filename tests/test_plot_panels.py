@@ -170,6 +170,33 @@ def test_each_mig_device_is_a_panel_of_its_own_with_its_held_metric(tmp_path: Pa
     assert f"(GPU {MIG_A}, {MIG_B}: {len(MIG)} lines)" in capsys.readouterr().out
 
 
+def filled_mig_lines(metric: str) -> list[str]:
+    """A MIG device's filler as it writes its lines: where NVML has no utilization, util, own and foreign are GPM's
+    graphics activity (docs/operating.md, Reading the log), beside the held metric's own fields."""
+    lines = []
+    for line in mig_lines(MIG_A, 1):
+        record = json.loads(line)
+        record["metric"] = metric if record["event"] == "start" else record.get("metric")
+        if record["event"] == "status":
+            held = record.pop("gr_activity"), record.pop("gr_activity_own")
+            record.update(util=held[0], own=held[1], foreign=0.01)
+            if metric != "utilization":
+                record.update({metric: held[0], f"{metric}_own": held[1]})
+        lines.append(json.dumps({k: v for k, v in record.items() if v is not None or k != "metric"}))
+    return lines
+
+
+@pytest.mark.parametrize("metric", ["utilization", "sm_activity", "gr_activity"])
+def test_a_mig_devices_utilization_is_named_as_gpms_not_nvmls(metric: str) -> None:
+    pytest.importorskip("matplotlib")
+    labels = render(filled_mig_lines(metric)).axes[0].get_legend_handles_labels()[1]
+    assert "NVML utilization" not in labels
+    if metric == "gr_activity":  # the same reading twice: drawn once, as the held metric
+        assert "gr_activity (held)" in labels and "graphics activity (GPM)" not in labels
+    else:
+        assert "graphics activity (GPM)" in labels
+
+
 @pytest.mark.parametrize(("selection", "expected"), [(MIG_B, [MIG_B]), ("0", [MIG_A, MIG_B]),
                                                      (f"{MIG_B},{MIG_A}", [MIG_A, MIG_B]),
                                                      ("GPU-1eb61278-0f6c-48ab-999b-73d8ccfd2501", [MIG_A, MIG_B])])

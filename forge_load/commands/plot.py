@@ -14,6 +14,7 @@ accepted; 5 drawn, but stdout (the line that says so) could not be written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import sys
@@ -24,8 +25,8 @@ from typing import TextIO
 
 from forge_load.commands.shared import BadInput, shown
 from forge_load.config.cmdline import ArgParser, UsageError
-from forge_load.exits import EXIT_BAD_INPUT, EXIT_LOG_LOST, EXIT_NO_MATPLOTLIB, EXIT_OK
-from forge_load.log import escape_controls, say, to_devnull
+from forge_load.exits import EXIT_BAD_INPUT, EXIT_NO_MATPLOTLIB, EXIT_OK
+from forge_load.log import escape_controls, say
 from forge_load.plot.logs import MAX_GPUS, MAX_PANELS, NotInLog, Run, panels, read_file, read_log
 
 INSTALL_HINT = "pip install 'forge-load[plot]' (or: pip install matplotlib)"
@@ -81,8 +82,7 @@ def _opened(log: str, stdin: TextIO | None) -> Iterator[tuple[object, os.stat_re
     """The log's stream (bytes; a text stream as given) and what it is on disk, if it is a file."""
     if log == "-":
         if stdin is None:
-            raise BadInput("LOG='-': stdin is closed: expected a log on stdin (docker logs NAME 2>&1 | forge-load "
-                           "plot -) or a file")
+            raise _stdin_closed()
         try:
             stat: os.stat_result | None = os.fstat(stdin.fileno())
         except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's)
@@ -97,7 +97,14 @@ def _opened(log: str, stdin: TextIO | None) -> Iterator[tuple[object, os.stat_re
         yield stream, os.fstat(stream.fileno())
 
 
+def _stdin_closed() -> BadInput:
+    return BadInput("LOG='-': stdin is closed: expected a log on stdin (docker logs NAME 2>&1 | forge-load plot -) "
+                    "or a file")
+
+
 def _unreadable(log: str, error: OSError) -> BadInput:
+    if log == "-" and error.errno == errno.EBADF:  # closed at start: the dispatcher gave it /dev/null's, read as closed
+        return _stdin_closed()
     return BadInput(f"LOG={shown(log)}: cannot be read ({error.strerror or error}): expected a log file, or - for "
                     "stdin")
 
@@ -133,19 +140,7 @@ def _names(keys: list[str]) -> str:
     return ", ".join(escape_controls(k)[:80] for k in keys[:_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
-def _standard_streams() -> bool:
-    """stdout or stderr closed at start (`>&-`) is None in Python: each is pointed at /dev/null, so that say()
-    (which would print to stdout with no stderr) and the interpreter's last flush work, and no file opened later
-    takes its place. Returns whether stdout was closed: the picture is still drawn, and the exit code says it (5)."""
-    closed = sys.stdout is None
-    for name in ("stdout", "stderr"):
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 (for the life of the process)
-    return closed
-
-
 def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None) -> int:
-    stdout_closed = _standard_streams()
     from forge_load.plot.draw import MissingExtra, draw
 
     out: Path | None = None
@@ -183,13 +178,5 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO | None = None) -> int:
              f"{run.beyond} lines of GPUs beyond the first {MAX_GPUS} left out" if run.beyond else ""]
     line = (f"forge-load plot: wrote {escape_controls(str(out))} (GPU {_names([s.key for s in chosen])}: "
             f"{run.lines} lines{''.join(f'; {note}' for note in notes if note)})")
-    try:
-        if stdout_closed:
-            raise OSError("closed")
-        print(line, flush=True)
-    except (OSError, ValueError) as error:
-        say(f"forge-load plot: stdout could not be written ({getattr(error, 'strerror', None) or error}); "
-            f"the picture was written: {out}")
-        to_devnull(sys.stdout)  # what is left in its buffer must not fail the interpreter's last flush
-        return EXIT_LOG_LOST
+    print(line, flush=True)  # a stdout that cannot be written: the dispatcher says so (cli.output_lost), exit 5
     return EXIT_OK

@@ -126,12 +126,20 @@ def _panel_title(series: Series) -> str:
 
 def _curve_style(series: Series, name: str) -> dict[str, Any]:
     if name in SHARES:
+        # A MIG device's util is GPM's graphics activity: NVML has no utilization there (docs/operating.md).
+        label = "graphics activity (GPM)" if name == "util" and series.key.startswith("MIG-") else _LABELS[name]
         return {"color": _COLOURS[name], "lw": 3.0 if name == "util" else 1.2, "alpha": 0.45 if name == "util" else 1,
-                "label": _LABELS[name]}
+                "label": label}
     if name.endswith("_own"):
         return {"color": _COLOURS["metric_own"], "lw": 1.2, "ls": "-.", "label": f"{name[:-4]}, own share"}
     held = " (held)" if series.metric == name else ""
     return {"color": _COLOURS["metric"], "lw": 3.0, "alpha": 0.55, "label": f"{name}{held}"}
+
+
+def _same_as_held(series: Series) -> bool:
+    """A MIG device holding gr_activity: its util, own and foreign are that same reading, drawn once as the held
+    metric's."""
+    return series.key.startswith("MIG-") and series.metric == "gr_activity" and "gr_activity" in series.metric_curves
 
 
 def _panel(axes: Any, series: Series, scale: float, end_t: float, power_max_w: float) -> list[str]:
@@ -147,7 +155,7 @@ def _panel(axes: Any, series: Series, scale: float, end_t: float, power_max_w: f
         axes.vlines([t / scale for t in series.restarts_t], 0, 1, transform=axes.get_xaxis_transform(),
                     color="black", ls=":", lw=1, gid="restart")
     for name, curve in series.curves():  # NVML's under the shares it splits into; the held metric's after
-        if name == "power_w" or not curve.has_values:
+        if name == "power_w" or not curve.has_values or (name in SHARES and _same_as_held(series)):
             continue
         xs, ys = thin(curve)
         axes.plot([x / scale for x in xs], ys, drawstyle="steps-pre", gid=name, **_curve_style(series, name))
