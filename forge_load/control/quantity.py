@@ -10,6 +10,7 @@ units, plus the setting that chooses it (config/settings.py) and, where NVML off
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,8 +46,10 @@ def _gr_samples(reading: Reading) -> list[UtilSample]:
     return [UtilSample(a.t_s, a.gr_ratio) for a in reading.activity]
 
 
-# GPM's SM_UTIL (docs/design.md §12): our kernels are full waves over every SM, so SM activity follows our busy
-# share, less the tails of last waves; the controller's integral learns that bias as it does NVML's.
+# GPM's SM_UTIL (docs/design.md §12): with a warp of ours on every SM (the lean shape's layout for it, or the burn
+# shape's full waves), SM activity follows our busy share, less the tails of sleeps or last waves; the controller's
+# integral learns that bias as it does NVML's. A shape that covers a share of the SMs moves it by that share per unit
+# of duty (quantity_for).
 SM_ACTIVITY = Quantity("sm_activity", "ratio", _sm_samples, duty_for=lambda target: target, per_duty=1.0)
 # GPM's GRAPHICS_UTIL: the time any kernel ran, as NVML's utilization counts it, and there on MIG devices too.
 GR_ACTIVITY = Quantity("gr_activity", "ratio", _gr_samples, duty_for=lambda target: target, per_duty=1.0)
@@ -54,3 +57,13 @@ GR_ACTIVITY = Quantity("gr_activity", "ratio", _gr_samples, duty_for=lambda targ
 # FORGE_METRIC's names (config/settings.py METRIC_NAMES) -> the quantity; the GPM ones need GPM on the device.
 QUANTITIES: dict[str, Quantity] = {q.name: q for q in (UTILIZATION, SM_ACTIVITY, GR_ACTIVITY)}
 NEEDS_GPM = frozenset({SM_ACTIVITY.name, GR_ACTIVITY.name})
+
+
+def quantity_for(name: str, sm_ratio: float = 1.0) -> Quantity:
+    """The quantity FORGE_METRIC names, for kernels that keep a warp resident on `sm_ratio` of the SMs while they run
+    (control/shape.py): SM activity then moves by `sm_ratio` per unit of duty, and its feed-forward asks for the duty
+    that gives the target (at most all of the time). The time any kernel runs does not depend on it."""
+    quantity = QUANTITIES[name]
+    if name != SM_ACTIVITY.name or sm_ratio >= 1.0:
+        return quantity
+    return dataclasses.replace(quantity, duty_for=lambda target: min(target / sm_ratio, 1.0), per_duty=sm_ratio)
