@@ -28,6 +28,8 @@ LEAN_THREADS_PER_BLOCK: int = 32  # one warp: the least an SM can hold resident
 # of the kernel.
 BURN_ITERS: int = 4096
 
+LEAN_MIN_CC: tuple[int, int] = (7, 0)  # PTX's nanosleep: sm_70 and newer
+
 # The lean kernel's sleep request: nanosleep sleeps between 0 and twice it and is unreliable above ~1 ms
 # (docs/design.md §13). 10 us sizes a ~10-ms kernel in ~1000 steps, each a few instructions of one warp.
 SLEEP_QUANTUM_NS: int = 10_000

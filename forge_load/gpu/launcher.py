@@ -247,6 +247,12 @@ class CudaLauncher:
         """(the shape's kernel's function, the name of the image it came from); NoGpuError in one line where none
         loads."""
         cu = self._cu
+        if self.shape.lean and self.cc < burn_image.LEAN_MIN_CC:
+            raise NoGpuError(
+                f"GPU {uuid} (sm_{self.cc[0]}{self.cc[1]}) cannot run the lean kernel: the lean kernel sleeps with "
+                f"nanosleep, which needs compute capability {burn_image.LEAN_MIN_CC[0]}.{burn_image.LEAN_MIN_CC[1]} "
+                "(Volta) or newer; set FORGE_SHAPE=burn (--shape burn) for this GPU, with the forge-load[jit] extra "
+                "that compiles the burn kernel for it")
         try:
             manifest = burn_image.load_manifest(kernel=self.shape.name)
             images = burn_image.images_for(self.cc, manifest)
