@@ -83,7 +83,6 @@ LEAN_ARGUMENT_LAYOUT: tuple[tuple[str, type[ctypes._SimpleCData]], ...] = (  # t
     ("quanta", ctypes.c_int32),
     ("quantum_ns", ctypes.c_uint32),
 )
-MAX_QUANTA: int = 2**31 - 1
 OUT_ITEMS: int = 1  # the one float32 the burn kernel may write (never, with UNREACHABLE_SENTINEL)
 OUT_ITEMSIZE: int = 4
 
