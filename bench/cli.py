@@ -28,6 +28,7 @@ from bench import (
     log,
 )
 from bench.metric import METRIC_TARGET
+from bench.power import POWER_S, POWER_SETTLE_S, POWER_SHAPES, POWER_TARGETS, render_power_section
 from bench.render import (
     render_announced_section,
     render_cpu_section,
@@ -42,7 +43,7 @@ from bench.runner import CHILDREN
 from bench.scenarios import REAL_VARIANTS, SIM_VARIANTS, real_plan, run_real_bench, run_simulated_bench
 from forge_load import __version__ as forge_version
 
-SCENARIOS = ("tracking", "yield", "footprint", "metric", "cpu", "announced")
+SCENARIOS = ("tracking", "yield", "footprint", "metric", "cpu", "announced", "power")
 # metric: skipped, saying why, where the GPU has no GPM (the simulated GPU, before Hopper)
 DEFAULT_SCENARIOS = "tracking,yield,footprint,metric"
 TRACKING_SCENARIOS = {"tracking", "yield", "footprint"}  # what docs/benchmarks.md's goals section is drawn from
@@ -71,9 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--controllers", default="pi,legacy", help="default pi,legacy (pi first)")
     parser.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
                         help="which to run, comma separated, of tracking, yield, footprint, metric, cpu, "
-                             f"announced; default {DEFAULT_SCENARIOS} (metric: a GPU with GPM, else skipped "
-                             "saying why, see --metric-s; cpu and announced: real mode only, see --cpu-s and "
-                             "--announced-jobs)")
+                             f"announced, power; default {DEFAULT_SCENARIOS} (metric: a GPU with GPM, else skipped "
+                             "saying why, see --metric-s; cpu, announced and power: real mode only, see --cpu-s, "
+                             "--announced-jobs and --power-s)")
     parser.add_argument("--foreign-s", type=float, default=None,
                         help="seconds the foreign job trains; default 15 (simulated: 20)")
     parser.add_argument("--warmup-s", type=float, default=None,
@@ -106,6 +107,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "on a container's create event; needs a Docker engine with the nvidia driver, "
                              "scripts/docker_engine.sh), nvml (nobody announces it: the reactive baseline); "
                              "default: those that can run here")
+    parser.add_argument("--power-s", type=float, default=POWER_S,
+                        help=f"power scenario: seconds of each window; default {POWER_S:g}, at least 60 on a real GPU "
+                             "(NVML's power readings sample part of the time: the energy counter over a long window "
+                             "is the number), from 5 on the virtual GPU, whose power is a model")
+    parser.add_argument("--power-settle-s", type=float, default=POWER_SETTLE_S,
+                        help=f"power scenario: seconds the filler fills before its window; default {POWER_SETTLE_S:g}")
+    parser.add_argument("--power-targets", default=",".join(f"{t:g}" for t in POWER_TARGETS),
+                        help="power scenario: the filler's targets, comma separated; default 0.25,0.5,1")
+    parser.add_argument("--power-shapes", default=",".join(POWER_SHAPES),
+                        help="power scenario: kernel shapes (FORGE_SHAPE), comma separated; default lean,burn")
     parser.add_argument("--cpu-s", type=float, default=cpu.RUN_S,
                         help=f"cpu scenario: seconds per run; default {cpu.RUN_S:g}")
     parser.add_argument("--cpu-gpus", default=",".join(map(str, cpu.GPU_COUNTS)),
@@ -144,6 +155,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if "announced" in args.scenarios and args.simulate:
         parser.error("--scenarios announced: needs real mode (a real GPU, or --vgpu): the holds are files and the "
                      "commands processes, in real time")
+    if "power" in args.scenarios and args.simulate:
+        parser.error("--scenarios power: needs real mode (a real GPU, or --vgpu): the simulated GPU's power is its "
+                     "model, which tests/test_sim_power.py pins")
+    virtual = args.vgpu or on_virtual_gpu()
+    if not (60 if not virtual else 5) <= args.power_s <= 3600:
+        parser.error(f"--power-s {args.power_s:g}: expected 60 to 3600 seconds on a real GPU (5 to 3600 on the "
+                     "virtual GPU)")
+    if not 3 <= args.power_settle_s <= 600:
+        parser.error(f"--power-settle-s {args.power_settle_s:g}: expected 3 to 600 seconds")
+    try:
+        args.power_targets = [float(t) for t in args.power_targets.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--power-targets {args.power_targets!r}: expected ratios such as 0.25,0.5,1")
+    if not args.power_targets or not all(0 < t <= 1 for t in args.power_targets):
+        parser.error("--power-targets: each must be in (0, 1]")
+    args.power_shapes = [s.strip() for s in args.power_shapes.split(",") if s.strip()]
+    if not args.power_shapes or any(s not in POWER_SHAPES for s in args.power_shapes):
+        parser.error(f"--power-shapes: expected some of {', '.join(POWER_SHAPES)}")
     if not 5 <= args.metric_s <= 600:
         parser.error(f"--metric-s {args.metric_s:g}: expected 5 to 600 seconds")
     if not 1 <= args.announced_jobs <= 100:
@@ -234,9 +263,13 @@ def new_results(args: argparse.Namespace, argv: list[str], today: str) -> Json:
             "budget_s": q(args.budget_s or None, "s", None if args.budget_s else "no limit"),
             **({"announced_by": args.announced_by, "announced_jobs": q(args.announced_jobs, "count")}
                if "announced" in args.scenarios else {}),
+            **({"power_s": q(args.power_s, "s"), "power_settle_s": q(args.power_settle_s, "s"),
+                "power_targets": [q(t, "ratio") for t in args.power_targets], "power_shapes": args.power_shapes}
+               if "power" in args.scenarios else {}),
         },
         "gpu": {"name": "unknown", "driver": "unknown"},
-        "tracking": {}, "yield": {}, "metric": {}, "announced": {}, "footprint": {}, "notes": [], "failures": [],
+        "tracking": {}, "yield": {}, "metric": {}, "announced": {}, "power": {}, "footprint": {}, "notes": [],
+        "failures": [],
         "skipped": [],
         "_series": {},
     }
@@ -350,6 +383,8 @@ def finish_outputs(results: Json | None, cpu_results: Json | None, out_dir: Path
             section.append(render_metric_section(results, out_dir, args.section))
         if results.get("announced"):
             section.append(render_announced_section(results, out_dir, args.section))
+        if results.get("power"):
+            section.append(render_power_section(results, out_dir, args.section))
         goals += results["goals"]
     if cpu_results is not None:
         markdown = write_cpu_outputs(cpu_results, out_dir)

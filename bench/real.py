@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ class RealBench:
         self.solo: list[dict[str, Any]] = []
         self.start_event: dict[str, Any] = {}
         self.overhead_s = 8.0  # seconds a filler run takes beyond its duration (imports, CUDA, compiling)
+        self.closers: list[Callable[[], None]] = []  # what a scenario opened for the run's length (power's reader)
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_") and k != "TARGET"}

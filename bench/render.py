@@ -102,6 +102,12 @@ def render_markdown(results: dict[str, Any]) -> str:
     if results.get("announced"):
         out += announced_table(results)
 
+    if "power" in results["settings"]["scenarios"]:
+        from bench.power import power_table
+
+        out += ["", "### Power: the board idle, with a context, and the filler by kernel shape", "",
+                *power_table(results)]
+
     fp = results.get("footprint")
     if fp and {"footprint", "tracking"} & set(results["settings"]["scenarios"]):  # else only idle power in it
         lab = " (simulated)" if fp.get("simulated") else ""

@@ -356,6 +356,10 @@ def judge_goals(results: Json) -> list[Json]:
     goals = [judge(goal, *measured[goal.key]) for goal in GOALS]
     if "metric" in asked:
         goals += judge_metric_goals(results)
+    if "power" in asked:
+        from bench.power import judge_power_goals  # it builds on this module
+
+        goals += judge_power_goals(results)
     return goals
 
 

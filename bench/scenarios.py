@@ -17,6 +17,7 @@ from bench.analysis import first
 from bench.announced import docker_unavailable, kubelet_unavailable, real_announced
 from bench.footprint import bare_context, idle, real_footprint, sim_footprint
 from bench.metric import HELD_METRICS, METRIC_TARGET, no_gpm_reason, real_metric
+from bench.power import power_plan
 from bench.real import RealBench
 from bench.results import add_scenario, add_tracking, mean, q
 from bench.runner import CHILDREN
@@ -95,6 +96,8 @@ def real_plan(args: argparse.Namespace, bench: RealBench, results: dict[str, Any
     # The metric runs right after our controller's tracking: GPM's SM activity has never been measured on a real
     # GPU, so it ranks above the contrast with the original law and the yield variants a budget may cut.
     plan += tracking[0] + metric + [step for steps in tracking[1:] for step in steps]
+    if "power" in args.scenarios:
+        plan += power_plan(bench, args, results, overhead)
     if "yield" in args.scenarios:
         def solo_run() -> None:
             results.setdefault("foreign_solo", []).append(foreign_solo(bench))
@@ -199,6 +202,8 @@ def run_real_bench(args: argparse.Namespace, results: dict[str, Any], save: Call
         sampler.stop_event.set()
         sampler.join(timeout=2.0)
         CHILDREN.kill_all()
+        for close in bench.closers:
+            close()
         probe.close()
 
 

@@ -8,9 +8,11 @@ by UUID, its primary context), and no kernels, no allocations, no libraries. It 
 `process_mib` is NVML's used memory for this process (None where NVML does not say, e.g. without the
 permission to see per-process memory); `device_delta_mib` is the device's used memory with the context
 open minus before it (moves with anything else on the GPU, so run it on an idle GPU).
-Exit codes: 0 done; 3 no GPU, no NVML or no CUDA (the line says which).
+With --hold-s it keeps the context that many seconds more after the line (the power scenario's idle board with a
+context). Exit codes: 0 done; 3 no GPU, no NVML or no CUDA (the line says which).
 
     python scripts/bare_context.py --gpu 0
+    python scripts/bare_context.py --gpu 0 --hold-s 70
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", type=int, default=0, help="NVML index; default 0 (CUDA's device is found by UUID)")
     parser.add_argument("--settle-s", type=float, default=0.5, help="wait before reading NVML; default 0.5")
+    parser.add_argument("--hold-s", type=float, default=0.0,
+                        help="keep the context this many seconds after the line; default 0")
     args = parser.parse_args(argv)
     from forge_load.control.probe import NoGpuError
     from forge_load.gpu.launcher import cuda_devices, find_device, prepare_process
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                           "process_mib": own, "device_delta_mib": delta, "device_before_mib": before_mib,
                           "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING"),
                           "wall_time": round(time.time(), 4)}, separators=(",", ":")), flush=True)
+        time.sleep(max(args.hold_s, 0.0))
         cu.cuDevicePrimaryCtxRelease(device)
         return 0
     finally:

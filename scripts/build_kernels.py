@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Compiles the burn kernel (forge_load/gpu/kernels.py, numba's) into the images the filler loads:
-forge_load/gpu/prebuilt/ gets its PTX (for sm_70), one cubin per architecture of burn_image.CUBIN_ARCHES (linked
-from that PTX by cuda.core's Linker, nvJitLink), and burn.json naming them with their SHA-256.
+"""Compiles the kernels (forge_load/gpu/kernels.py, numba's: lean and burn) into the images the filler loads:
+forge_load/gpu/prebuilt/ gets each kernel's PTX (for sm_70), one cubin per architecture of burn_image.CUBIN_ARCHES
+(linked from that PTX by cuda.core's Linker, nvJitLink), and <kernel>.json naming them with their SHA-256.
 
     python3 scripts/build_kernels.py            # write them (needs requirements-dev.txt: numba-cuda[cu12])
     python3 scripts/build_kernels.py --check    # exit 1, naming what is stale, when the files differ from a build
     python3 scripts/build_kernels.py --check --dir DIR    # the same for the files in DIR
 
 Needs no GPU. tests/test_kernels.py runs the check, and checks every cubin for local memory. The output depends
-on the kernel and the compiler's version only (no dates, no host names), as long as it is the process's first
-compilation of the kernel: numba numbers each compilation of a function in the entry's mangled name (B2v1, B2v2,
+on the kernels and the compiler's version only (no dates, no host names), as long as it is the process's first
+compilation of each kernel: numba numbers each compilation of a function in the entry's mangled name (B2v1, B2v2,
 ...), so build() compiles once per process and the tests run this script in a process of its own."""
 
 from __future__ import annotations
@@ -37,24 +37,29 @@ def build() -> dict[str, bytes]:
 
     from forge_load.gpu import kernels
 
-    ptx, entry = kernels.compile_ptx(burn_image.PTX_CC)
-    files: dict[str, bytes] = {burn_image.PTX_NAME: ptx.encode()}
-    for arch in burn_image.CUBIN_ARCHES:
-        files[burn_image.cubin_name(arch)] = kernels.link_cubin(ptx, arch)
-    ptx_version = re.search(r"^\s*\.version\s+(\d+\.\d+)", ptx, re.M)
-    ptx_target = re.search(r"^\s*\.target\s+(sm_\d+)", ptx, re.M)
-    if ptx_version is None or ptx_target is None:
-        raise RuntimeError("the PTX names no .version or .target")
-    manifest = {
-        "entry": entry,
-        "ptx_version": ptx_version.group(1),
-        "ptx_target": ptx_target.group(1),
-        "cubin_arches": list(burn_image.CUBIN_ARCHES),
-        "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
-        "compiler": f"numba-cuda {version('numba-cuda')}, nvJitLink {_nvjitlink_version()}",
-        "generated_by": COMMAND,
-    }
-    files[burn_image.MANIFEST_NAME] = (json.dumps(manifest, indent=2) + "\n").encode()
+    files: dict[str, bytes] = {}
+    # The burn kernel first: numba's number in an entry's name counts every compilation of the process, and the
+    # burn kernel's images stay as they were before the lean one existed.
+    for kernel in (burn_image.BURN, burn_image.LEAN):
+        ptx, entry = kernels.compile_ptx(burn_image.PTX_CC, kernel)
+        own: dict[str, bytes] = {burn_image.ptx_name(kernel): ptx.encode()}
+        for arch in burn_image.CUBIN_ARCHES:
+            own[burn_image.cubin_name(arch, kernel)] = kernels.link_cubin(ptx, arch)
+        ptx_version = re.search(r"^\s*\.version\s+(\d+\.\d+)", ptx, re.M)
+        ptx_target = re.search(r"^\s*\.target\s+(sm_\d+)", ptx, re.M)
+        if ptx_version is None or ptx_target is None:
+            raise RuntimeError(f"the {kernel} kernel's PTX names no .version or .target")
+        manifest = {
+            "entry": entry,
+            "ptx_version": ptx_version.group(1),
+            "ptx_target": ptx_target.group(1),
+            "cubin_arches": list(burn_image.CUBIN_ARCHES),
+            "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(own.items())},
+            "compiler": f"numba-cuda {version('numba-cuda')}, nvJitLink {_nvjitlink_version()}",
+            "generated_by": COMMAND,
+        }
+        own[burn_image.manifest_name(kernel)] = (json.dumps(manifest, indent=2) + "\n").encode()
+        files.update(own)
     return files
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """docs/operating.md's power-cap-and-pause log example, from a run on the simulated GPU (virtual time, seconds): a
-0.5 target under a 300-W cap, SIGUSR1's pause at 44 s and SIGUSR2 at 50 s (sent through the pause switch, as the
-signal handlers do). Prints the lines the doc shows, each cut to the fields it names, then where the cap settled
-(the model's 1-s mean power before the pause, as a share of the cap); the doc shows all of it, as printed
-(tests/test_operators.py checks). Nothing in the example is typed.
+0.5 target under a 300-W cap with the burn shape (the lean one draws too little for the cap to bind), SIGUSR1's
+pause at 44 s and SIGUSR2 at 50 s (sent through the pause switch, as the signal handlers do). Prints the lines the
+doc shows, each cut to the fields it names, then where the cap settled (the model's 1-s mean power before the
+pause, as a share of the cap); the doc shows all of it, as printed (tests/test_operators.py checks). Nothing in the
+example is typed.
 
     python3 scripts/log_example.py
 """
@@ -19,7 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forge_load.config.load import load_config  # noqa: E402
 from forge_load.control.filler import Controls  # noqa: E402
-from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W  # noqa: E402
 from forge_load.service.loop import run_simulated  # noqa: E402
 from forge_load.service.runtime import Runtime  # noqa: E402
 from forge_load.steering.pause import PauseSwitch  # noqa: E402
@@ -39,7 +39,8 @@ SHOWN: list[tuple[str, int, tuple[str, ...]]] = [
 
 
 def main() -> int:
-    config = load_config(f"--simulate --sim-speed 0 --duration 60 --max-power-w {CAP_W:g}".split(), env={})
+    flags = f"--simulate --sim-speed 0 --duration 60 --shape burn --max-power-w {CAP_W:g}"
+    config = load_config(flags.split(), env={})
     switch = PauseSwitch()
     pending = {PAUSE_S: lambda: switch.set(True, "SIGUSR1"), RESUME_S: lambda: switch.set(False, "SIGUSR2")}
     runtime: list[Runtime] = []
@@ -55,8 +56,7 @@ def main() -> int:
     for event, occurrence, fields in SHOWN:
         line = [found for found in lines if found["event"] == event][occurrence]
         print(" ".join(f if f == "…" else f"{f}={line[f]}" for f in fields))
-    busy = run.gpu.busy_ratio(PAUSE_S - 11.0, PAUSE_S - 1.0)  # the 10 s before the pause, by the model's record
-    power_w = IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * busy
+    power_w = run.gpu.energy_in_j(PAUSE_S - 11.0, PAUSE_S - 1.0) / 10.0  # the 10 s before the pause, by the model
     print(f"# before the pause: {power_w:.1f} W mean, {100 * power_w / CAP_W:.0f} % of the {CAP_W:g}-W cap")
     return 0
 

@@ -146,7 +146,7 @@ class Given:
     def open_probe(self, selector: str) -> Probe:
         return self.probe
 
-    def open_launcher(self, probe: Probe) -> Launcher:
+    def open_launcher(self, probe: Probe, shape: str = "lean", metric: str = "utilization") -> Launcher:
         return self.launcher
 
     def open_clock(self, probe: Probe) -> WallLoopClock:

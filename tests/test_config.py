@@ -131,6 +131,7 @@ GOOD_FLAGS: list[tuple[list[str], str, object]] = [
     (["--duration", "60"], "duration_s", 60.0),
     (["--controller", "legacy"], "controller", "legacy"),
     (["--metric", "sm_activity"], "metric", "sm_activity"),
+    (["--shape", "burn"], "shape", "burn"),
     (["--poll-interval", "0.05"], "poll_interval_s", 0.05),
     (["--foreign-mem-mib", "256"], "foreign_mem_mib", 256.0),
     (["--foreign-util", "0.15"], "foreign_util_ratio", 0.15),
@@ -354,7 +355,8 @@ def test_build_arg_parser_is_fresh_and_usable() -> None:
 
 BASE_KEYS = {
     "target", "gpu", "boost_target", "boost_after_s", "resume_after_s", "log_interval_s", "log_format",
-    "duration_s", "controller", "metric", "poll_interval_s", "foreign_mem_mib", "foreign_util", "foreign_samples",
+    "duration_s", "controller", "metric", "shape", "poll_interval_s", "foreign_mem_mib", "foreign_util",
+    "foreign_samples",
     "use_process_list", "simulate", "hold_dir", "hold_idle_age_out_s",
 }
 SIM_KEYS = {

@@ -52,6 +52,8 @@ GOOD_ENV: list[tuple[str, str, str, object]] = [
     ("FORGE_CONTROLLER", "PI", "controller", "pi"),
     ("FORGE_METRIC", "gr_activity", "metric", "gr_activity"),
     ("FORGE_METRIC", "SM_ACTIVITY", "metric", "sm_activity"),
+    ("FORGE_SHAPE", "burn", "shape", "burn"),
+    ("FORGE_SHAPE", "Lean", "shape", "lean"),
     ("FORGE_POLL_INTERVAL", "0.01", "poll_interval_s", 0.01),
     ("FORGE_POLL_INTERVAL", "1", "poll_interval_s", 1.0),
     ("FORGE_POLL_INTERVAL", "250ms", "poll_interval_s", 0.25),
@@ -246,6 +248,8 @@ BAD_ENV: list[tuple[str, str]] = [
     ("FORGE_CONTROLLER", "pid"),
     ("FORGE_METRIC", "sm_active"),
     ("FORGE_METRIC", ""),
+    ("FORGE_SHAPE", "fma"),
+    ("FORGE_SHAPE", ""),
     ("FORGE_CONTROLLER", ""),
     # foreign detection
     ("FORGE_FOREIGN_MEM_MIB", "0"),

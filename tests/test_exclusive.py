@@ -249,7 +249,7 @@ class NoContextBackend:
     def open_probe(self, selector: str) -> Probe:
         return self.probe  # type: ignore[return-value]  # only what the supervisor reads
 
-    def open_launcher(self, probe: Probe) -> Launcher:
+    def open_launcher(self, probe: Probe, shape: str = "lean", metric: str = "utilization") -> Launcher:
         raise AssertionError("a CUDA context was created")
 
     def open_clock(self, probe: Probe) -> WallLoopClock:

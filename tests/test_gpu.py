@@ -169,6 +169,87 @@ def test_filler_holds_sm_activity_read_through_gpm_for_real() -> None:
     assert all(abs(v - METRIC_TARGET) <= SETTLE_BAND_RATIO for v in late), late
 
 
+def _gpm_during(config_text: str, seconds_after_s: float = 8.0) -> tuple[list[dict[str, object]], list[float], bool]:
+    """Run the filler with these flags; (its JSON lines, GPM SM_UTIL readings of this test's own 1-s sample pairs
+    after `seconds_after_s`, whether the GPU has GPM)."""
+    from forge_load.config.load import load_config
+    from forge_load.gpu.backend import NvidiaBackend
+    from forge_load.gpu.nvml import NvmlProbe
+    from forge_load.service.loop import run_loop
+
+    probe = NvmlProbe("0")
+    readings: list[tuple[float, float]] = []
+    try:
+        has_gpm = probe.info.gpm
+        done = threading.Event()
+
+        def read_gpm() -> None:
+            probe.activity()  # the first sample of the first pair
+            while not done.wait(1.0):
+                activity = probe.activity()
+                if activity is not None:
+                    readings.append((activity.t_s, activity.sm_ratio))
+
+        reader = threading.Thread(target=read_gpm, daemon=True)
+        start_s = time.monotonic()
+        if has_gpm:
+            reader.start()
+        out = io.StringIO()
+        run_loop(load_config(config_text.split(), env={}), NvidiaBackend(), out, threading.Event(), threading.Event())
+        done.set()
+        if has_gpm:
+            reader.join(timeout=5.0)
+    finally:
+        probe.close()
+    print(out.getvalue())
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    return events, [round(v, 4) for t, v in readings if t >= start_s + seconds_after_s], has_gpm
+
+
+def test_the_lean_kernel_holds_utilization_and_sm_activity_for_real() -> None:
+    # The default shape: one sleeping warp holds NVML's utilization at the target, and shows in GPM's SM_UTIL as one
+    # SM of N; with FORGE_METRIC=sm_activity, a warp on every SM holds SM_UTIL at the target (docs/design.md §15:
+    # what the block scheduler does with one small block per SM is this test's to show).
+    from bench.metric import METRIC_TARGET, SETTLE_BAND_RATIO
+
+    events, sm_util, has_gpm = _gpm_during("--duration 20 --log-interval 2 --log-format json --target 0.5")
+    start = events[0]
+    assert start["event"] == "start" and start["shape"] == "lean" and start["shape_layout"] == "one sleeping warp"
+    assert str(start["kernel_image"]).startswith(("lean.", "jit")), start
+    late = [e["util"] for e in events if e["event"] == "status" and e["state"] == "filling" and e["t"] >= 6.0]
+    assert late and all(abs(u - 0.5) <= 0.05 for u in late), late
+    if has_gpm:
+        sm_count = int(start["sm_count"])
+        assert len(sm_util) >= 5 and all(v <= 0.5 / sm_count + 0.02 for v in sm_util), sm_util
+    else:
+        pytest.skip(f"{start['gpu_name']} has no NVML GPM: utilization held; SM activity needs Hopper or newer")
+    events, sm_util, _ = _gpm_during(f"--duration 20 --log-interval 2 --log-format json --target {METRIC_TARGET:g} "
+                                     "--metric sm_activity")
+    assert events[0]["shape_layout"] == f"one sleeping warp on each of {events[0]['sm_count']} SMs"
+    assert len(sm_util) >= 5 and all(abs(v - METRIC_TARGET) <= SETTLE_BAND_RATIO for v in sm_util), sm_util
+
+
+def test_the_shipped_lean_kernel_sleeps_about_its_request_on_hardware() -> None:
+    # nanosleep promises 0 to twice the request: 1000 quanta of 10 us, timed with events, between 0.1 and 2.1 times
+    # 10 ms (the Worker learns the real figure; this only shows the loop runs and sleeps).
+    from forge_load.gpu.launcher import CudaLauncher
+
+    launcher = CudaLauncher(nvml_gpu0_uuid(), shape="lean")
+    try:
+        assert launcher.kernel_image.startswith(("lean.", "jit")), launcher.kernel_image
+        launcher.launch(1000, time.monotonic(), count=3)
+        done = []
+        deadline_s = time.monotonic() + 5.0
+        while not done and time.monotonic() < deadline_s:
+            time.sleep(0.001)
+            done += launcher.poll(time.monotonic())
+        assert len(done) == 1 and done[0].kernel_s is not None
+        print(f"1000 quanta of 10 us: {done[0].kernel_s * 1e3:.3f} ms")
+        assert 0.001 <= done[0].kernel_s <= 0.021
+    finally:
+        launcher.close()
+
+
 def test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel() -> None:
     # The launcher's clock anchors rest on this (docs/design.md §8).
     from forge_load.gpu import burn_image

@@ -198,6 +198,7 @@ EXTREMES: dict[str, tuple[str, ...]] = {
     "FORGE_DURATION": ("1e-9", "1e300"),
     "FORGE_CONTROLLER": ("legacy",),
     "FORGE_METRIC": (),  # the GPM ones are refused at start on a GPU without GPM: tests/test_metric_vgpu.py
+    "FORGE_SHAPE": ("burn",),
     "FORGE_POLL_INTERVAL": ("0.01", "1"),
     "FORGE_FOREIGN_MEM_MIB": ("1e-9", "1e300"),
     "FORGE_FOREIGN_UTIL": ("1e-9", "0.999999"),

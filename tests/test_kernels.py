@@ -1,6 +1,6 @@
-"""The burn kernel computes what it claims (CUDA simulator) and, for every
-supported architecture, compiles to code with no local memory (real NVVM and
-ptxas from the cu12 wheels). Neither needs a GPU."""
+"""The kernels do what they claim (CUDA simulator: the burn kernel computes its reference value, the lean one sleeps
+its count of quanta and nothing else) and, for every supported architecture, compile to code with no local memory
+(real NVVM and ptxas from the cu12 wheels). Neither needs a GPU."""
 
 from __future__ import annotations
 
@@ -104,6 +104,40 @@ def test_sim_launch_burn_runs_threads_per_block(sim_results, sim_sentinels) -> N
     assert sim_results["launch_burn_unreachable"] == UNTOUCHED
 
 
+# The lean kernel under the simulator: every thread of every block sleeps `quanta` times the quantum, and does
+# nothing else (kernels.py stands a host sleep in for nanosleep there; here it is counted instead).
+_LEAN_SIM_SCRIPT = """
+import json, sys
+from numba import config, cuda
+assert config.ENABLE_CUDASIM, "simulator not enabled"
+from forge_load.gpu import kernels
+from numba.cuda.simulator import kernelapi
+calls = []
+host_sleep = kernelapi.FakeCUDAModule.__dict__["nanosleep"]  # the staticmethod itself
+kernelapi.FakeCUDAModule.nanosleep = staticmethod(lambda ns: calls.append(int(ns)))
+blocks, quanta, quantum_ns = (int(a) for a in sys.argv[1:4])
+kernels.launch_lean(blocks, quanta, quantum_ns=quantum_ns)
+cuda.synchronize()
+counted = list(calls)
+kernelapi.FakeCUDAModule.nanosleep = host_sleep  # the stand-in kernels.py installed: really sleeps
+import time
+t0 = time.monotonic()
+kernels.lean[1, 1](3, 20_000_000)
+print(json.dumps({"calls": counted, "slept_s": time.monotonic() - t0}))
+"""
+
+
+def test_sim_lean_kernel_sleeps_its_quanta_in_every_thread_and_nothing_else() -> None:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", _LEAN_SIM_SCRIPT, "2", "5", "7000"], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"simulator run failed:\n{proc.stderr}"
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["calls"] == [7000] * (2 * burn_image.LEAN_THREADS_PER_BLOCK * 5)
+    assert got["slept_s"] >= 0.06  # three sleeps of 20 ms on the host stand-in
+
+
 def test_reference_values_are_non_negative() -> None:
     # Why UNREACHABLE_SENTINEL (negative) can never match, production size included.
     values = [kernels.reference_value(t, n) for t in (0, 1, 255, 10**6) for n in (0, 1, kernels.BURN_ITERS)]
@@ -136,13 +170,14 @@ def _find_ptxas() -> Path | None:
     return None
 
 
-def _ptxas_report(arch: int) -> str:
-    """ptxas -v on the shipped PTX for sm_`arch`: what the cubin of that architecture was linked from."""
+def _ptxas_report(arch: int, kernel: str = burn_image.BURN) -> str:
+    """ptxas -v on the kernel's shipped PTX for sm_`arch`: what the cubin of that architecture was linked from."""
     ptxas = _find_ptxas()
     if ptxas is None:
         pytest.skip("ptxas not found under nvidia/cuda_nvcc/bin: install numba-cuda[cu12]")
     proc = subprocess.run(
-        [str(ptxas), f"-arch=sm_{arch}", "-v", "-o", os.devnull, str(burn_image.PREBUILT_DIR / burn_image.PTX_NAME)],
+        [str(ptxas), f"-arch=sm_{arch}", "-v", "-o", os.devnull,
+         str(burn_image.PREBUILT_DIR / burn_image.ptx_name(kernel))],
         capture_output=True,
         text=True,
         timeout=120,
@@ -153,9 +188,10 @@ def _ptxas_report(arch: int) -> str:
     return report
 
 
+@pytest.mark.parametrize("kernel", burn_image.KERNEL_NAMES)
 @pytest.mark.parametrize("arch", burn_image.CUBIN_ARCHES, ids=lambda a: f"sm_{a}")
-def test_burn_uses_no_local_memory_by_ptxas(arch: int) -> None:
-    report = _ptxas_report(arch)
+def test_every_kernel_uses_no_local_memory_by_ptxas(arch: int, kernel: str) -> None:
+    report = _ptxas_report(arch, kernel)
     props = _PROPS_RE.findall(report)
     regs = _REGS_RE.findall(report)
     assert len(props) == 1 and len(regs) == 1, f"expected one entry function:\n{report}"
@@ -167,6 +203,16 @@ def test_burn_uses_no_local_memory_by_ptxas(arch: int) -> None:
 def test_the_shipped_ptx_is_float32_only() -> None:
     # float64 runs at 1/64 rate on most GPUs: a different burn.
     assert ".f64" not in (burn_image.PREBUILT_DIR / burn_image.PTX_NAME).read_text()
+
+
+def test_the_lean_kernel_sleeps_in_a_loop_and_touches_no_memory_and_no_float() -> None:
+    ptx = (burn_image.PREBUILT_DIR / burn_image.ptx_name(burn_image.LEAN)).read_text()
+    body = ptx[ptx.index(".entry"):]
+    assert "nanosleep.u32" in body
+    assert re.search(r"@%p\d+ bra\s+\$L__BB0_\d+;", body)  # a loop, not one sleep
+    for instruction in ("ld.global", "st.global", "ld.local", "st.local", "ld.shared", "st.shared", "atom.", ".f32",
+                        ".f64", "fma."):
+        assert instruction not in body, instruction
 
 
 # --- the shipped images: current, for their architectures, with no local memory ------------------------------
@@ -229,10 +275,11 @@ def _nv_info(section: bytes) -> dict[int, int]:
     return out
 
 
+@pytest.mark.parametrize("kernel", burn_image.KERNEL_NAMES)
 @pytest.mark.parametrize("arch", burn_image.CUBIN_ARCHES, ids=lambda a: f"sm_{a}")
-def test_every_shipped_cubin_is_for_its_architecture_and_uses_no_local_memory(arch: int) -> None:
-    manifest = burn_image.load_manifest()
-    data = (burn_image.PREBUILT_DIR / burn_image.cubin_name(arch)).read_bytes()
+def test_every_shipped_cubin_is_for_its_architecture_and_uses_no_local_memory(arch: int, kernel: str) -> None:
+    manifest = burn_image.load_manifest(kernel=kernel)
+    data = (burn_image.PREBUILT_DIR / burn_image.cubin_name(arch, kernel)).read_bytes()
     assert data[:4] == b"\x7fELF"
     flags = struct.unpack_from("<I", data, 0x30)[0]
     # e_flags names the SM: its low byte up to ELF ABI version 7, its second byte from version 8 (CUDA 12.8+).
@@ -242,12 +289,14 @@ def test_every_shipped_cubin_is_for_its_architecture_and_uses_no_local_memory(ar
     assert not [name for name in sections if name.startswith(".nv.local")], "the kernel has local memory"
     info = _nv_info(sections[".nv.info"])
     assert info[EIATTR_FRAME_SIZE] == 0 and info[EIATTR_MIN_STACK_SIZE] == 0, info
-    assert info[EIATTR_REGCOUNT] == int(_REGS_RE.findall(_ptxas_report(arch))[0]) <= MAX_REGISTERS
+    assert info[EIATTR_REGCOUNT] == int(_REGS_RE.findall(_ptxas_report(arch, kernel))[0]) <= MAX_REGISTERS
 
 
-def test_the_manifest_names_the_ptx_it_ships() -> None:
-    manifest = burn_image.load_manifest()
-    ptx = (burn_image.PREBUILT_DIR / burn_image.PTX_NAME).read_text()
+@pytest.mark.parametrize("kernel", burn_image.KERNEL_NAMES)
+def test_the_manifest_names_the_ptx_it_ships(kernel: str) -> None:
+    manifest = burn_image.load_manifest(kernel=kernel)
+    assert manifest.kernel == kernel and f"7{kernel}_py" in manifest.entry
+    ptx = (burn_image.PREBUILT_DIR / burn_image.ptx_name(kernel)).read_text()
     assert f".version {manifest.ptx_version}\n" in ptx and f".target {manifest.ptx_target}\n" in ptx
     assert f".entry {manifest.entry}(" in ptx
     assert manifest.ptx_target == f"sm_{burn_image.PTX_CC[0]}{burn_image.PTX_CC[1]}"
@@ -289,6 +338,25 @@ def test_the_argument_layout_is_what_numbas_own_launch_passes(vgpu: VgpuFactory)
     assert sizes == got["numba_sizes"]
 
 
+_NUMBA_LEAN_ARGS_SCRIPT = """
+import ctypes, json
+from forge_load.gpu import burn_image, kernels
+expanded = kernels.numba_lean_launch_arguments(1234, 10000)
+ours = burn_image.pack_lean_arguments(7, 10000)
+ours.set(0, 1234)
+print(json.dumps({"numba": [[type(v).__name__, v.value, ctypes.sizeof(v)] for v in expanded],
+                  "ours": [[type(v).__name__, v.value, ctypes.sizeof(v)] for v in ours.values]}))
+"""
+
+
+def test_the_lean_argument_layout_is_what_numbas_own_launch_passes(vgpu: VgpuFactory) -> None:
+    gpu = vgpu()
+    proc = gpu.run([sys.executable, "-c", _NUMBA_LEAN_ARGS_SCRIPT], cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ours"] == got["numba"] == [["c_int", 1234, 4], ["c_uint", 10000, 4]]
+
+
 # --- which image a GPU runs -------------------------------------------------------------------------------------
 
 
@@ -304,6 +372,8 @@ def test_a_gpu_gets_its_own_cubin_else_its_majors_highest_lower_minor(cc: tuple[
 def test_the_images_tried_are_the_fitting_cubin_then_the_ptx() -> None:
     manifest = burn_image.load_manifest()
     assert [i.name for i in burn_image.images_for((8, 7), manifest)] == ["burn.sm_86.cubin", "burn.ptx"]
+    lean = burn_image.load_manifest(kernel=burn_image.LEAN)
+    assert [i.name for i in burn_image.images_for((9, 0), lean)] == ["lean.sm_90.cubin", "lean.ptx"]
     assert [i.name for i in burn_image.images_for((11, 0), manifest)] == ["burn.ptx"]
     assert burn_image.images_for((11, 0), manifest)[0].data.endswith(b"\0")  # PTX is a C string to the driver
 

@@ -126,6 +126,35 @@ def test_our_own_sm_activity_never_fires_it_tails_and_jitter_included(own: float
     assert set(polls(probe, m, 46)) == {()}
 
 
+ONE_WARP = 1 / 132  # the lean shape's single warp: one SM of 132 while it runs
+
+
+def test_a_job_on_the_sms_our_single_warp_leaves_idle_is_seen_by_sm_activity() -> None:
+    # Our one warp, half the time: 0.5 of NVML's utilization and of GRAPHICS_UTIL, but 0.5/132 of SM activity. A job
+    # whose kernels overlap ours in time on the other SMs adds nothing the time-based readings show; SM activity
+    # at 0.25 is far beyond our own 0.004, though below our busy share of 0.5.
+    probe = GpmProbe(samples=[], memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO,
+                     gpm=[(0.5 * ONE_WARP, 0.5)] * 2 + [(0.25, 0.5)] * 3)
+    m = monitor(probe, busy_log=half_busy(), start_s=0.0, own_sm_ratio=ONE_WARP)
+    seen = polls(probe, m, 5)
+    assert seen[:4] == [(), (), (), ()]
+    assert seen[4] == ("sm_activity",)
+    latest = m.latest()
+    assert latest is not None and latest.reason == "SM activity 0.25 beyond our own 0.00 for 2 GPM readings"
+
+
+@pytest.mark.parametrize("own", [0.5, 0.9])
+def test_our_own_single_warp_never_looks_foreign(own: float) -> None:
+    busy = BusyLog()
+    for k in range(60):
+        busy.add(0.2 * k, 0.2 * k + 0.2 * own)
+    busy.mark_complete_until(1e9)
+    readings = [(own * ONE_WARP * 0.9, own), (own * ONE_WARP, own), (own * ONE_WARP + 0.08, own)] * 15
+    probe = GpmProbe(samples=[], memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO, gpm=readings)
+    m = monitor(probe, busy_log=busy, start_s=0.0, own_sm_ratio=ONE_WARP)
+    assert set(polls(probe, m, 46)) == {()}
+
+
 def test_the_sm_activity_signal_takes_the_utilization_thresholds() -> None:
     probe = GpmProbe(samples=[], memory_mib=OWN_MIB, procs=[own_proc()], info=GPM_INFO,
                      gpm=[(0.75, 0.5)] * 5)

@@ -154,7 +154,8 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     assert one["forge_load_yielding_seconds_total"] == pytest.approx(rt.filler.seconds_yielding(rt.now()))
     assert 4.0 <= one["forge_load_yielding_seconds_total"] <= 12.0
     assert one["forge_load_own_busy_seconds_total"] == pytest.approx(rt.worker.busy_log.total_busy_s)
-    assert 10.0 <= one["forge_load_own_busy_seconds_total"] <= 15.0  # about half of the 30 s less the yield
+    # about half of the 30 s less the yield and the cap's first second (it waits for a reading with our context)
+    assert 9.0 <= one["forge_load_own_busy_seconds_total"] <= 15.0
     assert one["forge_load_process_gpu_memory_bytes"] == 512 * MIB  # the simulated context
     assert one["forge_load_target_ratio"] == 0.5
     plan = rt.worker.plan
@@ -170,14 +171,14 @@ def test_exposition_has_every_metric_with_dcgm_labels_and_sane_units() -> None:
     assert one["forge_load_gpu_info"] == 1.0
     states = {labels["state"]: value for labels, value in values["forge_load_state"]}
     assert states == {s: float(s == "filling") for s in metrics.STATES}
-    assert one["forge_load_power_cap_watts"] == 650.0 and one["forge_load_power_capped"] == 0.0  # 0.5 is ~385 W
-    assert one["forge_load_power_watts"] == pytest.approx(70 + 630 * 0.5, abs=15)  # the simulated GPU's model
+    assert one["forge_load_power_cap_watts"] == 650.0 and one["forge_load_power_capped"] == 0.0  # lean: ~70 W
+    assert one["forge_load_power_watts"] == pytest.approx(70.0, abs=1.0)  # the simulated GPU's model, lean shape
     energy_j = rt.filler.energy.energy_j
     assert one["forge_load_energy_joules_total"] == pytest.approx(energy_j) and energy_j > 0
 
 
 def test_a_capped_gpu_says_so() -> None:
-    gpu_slots, _, rt = simulated_slots("--duration 20 --target 0.9 --max-power-w 300")
+    gpu_slots, _, rt = simulated_slots("--duration 20 --target 0.9 --max-power-w 300 --shape burn")  # it binds
     one = {name: samples[0][1] for name, samples in sample_values(scrape(gpu_slots)).items() if len(samples) == 1}
     assert one["forge_load_power_capped"] == 1.0 and one["forge_load_power_cap_watts"] == 300.0
     assert one["forge_load_power_watts"] <= 300.0

@@ -354,7 +354,7 @@ def test_three_mig_devices_fillers_hold_their_gpus_board_under_one_power_cap(vgp
         env = gpu.env({**os.environ, "TMPDIR": str(tmp_path / m.uuid), "CUDA_VISIBLE_DEVICES": m.uuid})
         (tmp_path / m.uuid).mkdir()
         procs.append(subprocess.Popen([str(ROOT / ".venv" / "bin" / "forge-load"), "--gpu", m.uuid, "--duration",
-                                       str(seconds), "--max-power-w", str(cap_w), "--hold-dir",
+                                       str(seconds), "--max-power-w", str(cap_w), "--shape", "burn", "--hold-dir",
                                        str(tmp_path / "holds")], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, cwd=ROOT))
     for p in procs:
@@ -364,6 +364,6 @@ def test_three_mig_devices_fillers_hold_their_gpus_board_under_one_power_cap(vgp
     begin = min(k.start for k in kernels) + 6.0  # after the caps' lines have learnt the slope
     end = max(k.end for k in kernels)
     weighted = sum(max(0.0, min(k.end, end) - max(k.start, begin)) for k in kernels) * 37 / 132 / (end - begin)
-    board_w = 70.0 + 630.0 * weighted  # the virtual GPU's power model, from the kernel record
+    board_w = 70.0 + 630.0 * weighted  # the virtual GPU's power model (burn kernels), from the kernel record
     assert board_w <= cap_w * 1.02  # under the cap, less the cap's 5 % margin, within noise
     assert board_w >= 70.0 + 630.0 * 0.05  # and still filling: not every filler gave up

@@ -16,7 +16,7 @@ import pytest
 from forge_load.config.load import load_config
 from forge_load.control.filler import NO_CONTROLS, Controls
 from forge_load.control.powercap import MARGIN_RATIO
-from forge_load.gpu.sim import IDLE_POWER_W, MAX_POWER_W, SimGpu, SimProbe
+from forge_load.gpu.sim import CONTEXT_POWER_W, IDLE_POWER_W, LIGHT_SM_W, MAX_POWER_W, SimGpu, SimProbe
 from forge_load.service.loop import SimRun, run_simulated
 from forge_load.service.runtime import Runtime
 from forge_load.steering.pause import PauseSwitch
@@ -52,7 +52,7 @@ class Run:
 
     def power_1s(self, t_s: float) -> float:
         """The model's board power at t: its 1-s mean, as its NVML reports it."""
-        return IDLE_POWER_W + SPAN_W * self.gpu.busy_ratio(t_s - 1.0, t_s)
+        return self.gpu.energy_in_j(t_s - 1.0, t_s)
 
 
 def simulate(flags: str, env: dict[str, str] | None = None, at: dict[float, Callable[[], None]] | None = None,
@@ -75,14 +75,14 @@ def simulate(flags: str, env: dict[str, str] | None = None, at: dict[float, Call
     return Run(run, [json.loads(line) for line in out.getvalue().splitlines()])
 
 
-# --- the power cap -----------------------------------------------------------------------------------------
+# --- the power cap: with the burn shape (the lean one's few watts never reach a cap above the context's idle) -----
 
 
 def test_the_cap_holds_board_power_binds_and_is_released() -> None:
     # 0.4 draws ~322 W; boosted to 0.8 after 20 s it would draw ~574 W: the 400-W cap binds. A job at 40 s ends
     # the boost (and the binding); back to 0.4 after it, the cap does not bind.
     run = simulate("--duration 64 --target 0.4 --boost-target 0.8 --boost-after 20 --max-power-w 400 "
-                   "--sim-foreign 40-45 --resume-after 5")
+                   "--sim-foreign 40-45 --resume-after 5 --shape burn")
     capped = run.of("power_capped")
     assert [(e["capped"], e["state"]) for e in capped] == [(True, "boosted"), (False, "yielding")]
     assert 20.0 <= float(capped[0]["t"]) <= run.t("boost") + 0.2  # binds the moment the boost asks for more
@@ -103,7 +103,7 @@ def test_the_cap_holds_board_power_binds_and_is_released() -> None:
 
 @pytest.mark.parametrize("cap_w", [150.0, 300.0, 650.0])
 def test_the_cap_holds_from_the_first_second_at_any_target(cap_w: float) -> None:
-    run = simulate(f"--duration 30 --target 1 --max-power-w {cap_w:g}")
+    run = simulate(f"--duration 30 --target 1 --max-power-w {cap_w:g} --shape burn")
     assert max(run.power_1s(1.0 + 0.1 * k) for k in range(290)) <= cap_w
     expected = min((cap_w * AIM_RATIO - IDLE_POWER_W) / SPAN_W, 1.0)
     assert run.gpu.busy_ratio(20.0, 30.0) == pytest.approx(expected, abs=0.02)
@@ -111,23 +111,34 @@ def test_the_cap_holds_from_the_first_second_at_any_target(cap_w: float) -> None
 
 
 def test_the_legacy_law_is_held_under_the_cap_too() -> None:
-    run = simulate("--duration 40 --controller legacy --max-power-w 300")  # alone it runs flat out: ~700 W
+    run = simulate("--duration 40 --controller legacy --max-power-w 300 --shape burn")  # alone: ~700 W
     assert max(run.power_1s(1.0 + 0.1 * k) for k in range(390)) <= 300.0
     assert run.gpu.busy_ratio(20.0, 40.0) == pytest.approx((300.0 * AIM_RATIO - IDLE_POWER_W) / SPAN_W, abs=0.02)
 
 
-def test_a_cap_under_idle_power_launches_nothing_and_says_so() -> None:
-    run = simulate("--duration 10 --max-power-w 50")
+@pytest.mark.parametrize("shape", ["lean", "burn"])
+def test_a_cap_under_idle_power_launches_nothing_and_says_so(shape: str) -> None:
+    # Under the context's idle (70 W in the model), though over the bare board's before our context (32 W).
+    run = simulate(f"--duration 10 --max-power-w 50 --shape {shape}")
     assert run.kernel_starts(0.0, 10.0) == []
     assert [(e["capped"], e["duty_limit"]) for e in run.of("power_capped")] == [(True, 0.0)]
+
+
+def test_with_the_lean_shape_a_cap_over_the_contexts_idle_lets_the_target_be_held() -> None:
+    # 30 W over the context's idle: the cap's first duty (30/630) is under what it learns from, and the lean kernel
+    # draws next to nothing over idle; the slope comes down reading by reading until the target holds.
+    run = simulate("--duration 40 --max-power-w 100")
+    assert run.gpu.busy_ratio(30.0, 40.0) == pytest.approx(0.5, abs=0.02)
+    assert max(run.power_1s(2.0 + 0.1 * k) for k in range(380)) <= 100.0
+    assert not run.rt.filler.power_cap.binding  # type: ignore[union-attr]
 
 
 # --- the energy counter --------------------------------------------------------------------------------------
 
 
 def model_energy_j(gpu: SimGpu, spans: list[tuple[float, float]]) -> float:
-    """The model's own integral: idle power all the time, plus the span while any kernel ran."""
-    return sum(IDLE_POWER_W * (b - a) + SPAN_W * gpu.busy_ratio(a, b) * (b - a) for a, b in spans)
+    """The model's own integral over these spans (gpu/sim.py's power model)."""
+    return sum(gpu.energy_in_j(a, b) for a, b in spans)
 
 
 def test_the_energy_counter_is_the_devices_energy_while_filling() -> None:
@@ -136,7 +147,7 @@ def test_the_energy_counter_is_the_devices_energy_while_filling() -> None:
     filling = [(0.0, run.t("yield")), (run.t("resume"), last_reading_s)]  # counted from reading to reading
     expected_j = model_energy_j(run.gpu, filling)
     assert run.rt.filler.energy.energy_j == pytest.approx(expected_j, rel=1e-9)
-    assert expected_j == pytest.approx(45 * (IDLE_POWER_W + 0.5 * SPAN_W), rel=0.02)  # a sanity check of the spans
+    assert expected_j == pytest.approx(45 * (IDLE_POWER_W + 0.5 * LIGHT_SM_W), rel=0.02)  # a sanity check of spans
     stop = run.of("stop")[0]
     assert stop["energy_j"] == round(expected_j, 1) and stop["energy_source"] == "counter"
     assert run.of("start")[0]["energy_source"] == "counter"
@@ -146,13 +157,14 @@ def test_the_energy_counter_is_the_devices_energy_while_filling() -> None:
 
 def test_without_an_energy_counter_the_power_readings_are_integrated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SimProbe, "energy_j", lambda self: None)
-    run = simulate("--duration 60 --sim-foreign 20-30 --resume-after 5")
+    run = simulate("--duration 60 --sim-foreign 20-30 --resume-after 5 --shape burn")  # steps of hundreds of watts
     last_reading_s = run.rt.monitor.latest().t_s  # type: ignore[union-attr]
     expected_j = model_energy_j(run.gpu, [(0.0, run.t("yield")), (run.t("resume"), last_reading_s)])
     # A 1-s mean lags a step in power by half a second: at each start of filling (the start and the resume) the
-    # integral misses about half a second of the filler's ~315 W; a yield after steady filling loses nothing.
+    # integral misses about half a second of the filler's ~315 W (at the start also of our context's 38 W); a yield
+    # after steady filling loses nothing.
     missed_j = expected_j - run.rt.filler.energy.energy_j
-    assert 2 * 0.4 * 0.5 * SPAN_W <= missed_j <= 2 * 0.6 * 0.5 * SPAN_W
+    assert 2 * 0.4 * 0.5 * SPAN_W <= missed_j <= 2 * 0.6 * 0.5 * SPAN_W + 0.5 * CONTEXT_POWER_W
     assert run.of("stop")[0]["energy_source"] == "power" and run.of("start")[0]["energy_source"] == "power"
 
 

@@ -1,8 +1,10 @@
 """The operator's controls in real mode on the virtual GPU (the unmodified numba-cuda and pynvml path): the power
 cap held, pausing by SIGUSR1 complete, the energy counter from NVML's, and the process's name in the GPU's list.
 
-Judged by the virtual GPU's own record of every kernel (`gpu.kernels()`) and its power model (70 W idle to 700 W,
-by the busy share of the last second), never by what the filler says of itself.
+Judged by the virtual GPU's own record of every kernel (`gpu.kernels()`) and its power model, never by what the
+filler says of itself. The filler runs the burn shape, where a cap binds: its full waves draw the board's limit
+(700 W) while they run, over 70 W with a context, so 70 W + 630 W x the busy share of a second bounds the model's
+power from above (a last wave's tail draws less).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def capped_and_paused(tmp_path_factory: pytest.TempPathFactory, vgpu_lib_dir: Pa
     from vgpu import VirtualGpu
 
     gpu = VirtualGpu(tmp_path_factory.mktemp("operators"), lib_dir=vgpu_lib_dir)
-    run = forge(gpu, "--target", "0.9", "--max-power-w", str(CAP_W), "--duration", "14", "--log-interval", "0.5")
+    run = forge(gpu, "--target", "0.9", "--max-power-w", str(CAP_W), "--duration", "14", "--log-interval", "0.5",
+                "--shape", "burn")
     seen: dict[str, str] = {}
     wait_past(run, 3.0)
     seen["cmdline filling"] = Path(f"/proc/{run.proc.pid}/cmdline").read_bytes().rstrip(b"\0").decode()

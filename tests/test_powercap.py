@@ -9,7 +9,9 @@ import pytest
 from forge_load.control.monitor import Reading
 from forge_load.control.powercap import (
     DEFAULT_BOARD_LIMIT_W,
+    LOWER_WEIGHT,
     MARGIN_RATIO,
+    MIN_LEARN_RATIO,
     RELEASE_BAND,
     CapChange,
     PowerCap,
@@ -84,6 +86,7 @@ def test_below_the_cap_the_controller_rules_and_nothing_binds() -> None:
 def test_no_limit_before_an_idle_reading_and_none_under_idle() -> None:
     cap = PowerCap(300.0, board_limit_w=700.0)
     assert cap.duty_limit == 0.0  # nothing known: launch nothing
+    assert cap.after_plan(0.0, 0.0) is None  # but it does not bind: there is nothing to say yet
     cap.observe(None, 0.0, quiet=True)
     assert cap.duty_limit == 0.0
     cap.observe(80.0, 0.0, quiet=True)
@@ -102,12 +105,25 @@ def test_foreign_power_teaches_nothing() -> None:
     assert cap.duty_limit == before and cap.idle_w == IDLE_W and cap.power_w == 650.0
 
 
-def test_a_reading_mid_ramp_or_at_a_tiny_share_teaches_nothing() -> None:
+def test_a_reading_mid_ramp_teaches_nothing_and_one_at_a_tiny_share_never_raises_the_slope() -> None:
     cap = PowerCap(300.0, board_limit_w=700.0)
     cap.observe(IDLE_W, 0.0, quiet=True)
     cap.observe(80.0, 0.2, quiet=True, steady=False)
-    cap.observe(71.0, 0.01, quiet=True)
-    assert cap.learned_slope_w is None
+    cap.observe(71.0, 0.01, quiet=True)  # 100 W per unit of share: below the limit's 630, but noise at 1 %
+    cap.observe(79.0, 0.01, quiet=True)  # 900 W per unit: above it, noise too
+    assert cap.learned_slope_w == pytest.approx(630.0 + LOWER_WEIGHT * (100.0 - 630.0))
+
+
+def test_a_kernel_that_draws_little_lowers_the_slope_even_at_the_tiny_duty_a_cap_near_idle_allows() -> None:
+    # A cap 30 W over idle allows 30/630 of duty at first, under MIN_LEARN_RATIO; a lean kernel's readings there show
+    # next to nothing over idle. Learning nothing from them would hold that duty for good.
+    cap = PowerCap(IDLE_W + 30.0, board_limit_w=700.0)
+    cap.observe(IDLE_W, 0.0, quiet=True)
+    first = cap.duty_limit
+    assert first < MIN_LEARN_RATIO
+    for _ in range(20):
+        cap.observe(IDLE_W + 0.01, min(cap.duty_limit, 0.5), quiet=True)
+    assert cap.duty_limit == 1.0
 
 
 def test_binding_starts_at_the_limit_and_ends_a_band_below_it() -> None:
@@ -203,3 +219,16 @@ def test_a_share_over_one_counts_as_one() -> None:
     cap = RecordingCap()
     PowerWatch(cap, busy).observe(10.0, reading(1, 500.0, 9.9))
     assert cap.seen == [(500.0, 1.0, True, False)]
+
+
+def test_a_reading_whose_second_began_before_our_context_teaches_no_idle() -> None:
+    # NVML's 1-s mean at our start is the board before our context existed (bare idle, below the context's idle
+    # by tens of watts: docs/design.md §15). Taken for idle, it would put the line's intercept too low: a cap under
+    # the context's idle power would still launch, and every slope learnt after it would be too steep.
+    busy = FakeBusy([], complete_until_s=100.0)
+    cap = RecordingCap()
+    watch = PowerWatch(cap, busy, since_s=5.0)
+    watch.observe(5.0, reading(1, 32.0, 5.0))  # its second, 4.0 to 5.0, began before our context at 5.0
+    assert cap.seen == [] and cap.idle_w is None and cap.power_w == 32.0  # shown, not learnt from
+    watch.observe(6.0, reading(2, 70.0, 6.0))
+    assert cap.seen == [(70.0, 0.0, True, True)] and cap.idle_w == 70.0

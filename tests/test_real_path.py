@@ -325,14 +325,15 @@ def compilers_mapped(pid: int) -> list[str]:
     return [name for name in COMPILERS if name in maps]
 
 
-@pytest.mark.parametrize(("cc", "cuda_version", "image"), [
-    ("9.0", 12090, "sm_90"), ("8.6", 12090, "sm_86"), ("8.7", 12090, "sm_86"), ("7.5", 12020, "sm_75"),
-    ("12.0", 12090, "sm_120"), ("10.3", 12080, "sm_100"),
+@pytest.mark.parametrize(("cc", "cuda_version", "image", "shape"), [
+    ("9.0", 12090, "sm_90", "lean"), ("8.6", 12090, "sm_86", "lean"), ("8.7", 12090, "sm_86", "lean"),
+    ("7.5", 12020, "sm_75", "lean"), ("12.0", 12090, "sm_120", "lean"), ("10.3", 12080, "sm_100", "lean"),
+    ("9.0", 12090, "sm_90", "burn"), ("7.0", 12020, "sm_70", "burn"),
 ], ids=lambda v: str(v))
 def test_the_filler_loads_a_fitting_cubin_and_no_compiler(vgpu: VgpuFactory, cc: str, cuda_version: int,
-                                                            image: str) -> None:
+                                                            image: str, shape: str) -> None:
     gpu = vgpu(cc=cc, cuda_version=cuda_version)
-    run = forge(gpu, "--duration", "30", "--log-interval", "1")
+    run = forge(gpu, "--duration", "30", "--log-interval", "1", "--shape", shape)
     try:
         start = wait_for(run, "status")
         assert compilers_mapped(run.proc.pid) == []
@@ -341,8 +342,8 @@ def test_the_filler_loads_a_fitting_cubin_and_no_compiler(vgpu: VgpuFactory, cc:
         assert finish(run) == 0, run.stderr[-2000:]
     modules = [m for m in gpu.modules() if m["pid"] == run.proc.pid]
     assert modules == [{"pid": run.proc.pid, "kind": "cubin", "arch": image, "result": "CUDA_SUCCESS"}]
-    assert run.of("start")[0]["kernel_image"] == f"burn.{image}.cubin"
-    assert start and run.kernels()
+    assert run.of("start")[0]["kernel_image"] == f"{shape}.{image}.cubin"
+    assert start and {k.kind for k in run.kernels()} == {"lean" if shape == "lean" else "other"}
 
 
 def test_a_gpu_no_cubin_fits_fills_from_the_ptx_on_a_new_enough_driver(vgpu: VgpuFactory) -> None:
@@ -351,12 +352,12 @@ def test_a_gpu_no_cubin_fits_fills_from_the_ptx_on_a_new_enough_driver(vgpu: Vgp
     assert run.wait() == 0, run.stderr[-2000:]
     modules = [m for m in gpu.modules() if m["pid"] == run.proc.pid]
     assert [(m["kind"], m.get("ptx_version"), m["result"]) for m in modules] == [("ptx", "8.8", "CUDA_SUCCESS")]
-    assert run.of("start")[0]["kernel_image"] == "burn.ptx"
+    assert run.of("start")[0]["kernel_image"] == "lean.ptx"
     assert run.kernels()
 
 
 @pytest.mark.parametrize(("cc", "cuda_version", "answers", "to_do"), [
-    ("11.0", 12080, "burn.ptx CUDA_ERROR_UNSUPPORTED_PTX_VERSION",  # PTX 8.8 needs CUDA 12.9
+    ("11.0", 12080, "lean.ptx CUDA_ERROR_UNSUPPORTED_PTX_VERSION",  # PTX 8.8 needs CUDA 12.9
      "its PTX 8.8 needs a driver of CUDA 12.9 or newer: update the driver, or install forge-load[jit]"),
     ("6.1", 12090, "burn.ptx CUDA_ERROR_INVALID_PTX",  # PTX for sm_70 does not compile for sm_61
      "this GPU is older than every image (sm_70 and newer): install forge-load[jit]"),
@@ -365,7 +366,8 @@ def test_where_no_image_loads_one_line_says_why_and_what_to_do(vgpu: VgpuFactory
                                                                cc: str, cuda_version: int, answers: str,
                                                                to_do: str) -> None:
     gpu = vgpu(cc=cc, cuda_version=cuda_version)
-    run = forge(gpu, "--duration", "3", env=without_numba)
+    shape = answers.split(".", 1)[0]
+    run = forge(gpu, "--duration", "3", "--shape", shape, env=without_numba)
     assert (run.wait(), run.stderr) == (3, "")
     arch = "sm_" + cc.replace(".", "")
     version = f"{cuda_version // 1000}.{cuda_version % 1000 // 10}"
@@ -376,9 +378,22 @@ def test_where_no_image_loads_one_line_says_why_and_what_to_do(vgpu: VgpuFactory
     assert gpu.kernels() == []
 
 
-def test_with_the_jit_extra_numba_compiles_the_kernel_for_a_gpu_no_image_fits(vgpu: VgpuFactory) -> None:
+def test_the_lean_kernel_needs_volta_and_a_gpu_before_it_is_told_to_use_burn(vgpu: VgpuFactory) -> None:
+    # nanosleep is sm_70's: no image, and no compiler, can make the lean kernel for a Pascal GPU. Before any module
+    # load or launch, one line says so, and what to do; not "install the jit extra", which cannot help.
     gpu = vgpu(cc="6.1", cuda_version=12090)
     run = forge(gpu, "--duration", "3")
+    assert run.wait() == 3
+    lines = [line for line in run.stderr.splitlines() if "FORGE_SHAPE" in line]
+    assert len(lines) == 1, run.stderr[-2000:]
+    assert "the lean kernel sleeps with nanosleep, which needs compute capability 7.0 (Volta) or newer" in lines[0]
+    assert "(sm_61)" in lines[0] and "FORGE_SHAPE=burn" in lines[0] and "jit" not in lines[0].split("FORGE_SHAPE")[0]
+    assert gpu.modules() == [] and gpu.kernels() == []
+
+
+def test_with_the_jit_extra_numba_compiles_the_kernel_for_a_gpu_no_image_fits(vgpu: VgpuFactory) -> None:
+    gpu = vgpu(cc="6.1", cuda_version=12090)
+    run = forge(gpu, "--duration", "3", "--shape", "burn")
     assert run.wait() == 0, run.stderr[-2000:]
     modules = [m for m in gpu.modules() if m["pid"] == run.proc.pid]
     assert [(m["kind"], m["arch"], m["result"]) for m in modules] == [

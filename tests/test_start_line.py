@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 import types
 
 import pytest
@@ -19,7 +20,7 @@ from forge_load.service.runtime import log_start
 from tests.test_clock import OFFSET_S, Clocks
 
 ESSENTIALS = ["t", "event", "time", "gpu", "state", "target", "gpu_mem_mib", "gpu_name", "controller",
-              "metric", "resume_after_s", "signals", "wall_time", "version", "simulated", "uuid"]
+              "metric", "shape", "resume_after_s", "signals", "wall_time", "version", "simulated", "uuid"]
 
 
 def lines(*argv: str, fmt: str = "text") -> list[str]:
@@ -30,7 +31,7 @@ def lines(*argv: str, fmt: str = "text") -> list[str]:
 
 
 def fields(line: str) -> list[str]:
-    return [pair.split("=", 1)[0] for pair in line.replace('"Simulated GPU (132 SMs)"', "x").split(" ")]
+    return [pair.split("=", 1)[0] for pair in shlex.split(line)]  # quoted values hold spaces
 
 
 def test_the_key_value_start_line_holds_the_essentials_first() -> None:
@@ -38,8 +39,10 @@ def test_the_key_value_start_line_holds_the_essentials_first() -> None:
     assert fields(start) == ESSENTIALS
     assert re.match(r"t=0\.00 event=start time=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d gpu=0 state=filling "
                     r"target=0\.500 gpu_mem_mib=512\.0 gpu_name=", start), start
-    assert len(start) < 340, len(start)
+    assert len(start) < 355, len(start)
     assert "signals=process,memory,utilization" in start
+    assert " metric=utilization shape=lean " in start  # the default shape, named
+    assert 'shape_layout="one sleeping warp"' in settings
     assert re.match(r"t=0\.00 event=settings time=\S+ gpu=0 ", settings) and settings.split()[-1].startswith("uuid=")
     assert " controller=" not in settings and " signals=" not in settings
     assert {"boost_target", "poll_interval_s", "sim_seed", "nvml_clock", "gpu_requested", "driver"} <= set(
@@ -53,6 +56,16 @@ def test_the_json_start_line_has_every_field_essentials_first() -> None:
     essentials = [k for k in ESSENTIALS if k not in ("time", "uuid")]  # time: key=value lines'; uuid: last
     assert [k for k in start if k != "ts"][:len(essentials)] == essentials and list(start)[-1] == "uuid"
     assert set(start) - {"ts"} == (set(fields(text_start)) | set(fields(text_settings))) - {"time"}
+
+
+@pytest.mark.parametrize(("argv", "shape", "layout"), [
+    ([], "lean", "one sleeping warp"),
+    (["--shape", "burn"], "burn", "full waves of FMA blocks on every SM"),
+])
+def test_the_start_line_names_the_shape_and_how_its_kernels_are_laid_out(argv: list[str], shape: str,
+                                                                         layout: str) -> None:
+    start = json.loads(lines(*argv, fmt="json")[0])
+    assert (start["shape"], start["shape_layout"]) == (shape, layout)
 
 
 def test_hold_dir_is_not_on_a_simulated_start_unless_set() -> None:

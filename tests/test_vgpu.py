@@ -435,6 +435,8 @@ GPU_TESTS = {
     "tests/test_gpu.py::test_filler_holds_half_the_gpu_for_real": "pass",
     "tests/test_gpu.py::test_an_event_on_an_empty_stream_completes_while_another_stream_runs_a_kernel": "pass",
     "tests/test_gpu.py::test_filler_holds_sm_activity_read_through_gpm_for_real": "pass",
+    "tests/test_gpu.py::test_the_lean_kernel_holds_utilization_and_sm_activity_for_real": "pass",
+    "tests/test_gpu.py::test_the_shipped_lean_kernel_sleeps_about_its_request_on_hardware": "pass",
     "tests/test_nvml.py::test_real_gpu_answers_every_query": "pass",
     "tests/test_bench.py::test_real_gpu_short_run": "pass",
 }

@@ -157,6 +157,7 @@ def test_process_lists_stop_at_the_pid_namespace(vgpu: VgpuFactory) -> None:
 
 
 POWER = DRIVER + NVML + r'''
+time.sleep(1.05)  # our context open for a whole second: NVML's 1-s mean is the idle with a context
 e0, t0 = n.nvmlDeviceGetTotalEnergyConsumption(h), time.monotonic()
 idle_w = n.nvmlDeviceGetPowerUsage(h) / 1e3
 busy(0.6)
@@ -172,8 +173,9 @@ def test_power_energy_temperature_and_versions(vgpu: VgpuFactory) -> None:
     gpu = vgpu()
     r = run_py(gpu, POWER)
     assert r["idle_w"] == 70.0 and r["limit_w"] == 700.0
-    assert r["busy_w"] == pytest.approx(70 + 630 * 0.6, abs=630 * 0.03)  # 0.6 s busy in the last second
-    # energy: idle power all along plus (max - idle) while the kernel ran
+    # 0.6 s of full waves (arithmetic: the board's limit) in the last second
+    assert r["busy_w"] == pytest.approx(70 + 630 * 0.6, abs=630 * 0.03)
+    # energy: idle power (with our context) all along plus (max - idle) while the kernel ran
     assert r["joules"] == pytest.approx(70 * r["seconds"] + 630 * 0.6, rel=0.03)
     assert 30 < r["temp"] < 70
     assert r["driver"].endswith("-virtual") and r["cuda"] == 12090
@@ -276,9 +278,9 @@ import pynvml
 from forge_load.gpu.launcher import CudaLauncher
 pynvml.nvmlInit()
 uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-launcher = CudaLauncher(uuid if isinstance(uuid, str) else uuid.decode())
+launcher = CudaLauncher(uuid if isinstance(uuid, str) else uuid.decode(), shape=os.environ["SHAPE"])
 done = []
-launcher.launch(16, time.monotonic(), count=7)  # two waves a kernel
+launcher.launch(int(os.environ["SIZE"]), time.monotonic(), count=7)
 while not done:
     time.sleep(0.005)
     done += launcher.poll(time.monotonic())
@@ -288,13 +290,19 @@ print(json.dumps({"pid": os.getpid(), "count": k.count, "kernel_s": k.kernel_s, 
 '''
 
 
-def test_a_burst_is_two_driver_launches_and_still_timed_exactly(vgpu: VgpuFactory) -> None:
-    """A burst of seven kernels' work is queued as the first kernel and one kernel of the other six's blocks:
-    two cuLaunchKernel calls, not seven; the events still time one kernel of the burst's size exactly."""
-    gpu = vgpu()
-    r = run_py(gpu, BURST)
+@pytest.mark.parametrize(("shape", "size"), [("burn", 16), ("lean", 100)])  # two waves; 100 sleep quanta
+def test_a_burst_is_two_driver_launches_and_still_timed_exactly(vgpu: VgpuFactory, shape: str, size: int) -> None:
+    """A burst of seven kernels' work is queued as the first kernel and one kernel of the other six's work (burn:
+    their blocks; lean: their quanta): two cuLaunchKernel calls, not seven; the events still time one kernel of the
+    burst's size exactly."""
+    gpu = vgpu(sleep_jitter=0.0)
+    r = run_py(gpu, BURST, env={"SHAPE": shape, "SIZE": str(size)})
     mine = [k for k in gpu.kernels() if k.pid == r["pid"]]  # open launches nothing: only the burst's
     assert len(mine) == 2
+    if shape == "lean":
+        assert [(k.kind, k.quanta, k.grid, k.block) for k in mine] == [("lean", size, 1, 32), ("lean", 6 * size, 1, 32)]
+    else:
+        assert {k.kind for k in mine} == {"other"} and [k.grid for k in mine] == [16 * 132, 6 * 16 * 132]
     first_s, rest_s = (k.end - k.start for k in mine)
     assert rest_s == pytest.approx(6 * first_s, rel=0.05)  # one launch overhead instead of six
     assert r["count"] == 7 and r["kernel_s"] == pytest.approx(first_s, rel=0.05)

@@ -9,7 +9,16 @@ import pytest
 from forge_load.config.sim import SimConfig
 from forge_load.control.probe import GpuFailedError
 from forge_load.control.worker import IDLE_PLAN, MAX_KERNELS, BusyLog, Completed, Plan, Worker
-from forge_load.gpu.sim import LAUNCH_LATENCY_S, LAUNCH_OVERHEAD_S, WAVE_S, SimGpu, SimLauncher, VirtualClock
+from forge_load.gpu.sim import (
+    LAUNCH_LATENCY_S,
+    LAUNCH_OVERHEAD_S,
+    SLEEP_QUANTUM_S,
+    SLEEP_RATIO,
+    WAVE_S,
+    SimGpu,
+    SimLauncher,
+    VirtualClock,
+)
 
 # --- BusyLog ----------------------------------------------------------------------------------------
 
@@ -91,6 +100,7 @@ class Run:
     start_s: float
     end_s: float
     grid_blocks: int
+    quanta: int | None = None  # a lean kernel's length in sleep quanta; None for a burn kernel
 
 
 class RecordingGpu(SimGpu):
@@ -100,9 +110,9 @@ class RecordingGpu(SimGpu):
         super().__init__(config, clock)
         self.runs: list[Run] = []
 
-    def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
-        start_s, end_s = super().run_kernel(submit_s, grid_blocks)
-        self.runs.append(Run(submit_s, start_s, end_s, grid_blocks))
+    def run_kernel(self, submit_s: float, grid_blocks: int, quanta: int | None = None) -> tuple[float, float]:
+        start_s, end_s = super().run_kernel(submit_s, grid_blocks, quanta)
+        self.runs.append(Run(submit_s, start_s, end_s, grid_blocks, quanta))
         return start_s, end_s
 
 
@@ -129,11 +139,12 @@ class Rig:
         return self.gpu.own_busy_s(a_s, b_s) / (b_s - a_s)
 
 
-def rig(plan: Plan | None = None, sms: int = 132, seed: int = 0) -> Rig:
+def rig(plan: Plan | None = None, sms: int = 132, seed: int = 0, shape: str = "burn",
+        gpu_type: type[RecordingGpu] = RecordingGpu) -> Rig:
     clock = VirtualClock()
-    gpu = RecordingGpu(SimConfig(sms=sms, seed=seed), clock)
+    gpu = gpu_type(SimConfig(sms=sms, seed=seed), clock)
     log = BusyLog()
-    worker = Worker(SimLauncher(gpu), log)
+    worker = Worker(SimLauncher(gpu, shape), log)
     if plan is not None:
         worker.set_plan(plan)
     return Rig(clock, gpu, log, worker)
@@ -381,7 +392,7 @@ def test_a_lone_kernel_read_short_does_not_shrink_the_measured_rate() -> None:
     # Learning from it made the next bursts six times longer than queue_s (seen with 8 GPUs in one process).
     clock = VirtualClock()
     gpu = RecordingGpu(SimConfig(), clock)
-    worker = Worker(LateClockLauncher(gpu), BusyLog())
+    worker = Worker(LateClockLauncher(gpu, "burn"), BusyLog())
     worker.set_plan(Plan(M, 0.03, period_s=1 / 6))  # 5-ms bursts: one kernel each
     r = Rig(clock, gpu, worker.busy_log, worker)
     r.drive(3.0)
@@ -471,7 +482,7 @@ class LateAnchorLauncher(SimLauncher):
     the end capped at the poll's `now_s` (the start not), so a kernel that just ended can read as negative."""
 
     def __init__(self, gpu: SimGpu, late_s: float) -> None:
-        super().__init__(gpu)
+        super().__init__(gpu, "burn")
         self.late_s = late_s
 
     def poll(self, now_s: float) -> list[Completed]:
@@ -542,3 +553,73 @@ def test_a_limit_changing_at_every_step_never_runs_more_than_the_higher_duty() -
         r.worker.set_plan(Plan(M, 0.6 if high else 0.3, period_s=1 / 12))
         r.drive(t)
     assert peak_share(r, 1.0, 5.0) <= 0.6 + 0.005
+
+
+# --- the lean kernel: its length is its sleep loop, which nanosleep does not promise ------------------------------
+
+LEAN_M = 1000  # quanta: about 12 ms per kernel on the simulated GPU (its sleeps last SLEEP_RATIO of their request)
+
+
+def lean_kernel_s(quanta: int, ratio: float = SLEEP_RATIO) -> float:
+    return LAUNCH_OVERHEAD_S + quanta * SLEEP_QUANTUM_S * ratio
+
+
+class NanosleepGpu(RecordingGpu):
+    """Sleeps as nanosleep promises no better: each quantum between 0 and twice RATIO x its request (a mean of RATIO
+    of it, 1.7 here, which nothing tells the Worker), so a kernel's length is the sum of its quanta's."""
+
+    RATIO = 1.7
+
+    def kernel_s(self, grid_blocks: int, quanta: int | None = None) -> float:
+        if quanta is None:
+            return super().kernel_s(grid_blocks)
+        # The sum of `quanta` uniform draws on [0, 2 RATIO q]: mean quanta RATIO q, variance quanta (RATIO q)^2 / 3.
+        mean_s = quanta * self.RATIO * SLEEP_QUANTUM_S
+        return LAUNCH_OVERHEAD_S + max(self._rng.gauss(mean_s, self.RATIO * SLEEP_QUANTUM_S * (quanta / 3) ** 0.5),
+                                       0.0)
+
+
+@pytest.mark.parametrize("gpu_type", [RecordingGpu, NanosleepGpu])
+@pytest.mark.parametrize("period_s", PERIODS)
+@pytest.mark.parametrize("duty", [0.1, 0.3, 0.5, 0.8, 0.95])
+def test_busy_share_follows_duty_with_the_lean_kernel(duty: float, period_s: float,
+                                                       gpu_type: type[RecordingGpu]) -> None:
+    r = rig(Plan(LEAN_M, duty, period_s=period_s), shape="lean", gpu_type=gpu_type)
+    r.drive(6.0)
+    assert r.share(1.0, 6.0) == pytest.approx(duty, abs=0.005)
+    for a in range(1, 6):
+        assert r.share(a, a + 1) == pytest.approx(duty, abs=0.01)
+    assert {run.grid_blocks for run in r.gpu.runs} == {1}  # one warp, whatever the length
+    assert max(run.end_s - run.submit_s for run in r.gpu.runs) <= r.worker.queue_s * 1.05 + LAUNCH_LATENCY_S
+
+
+@pytest.mark.parametrize(("gpu_type", "ratio"), [(RecordingGpu, SLEEP_RATIO), (NanosleepGpu, NanosleepGpu.RATIO)])
+def test_the_worker_learns_what_a_sleep_quantum_really_lasts(gpu_type: type[RecordingGpu], ratio: float) -> None:
+    r = rig(Plan(LEAN_M, 0.5), shape="lean", gpu_type=gpu_type)
+    assert r.worker.launch_s is None
+    r.drive(2.0)
+    assert r.worker.launch_s == pytest.approx(lean_kernel_s(LEAN_M, ratio), rel=0.03)  # not the requested 10 ms
+    r.worker.set_plan(Plan(LEAN_M // 2, 0.5))  # per quantum, so a new length needs no new measurement
+    assert r.worker.launch_s == pytest.approx(lean_kernel_s(LEAN_M // 2, ratio), rel=0.03)
+
+
+@pytest.mark.parametrize("offset_s", [0.0, 0.011, 0.071])
+def test_a_drain_of_lean_kernels_ends_within_queue_s(offset_s: float) -> None:
+    r = rig(Plan(LEAN_M, 1.0, period_s=1 / 6), shape="lean", gpu_type=NanosleepGpu)  # the fullest queue
+    r.drive(2.0 + offset_s)
+    drain_s = t = r.clock.now()
+    while (due := r.worker.drain(t)) != t:
+        t = due
+        r.clock.advance_to(t)
+    assert r.worker.in_flight == 0
+    assert r.gpu.runs[-1].end_s <= drain_s + r.worker.queue_s * 1.05 + LAUNCH_LATENCY_S
+
+
+def test_the_lean_kernel_for_sm_activity_is_one_warp_on_every_sm() -> None:
+    clock = VirtualClock()
+    gpu = RecordingGpu(SimConfig(sms=114), clock)
+    worker = Worker(SimLauncher(gpu, "lean", "sm_activity"), BusyLog())
+    worker.set_plan(Plan(LEAN_M, 0.5))
+    Rig(clock, gpu, worker.busy_log, worker).drive(1.0)
+    assert {run.grid_blocks for run in gpu.runs} == {114}
+    assert {run.quanta for run in gpu.runs} >= {LEAN_M}

@@ -62,6 +62,8 @@ class Kernel:
     grid: int = 0  # blocks
     block: int = 0  # threads per block
     mig: int | None = None  # the GPU instance ID of the MIG device it ran on; None on a whole GPU
+    kind: str = "other"  # "lean": the lean kernel, timed by its sleep (docs/design.md §15); "other": by its waves
+    quanta: int | None = None  # the lean kernel's count of sleep quanta (its first argument); None for any other
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ class VirtualGpu:
                  history_s: float = 15.0, fastest_first: Sequence[int] | None = None,
                  nvml_cost: Mapping[str, float] | None = None,
                  compute_mode: str = "default", cc: str = "9.0", cuda_version: int = 12090, mig: int = 0,
-                 minors: Sequence[int] | None = None, lib_dir: str | os.PathLike[str] | None = None) -> None:
+                 minors: Sequence[int] | None = None, sleep_ratio: float = 1.2, sleep_jitter: float = 0.1,
+                 lib_dir: str | os.PathLike[str] | None = None) -> None:
         if not (isinstance(gpus, int) and 1 <= gpus <= MAX_GPUS):
             raise VgpuError(f"gpus={gpus!r}: expected 1 to {MAX_GPUS}")
         if not (isinstance(window_s, (int, float)) and WINDOW_MIN_S - 1e-9 <= window_s <= WINDOW_MAX_S):
@@ -153,6 +156,11 @@ class VirtualGpu:
                                        and all(isinstance(m, int) and 0 <= m <= MINOR_MAX for m in minors)):
             raise VgpuError(f"minors={minors!r}: expected {gpus} distinct minor numbers from 0 to {MINOR_MAX}, "
                             "one per GPU (the N of /dev/nvidiaN)")
+        if not (isinstance(sleep_ratio, (int, float)) and 0 < sleep_ratio <= 2):
+            raise VgpuError(f"sleep_ratio={sleep_ratio!r}: expected what a sleep lasts over its request, (0, 2] "
+                            "(nanosleep promises 0 to 2 times)")
+        if not (isinstance(sleep_jitter, (int, float)) and 0 <= sleep_jitter < 1):
+            raise VgpuError(f"sleep_jitter={sleep_jitter!r}: expected a share of the lean kernel's length, [0, 1)")
         for name in not_supported:
             if not (isinstance(name, str) and name.startswith("nvml") and name.replace("_", "").isalnum()):
                 raise VgpuError(f"not_supported: {name!r} is not an NVML function name (nvml...)")
@@ -167,6 +175,7 @@ class VirtualGpu:
             "total_mib": total_mib, "wave_s": repr(float(wave_s)), "overhead_s": repr(float(overhead_s)),
             "latency_s": repr(float(latency_s)), "history_s": history_s, "compute_mode": compute_mode,
             "cc_major": cc_major, "cc_minor": cc_minor, "cuda_version": cuda_version, "mig": mig,
+            "sleep_ratio": repr(float(sleep_ratio)), "sleep_jitter": repr(float(sleep_jitter)),
         }
         if fail_gpu:
             config["fail_gpu"] = _pairs("fail_gpu", fail_gpu, gpus, integer=False)

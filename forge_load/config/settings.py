@@ -47,6 +47,7 @@ class Config:
     duration_s: float = 0.0
     controller: str = "pi"
     metric: str = "utilization"  # what the target is a target of (control/quantity.py)
+    shape: str = "lean"  # what our kernels are (control/shape.py)
     poll_interval_s: float = 0.1
     foreign_mem_mib: float = 64.0
     foreign_util_ratio: float = 0.1
@@ -71,6 +72,7 @@ class Config:
 MAX_FOREIGN_SAMPLES = 100  # the Monitor keeps this many judged sample windows for the signals
 CONTROLLER_NAMES = ("pi", "legacy")  # controller.make_controller makes each of these
 METRIC_NAMES = ("utilization", "sm_activity", "gr_activity")  # quantity.QUANTITIES holds each of these
+SHAPE_NAMES = ("lean", "burn")  # control/shape.py lays out each of these
 
 # Boost target used when none is given; a target above it means "no boost" rather than an error.
 DEFAULT_BOOST_TARGET = 0.6
@@ -139,6 +141,11 @@ SETTINGS: tuple[Setting, ...] = (
             "what the target is a target of: utilization (NVML's), sm_activity (GPM SM_UTIL) or gr_activity "
             "(GPM GRAPHICS_UTIL); the GPM ones need compute capability 9.0 or newer; default utilization",
             logged="metric"),
+    Setting("shape", "FORGE_SHAPE", "--shape", partial(choice_value, choices=SHAPE_NAMES),
+            "what our kernels are: lean (a sleeping warp, one per SM for sm_activity: the metric at the fewest "
+            "watts) or burn (FMA loops in full waves on every SM: for what lean cannot move, such as SM occupancy, "
+            "pipe, tensor or DRAM activity and power-based dashboards); default lean",
+            logged="shape"),
     Setting("poll_interval_s", "FORGE_POLL_INTERVAL", "--poll-interval",
             partial(seconds_value, low=0.01, high=1.0), "seconds between GPU polls, 0.01 to 1; default 0.1",
             logged="poll_interval_s"),

@@ -47,8 +47,9 @@ class Observation:
     foreign_pids: tuple[int, ...]  # processes on the GPU other than ours, as far as our PID namespace shows
     foreign_mem_mib: float | None  # device memory beyond ours and the baseline
     recent: tuple[ShareSample, ...]  # the latest judged sample windows, oldest first
-    # The latest GPM readings' SM activity against our own busy share of each span, oldest first (docs/design.md §12):
-    # our kernels are full waves over every SM, so our own SM activity is at most our busy share.
+    # The latest GPM readings' SM activity against our own SM activity of each span, oldest first (docs/design.md §12):
+    # our busy share times the share of the SMs our kernels keep a warp on (control/shape.py), which our own load
+    # never exceeds.
     activity: tuple[ShareSample, ...] = ()
 
 
@@ -87,8 +88,10 @@ def utilization_signal(seen: Observation, limits: Thresholds) -> str | None:
 
 
 def sm_activity_signal(seen: Observation, limits: Thresholds) -> str | None:
-    """GPM's SM activity beyond our own busy share: the same tolerance as utilization's. The tails of our last
-    waves read below our share, which can only hide a job's SM activity behind ours, never make ours look foreign."""
+    """GPM's SM activity beyond our own (our busy share times the share of the SMs our kernels hold): the same
+    tolerance as utilization's. The tails of our sleeps or last waves read below it, which can only hide a job's SM
+    activity behind ours, never make ours look foreign; a single warp of ours counts for one SM only, so a job on the
+    others is seen."""
     if not (run := _run_over(seen.activity, limits)):
         return None
     last = seen.activity[-1]

@@ -84,7 +84,8 @@ class Filler:
         self.reasons = policy.reasons
         self.heartbeat = controls.heartbeat
         self.on_transition = controls.on_transition
-        self.power_watch = PowerWatch(self.power_cap, worker.busy_log) if self.power_cap is not None else None
+        self.power_watch = (PowerWatch(self.power_cap, worker.busy_log, since_s=timing.start_s)
+                            if self.power_cap is not None else None)
         self.yields = 0
         self.yielding_s = 0.0
         self.last: Reading | None = None
@@ -97,6 +98,7 @@ class Filler:
         self._last_beat_s = float("-inf")
         self._yield_since_s: float | None = None
         self._draining = False  # a yield's (or a pause's) last kernels are still running
+        self._held_at_zero = False  # the last plan's duty limit was 0 (the power cap allowed nothing)
         # Energy: the device's, over the time between two readings that began while we were filling.
         self.energy = EnergyMeter()  # the device's energy while we fill
         controller.start(timing.start_s)
@@ -161,7 +163,8 @@ class Filler:
         # While filling, the next burst takes the readings in between; otherwise each one may end a wait. A
         # pause file is read at each reading, as fast as a yield: with one, every reading still wakes us.
         self.monitor.wake_every_reading = (self.policy.state not in FILLING_STATES or self._draining
-                                           or (self.pauses is not None and self.pauses.pause_file is not None))
+                                           or (self.pauses is not None and self.pauses.pause_file is not None)
+                                           or self._held_at_zero)  # the cap's first idle reading starts it
         ack_due_s = self.holds.ack_due_s if self.holds is not None else float("inf")
         return min(due_s, self._next_status_s, self.lines.due_s, ack_due_s)
 
@@ -198,6 +201,11 @@ class Filler:
         """The controller's plan for the Worker, under the power cap's duty limit; without a reading (an unpause
         between polls), from what the controller already knows."""
         limit = self.reasons.duty_limit
+        if limit <= 0.0 or self._held_at_zero:
+            # The power cap allowed nothing (before its first idle reading, or under idle): nothing filled, so the
+            # windows until it allows some are not the controller's to learn from, as before a start.
+            self.controller.start(now_s)
+        self._held_at_zero = limit <= 0.0
         samples = self.quantity.samples(reading) if reading is not None else []
         window_s = reading.window_s if reading is not None else self.monitor.window_s
         plan = self.controller.update(self.policy.current_target, samples, window_s, self.worker.launch_s,

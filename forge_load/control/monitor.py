@@ -80,12 +80,14 @@ class Reading:
 
 class Monitor:
     """`own_mem_context_mib` is what our context added to the device's memory when it was created;
-    `start_s` is when we started: samples of windows that began earlier only teach the window length."""
+    `start_s` is when we started: samples of windows that began earlier only teach the window length;
+    `own_sm_ratio` is the share of the SMs our kernels keep a warp on while they run (control/shape.py), so our own
+    SM activity is our busy share times it."""
 
     def __init__(self, probe: Probe, busy_log: BusyLog, own_pid: int, baseline_mem_mib: float,
                  own_mem_context_mib: float, thresholds: Thresholds = DEFAULT_THRESHOLDS, poll_interval_s: float = 0.1,
                  start_s: float = float("-inf"), on_reading: Callable[[], None] | None = None,
-                 signals: Sequence[tuple[str, Signal]] = SIGNALS) -> None:
+                 signals: Sequence[tuple[str, Signal]] = SIGNALS, own_sm_ratio: float = 1.0) -> None:
         self.probe = probe
         self.busy_log = busy_log
         self.own_pid = own_pid
@@ -96,6 +98,7 @@ class Monitor:
         self.start_s = start_s
         self.on_reading = on_reading
         self.signals = tuple(signals)
+        self.own_sm_ratio = own_sm_ratio
         self.failure: Exception | None = None  # what ended run(): a GpuFailedError, or a bug
         self._lock = threading.Lock()
         self._latest: Reading | None = None
@@ -202,9 +205,13 @@ class Monitor:
             # Where NVML has no utilization (MIG), GPM's GRAPHICS_UTIL less our own share is the utilization
             # signal's input: the time any kernel ran, as NVML's utilization counts it.
             self._recent.extend(ShareSample(a.t_s, a.gr_ratio, a.own_ratio) for a in activity)
-        # GPM's SM activity beyond our own share, wherever GPM is (whole GPU or MIG device): our kernels are full
-        # waves over every SM, so our own SM activity is our busy share, less the tails of last waves.
-        self._recent_activity.extend(ShareSample(a.t_s, a.sm_ratio, a.own_ratio) for a in activity)
+        # GPM's SM activity beyond our own share, wherever GPM is (whole GPU or MIG device): our kernels keep a warp
+        # on `own_sm_ratio` of the SMs while they run (every SM for burn's full waves and lean's sm_activity layout,
+        # one for lean's single warp), so our own SM activity is our busy share times that, less the tails of sleeps
+        # or of last waves: never more, so our own load never looks foreign, and a job on the SMs ours leave idle
+        # is seen.
+        self._recent_activity.extend(ShareSample(a.t_s, a.sm_ratio, a.own_ratio * self.own_sm_ratio)
+                                     for a in activity)
         used_mib = self.probe.memory_used_mib()
         processes = self._read_processes(now_s, used_mib)
         self._processes_offered = processes is not None

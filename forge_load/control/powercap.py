@@ -25,13 +25,14 @@ from forge_load.control.monitor import Reading
 
 DEFAULT_BOARD_LIMIT_W = 1500.0  # when NVML names no limit: above any single GPU's, so the first duty errs low
 MARGIN_RATIO = 0.05  # aim this far under the cap: NVML's readings wobble by a percent, our bursts' 1-s share by more
-MIN_LEARN_RATIO = 0.05  # below this busy share our power cannot be told from the readings' noise
+MIN_LEARN_RATIO = 0.05  # below this busy share our power cannot be told from the readings' noise: never raised from
 LOWER_WEIGHT = 0.2  # how far one reading below the line moves the slope toward it
 RELEASE_BAND = 0.01  # binding ends once the controller wants this much less duty than the limit
 # Our share of the second before a reading and of the one before that differ by at most this much of the larger,
 # plus the slack, when we were not mid-ramp ("steady").
 STEADY_RATIO = 0.1
 STEADY_SLACK_RATIO = 0.01
+BEFORE_SLACK_S = 0.05  # a power reading's second may begin this much before our context: a poll grid's rounding
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,16 @@ class PowerCap:
             self.idle_w = power_w if self.idle_w is None else min(self.idle_w, power_w)
             return
         slope_w = self.slope_w
-        if own_ratio < MIN_LEARN_RATIO or not steady or slope_w is None or self.idle_w is None:
+        if not steady or slope_w is None or self.idle_w is None:
             return
         seen_w = (power_w - self.idle_w) / own_ratio
         if seen_w >= slope_w:
-            self.learned_slope_w = seen_w
+            if own_ratio >= MIN_LEARN_RATIO:  # below it, a reading's noise over our share is no slope to believe
+                self.learned_slope_w = seen_w
         elif seen_w > 0:
+            # Lowered a step even from a small share: a kernel that draws little (the lean shape) leaves the board's
+            # limit as the slope, and a cap near idle power as a duty too small to learn from, for good; a step too
+            # far is raised back at the next reading that shows it.
             self.learned_slope_w = slope_w + self.lower_weight * (seen_w - slope_w)
 
     @property
@@ -102,8 +107,9 @@ class PowerCap:
 
     def after_plan(self, duty: float, limit: float) -> CapChange | None:
         """The controller planned `duty` under `limit`: the change in binding, if any. It binds once the limit
-        sets the duty, and stops once the controller wants RELEASE_BAND less, so it does not flap at the edge."""
-        if not self.binding and limit < 1.0 and duty >= limit - 1e-12:
+        sets the duty, and stops once the controller wants RELEASE_BAND less, so it does not flap at the edge. Before
+        an idle reading the limit is 0 because nothing is known yet, not because the cap binds: no line says so."""
+        if not self.binding and self.idle_w is not None and limit < 1.0 and duty >= limit - 1e-12:
             self.binding = True
             return CapChange(True, self.power_w, self.cap_w, limit)
         if self.binding and duty < limit - RELEASE_BAND:
@@ -134,11 +140,14 @@ class PowerWatch:
 
     Power is read about once a second (monitor.py): each reading of it is learnt from once. It waits until every
     kernel of ours that ran before it is timed: a burst still in flight would read our share low and the watts it
-    costs high (bursts last up to a twelfth of a second)."""
+    costs high (bursts last up to a twelfth of a second). A reading whose second began before `since_s` (when our
+    context was made) describes the board without it, tens of watts lower (docs/design.md §15): shown, never
+    learnt from, or the line's idle would sit below what our context alone draws."""
 
-    def __init__(self, cap: PowerCap, busy: BusyShares) -> None:
+    def __init__(self, cap: PowerCap, busy: BusyShares, since_s: float = float("-inf")) -> None:
         self.cap = cap
         self.busy = busy
+        self.since_s = since_s
         self._pending: tuple[float, Reading] | None = None  # a reading our busy log does not yet cover, and when
         self._seen_t_s: float | None = None  # when the power reading last learnt from was read
 
@@ -147,6 +156,9 @@ class PowerWatch:
         covers the time it came at; then the cap learns from it, with our share of the second before that time."""
         if self._pending is None and reading.power_w is not None and reading.power_t_s != self._seen_t_s:
             self._seen_t_s = reading.power_t_s
+            if reading.power_t_s is not None and reading.power_t_s - 1.0 < self.since_s - BEFORE_SLACK_S:
+                self.cap.power_w = reading.power_w  # NVML's 1-s mean of a board without our context yet
+                return
             self._pending = (now_s, reading)
         if self._pending is None or self.busy.complete_until_s < self._pending[0]:
             return

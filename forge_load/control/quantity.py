@@ -12,6 +12,7 @@ units, plus the setting that chooses it (config/settings.py) and, where NVML off
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,9 +81,10 @@ def _gr_held(reading: Reading) -> list[Held]:
     return [Held(a.t_s, a.span_s, a.gr_ratio, a.own_ratio) for a in reading.activity]
 
 
-# GPM's SM_UTIL (docs/design.md §12): our kernels are full waves over every SM, so SM activity follows our busy
-# share, less the tails of last waves; the controller's integral learns that bias as it does NVML's. Our own share
-# of it is taken as our busy share, as the sm_activity signal takes it.
+# GPM's SM_UTIL (docs/design.md §12): with a warp of ours on every SM (the lean shape's layout for it, or the burn
+# shape's full waves), SM activity follows our busy share, less the tails of sleeps or last waves; the controller's
+# integral learns that bias as it does NVML's. A shape that covers a share of the SMs moves it by that share per unit
+# of duty (quantity_for). Our own share of it is taken as our busy share: held, it has a warp on every SM.
 SM_ACTIVITY = Quantity("sm_activity", "ratio", _sm_samples, duty_for=lambda target: target, per_duty=1.0,
                        held=_sm_held, field="sm_activity", own_field="sm_activity_own")
 # GPM's GRAPHICS_UTIL: the time any kernel ran, as NVML's utilization counts it, and there on MIG devices too.
@@ -125,3 +127,13 @@ class HeldNow:
 
     def mean(self) -> tuple[float, float] | None:
         return held_mean(self._recent)
+
+
+def quantity_for(name: str, sm_ratio: float = 1.0) -> Quantity:
+    """The quantity FORGE_METRIC names, for kernels that keep a warp resident on `sm_ratio` of the SMs while they run
+    (control/shape.py): SM activity then moves by `sm_ratio` per unit of duty, and its feed-forward asks for the duty
+    that gives the target (at most all of the time). The time any kernel runs does not depend on it."""
+    quantity = QUANTITIES[name]
+    if name != SM_ACTIVITY.name or sm_ratio >= 1.0:
+        return quantity
+    return dataclasses.replace(quantity, duty_for=lambda target: min(target / sm_ratio, 1.0), per_duty=sm_ratio)

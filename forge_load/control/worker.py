@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from forge_load.control.probe import GpuFailedError
+from forge_load.control.shape import Shape
 
 DEFAULT_PERIOD_S = 1.0 / 12.0  # divides every NVML sample window of 1/6 s, 1/4 s, 1/2 s and 1 s
 QUEUE_S = 0.09  # the most work queued at once: a yield's last kernel ends at most this after the yield
@@ -31,7 +32,8 @@ IDLE_WAKE_S = 1.0  # nothing to launch: a new plan comes with a reading, which s
 class Plan:
     """What the Worker should do until the next plan.
 
-    multiplier: grid size in blocks per SM: the largest kernel the Worker launches.
+    multiplier: the size of the largest kernel the Worker launches, in the shape's unit (control/shape.py): sleep
+        quanta of the lean kernel, blocks per SM of the burn kernel.
     duty_ratio: the share of wall time our kernels should be running; 0 launches nothing.
     gap_s: a fixed sleep after each launch completes (the legacy law's pacing); 0 paces by duty alone.
     period_s: how often the Worker queues a burst; 0 leaves it to the Worker. One that divides NVML's
@@ -60,9 +62,10 @@ class Completed:
 
 class Launcher(Protocol):
     sm_count: int
+    shape: Shape  # what its kernels are
 
     def launch(self, multiplier: int, now_s: float, count: int = 1) -> None:
-        """Queue `count` burn kernels of `multiplier` blocks per SM back to back; returns at once."""
+        """Queue `count` kernels of the shape, each of `multiplier` (its unit), back to back; returns at once."""
 
     def poll(self, now_s: float) -> list[Completed]:
         """Launches finished since the last poll, in launch order (one Completed per launch call)."""
@@ -74,8 +77,10 @@ class Launcher(Protocol):
 
 
 class BlockRate:
-    """Seconds of kernel per block per SM, measured: a moving average of timed kernels' lengths over their sizes
-    (the Worker's, from what it was told; the CUDA launcher's, from its events)."""
+    """Seconds of kernel per unit of the multiplier (a block per SM of the burn kernel, a sleep quantum of the lean
+    one), measured: a moving average of timed kernels' lengths over their sizes (the Worker's, from what it was told;
+    the CUDA launcher's, from its events). A lean kernel's length is what its sleeps really last, which nanosleep
+    does not promise (0 to 2x the request): learnt here, like a burn kernel's wave time, never assumed."""
 
     def __init__(self, weight: float = 0.2) -> None:
         self.weight = weight
@@ -158,7 +163,8 @@ class Worker:
     a short one.
 
     `launch_s` is the measured length of one kernel at `plan.multiplier` (what the controller sizes it by):
-    the Worker learns the seconds per block per SM, which holds whatever the multiplier.
+    the Worker learns the seconds per unit of the multiplier (BlockRate), which holds whatever the multiplier, for a
+    kernel whose length is its waves (burn) as for one whose length is its sleep loop (lean).
     """
 
     def __init__(self, launcher: Launcher, busy_log: BusyLog, queue_s: float = QUEUE_S,
@@ -261,7 +267,7 @@ class Worker:
         room_s = self.queue_s - self._queued_s(now_s)
         burst_s = min(self._owed_s, room_s)
         self._in_burst = room_s < self._owed_s
-        if burst_s < 0.5 * self._rate.rate_s:  # less than half a block per SM: not worth a launch
+        if burst_s < 0.5 * self._rate.rate_s:  # less than half a unit of the multiplier: not worth a launch
             return
         nominal_s = self._rate.rate_s * multiplier
         count = min(max(1, math.ceil(burst_s / nominal_s - 1e-9)), MAX_KERNELS)

@@ -52,8 +52,8 @@ class Backend(Protocol):
     def open_probe(self, selector: str) -> Probe:
         """The GPU an index or UUID names; NoGpuError (exit 3) if there is none."""
 
-    def open_launcher(self, probe: Probe) -> Launcher:
-        """Our context on the probe's GPU."""
+    def open_launcher(self, probe: Probe, shape: str, metric: str) -> Launcher:
+        """Our context on the probe's GPU, launching kernels of `shape` (FORGE_SHAPE) laid out for `metric`."""
 
     def open_clock(self, probe: Probe) -> LoopClock:
         """The clock the probe's GPU's loop runs on, and how it waits."""
@@ -82,11 +82,11 @@ class NvidiaBackend:
 
         return nvml.NvmlProbe(selector)
 
-    def open_launcher(self, probe: Probe) -> Launcher:
+    def open_launcher(self, probe: Probe, shape: str, metric: str) -> Launcher:
         from forge_load.gpu import launcher
 
         show_cuda_the_mig_device(probe.info.uuid, os.environ)
-        return launcher.CudaLauncher(probe.info.uuid)
+        return launcher.CudaLauncher(probe.info.uuid, shape=shape, metric=metric)
 
     def open_clock(self, probe: Probe) -> WallLoopClock:
         return WallLoopClock()
@@ -125,10 +125,10 @@ class SimBackend:
             raise NoGpuError(f"GPU {selector} does not exist: {self.config.gpus} simulated (--sim-gpus): {visible}")
         return SimProbe(SimGpu(self.config, VirtualClock(), index, keep_history=self.keep_history))
 
-    def open_launcher(self, probe: Probe) -> SimLauncher:
+    def open_launcher(self, probe: Probe, shape: str, metric: str) -> SimLauncher:
         if not isinstance(probe, SimProbe):
             raise TypeError(f"the simulated GPU launches only beside its own probe, not {type(probe).__name__}")
-        return SimLauncher(probe.gpu)
+        return SimLauncher(probe.gpu, shape, metric)
 
     def open_clock(self, probe: Probe) -> VirtualLoopClock:
         if not isinstance(probe, SimProbe) or not isinstance(probe.gpu.clock, VirtualClock):

@@ -1,9 +1,9 @@
-"""The burn kernel as the filler loads it: images compiled when the package is built, and how they are launched.
+"""The kernels as the filler loads them: images compiled when the package is built, and how they are launched.
 
-numba compiles `kernels.burn_py` ahead of time (scripts/build_kernels.py): one cubin per architecture of
-CUBIN_ARCHES and the PTX, into `prebuilt/`, with `burn.json` naming them. This module reads them and knows which
-one a GPU runs and how cuLaunchKernel is given the arguments; it imports no compiler (neither numba nor CUDA), so
-the filler carries none (docs/design.md §8 and "Which kernel image a GPU runs").
+numba compiles `kernels.lean_py` and `kernels.burn_py` ahead of time (scripts/build_kernels.py): for each kernel, one
+cubin per architecture of CUBIN_ARCHES and the PTX, into `prebuilt/`, with `<kernel>.json` naming them. This module
+reads them and knows which one a GPU runs and how cuLaunchKernel is given the arguments; it imports no compiler
+(neither numba nor CUDA), so the filler carries none (docs/design.md §8 and "Which kernel image a GPU runs").
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-THREADS_PER_BLOCK: int = 256
+# The kernels, by the name of their images: the shapes of control/shape.py launch them.
+LEAN: str = "lean"
+BURN: str = "burn"
+KERNEL_NAMES: tuple[str, ...] = (LEAN, BURN)
+
+THREADS_PER_BLOCK: int = 256  # the burn kernel's blocks
+LEAN_THREADS_PER_BLOCK: int = 32  # one warp: the least an SM can hold resident
 
 # 4096 iterations: each one is a dependent FFMA (~4 cycles latency), so a lone block runs ~10 us; a full SM (8
 # resident blocks of 256) is throughput bound at ~0.1 ms. Small enough that launches of a few ms
@@ -27,26 +33,41 @@ THREADS_PER_BLOCK: int = 256
 # of the kernel.
 BURN_ITERS: int = 4096
 
+LEAN_MIN_CC: tuple[int, int] = (7, 0)  # PTX's nanosleep: sm_70 and newer
+
+# The lean kernel's sleep request: nanosleep sleeps between 0 and twice it and is unreliable above ~1 ms
+# (docs/design.md §15). 10 us sizes a ~10-ms kernel in ~1000 steps, each a few instructions of one warp.
+SLEEP_QUANTUM_NS: int = 10_000
+
 # Every value a thread computes is >= 0, so a negative sentinel never matches and the kernel never writes.
 UNREACHABLE_SENTINEL: float = -1.0
 
-# The one signature compiled, shipped and launched.
+# The one signature of each kernel compiled, shipped and launched.
 BURN_SIGNATURE: str = "void(float32[::1], int32, float32)"
+LEAN_SIGNATURE: str = "void(int32, uint32)"  # (quanta, quantum_ns)
 
 # One cubin each: a cubin runs on its own major compute capability at an equal or higher minor, so these cover
-# Volta (7.0) to Blackwell (12.x); the PTX (for sm_70) is for anything newer.
+# Volta (7.0) to Blackwell (12.x); the PTX (for sm_70) is for anything newer. sm_70 is also nanosleep's first.
 CUBIN_ARCHES: tuple[int, ...] = (70, 75, 80, 86, 89, 90, 100, 120)
 PTX_CC: tuple[int, int] = (7, 0)
 
 PREBUILT_DIR: Path = Path(__file__).resolve().parent / "prebuilt"
-MANIFEST_NAME: str = "burn.json"
 
 
-def cubin_name(arch: int) -> str:
-    return f"burn.sm_{arch}.cubin"
+def manifest_name(kernel: str = BURN) -> str:
+    return f"{kernel}.json"
 
 
-PTX_NAME: str = "burn.ptx"
+def cubin_name(arch: int, kernel: str = BURN) -> str:
+    return f"{kernel}.sm_{arch}.cubin"
+
+
+def ptx_name(kernel: str = BURN) -> str:
+    return f"{kernel}.ptx"
+
+
+MANIFEST_NAME: str = manifest_name(BURN)
+PTX_NAME: str = ptx_name(BURN)
 
 # numba's ABI for BURN_SIGNATURE, as cuLaunchKernel takes it: a `float32[::1]` array is its data model's seven
 # fields (meminfo, parent, nitems, itemsize, data, shape[0], strides[0]), each pointer-sized, then the int32 and
@@ -62,7 +83,12 @@ ARGUMENT_LAYOUT: tuple[tuple[str, type[ctypes._SimpleCData]], ...] = (  # type: 
     ("iters", ctypes.c_int32),
     ("sentinel", ctypes.c_float),
 )
-OUT_ITEMS: int = 1  # the one float32 the kernel may write (never, with UNREACHABLE_SENTINEL)
+# LEAN_SIGNATURE's: two 32-bit scalars, as they are. The virtual GPU reads them to time the kernel (vgpu/src/cuda.c).
+LEAN_ARGUMENT_LAYOUT: tuple[tuple[str, type[ctypes._SimpleCData]], ...] = (  # type: ignore[type-arg]
+    ("quanta", ctypes.c_int32),
+    ("quantum_ns", ctypes.c_uint32),
+)
+OUT_ITEMS: int = 1  # the one float32 the burn kernel may write (never, with UNREACHABLE_SENTINEL)
 OUT_ITEMSIZE: int = 4
 
 
@@ -80,6 +106,10 @@ class Arguments:
     def as_ints(self) -> list[int | float | None]:
         return [v.value for v in self.values]
 
+    def set(self, index: int, value: int) -> None:
+        """Change one value in place: cuLaunchKernel copies the values at each call, so the next launch takes it."""
+        self.values[index].value = value
+
 
 def pack_arguments(out_address: int, iters: int = BURN_ITERS, sentinel: float = UNREACHABLE_SENTINEL) -> Arguments:
     """The arguments of one launch on a one-float32 output at device address `out_address`."""
@@ -90,10 +120,17 @@ def pack_arguments(out_address: int, iters: int = BURN_ITERS, sentinel: float = 
     return Arguments(params, values)
 
 
+def pack_lean_arguments(quanta: int = 1, quantum_ns: int = SLEEP_QUANTUM_NS) -> Arguments:
+    """The lean kernel's arguments; `quanta` (index 0) is set again for each launch (Arguments.set)."""
+    values = tuple(ctype(v) for (_, ctype), v in zip(LEAN_ARGUMENT_LAYOUT, (quanta, quantum_ns)))
+    params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+    return Arguments(params, values)
+
+
 @dataclass(frozen=True)
 class Manifest:
-    """What scripts/build_kernels.py wrote: the entry's (mangled) name, the PTX's ISA version and target, each
-    file's SHA-256 and the compiler that made them."""
+    """What scripts/build_kernels.py wrote for one kernel: the entry's (mangled) name, the PTX's ISA version and
+    target, each file's SHA-256 and the compiler that made them."""
 
     entry: str
     ptx_version: str  # the PTX's .version, e.g. "8.8"
@@ -101,6 +138,7 @@ class Manifest:
     cubin_arches: tuple[int, ...]
     sha256: dict[str, str]
     compiler: str
+    kernel: str = BURN  # whose images: the files are named after it
 
     @property
     def ptx_min_cuda_version(self) -> int:
@@ -150,18 +188,20 @@ def read_image_file(path: Path) -> bytes:
         os.close(fd)
 
 
-def load_manifest(directory: Path = PREBUILT_DIR) -> Manifest:
-    """The manifest in `directory`; ValueError naming it where it is not of this release's shape (a broken install,
-    which the launcher says as such), OSError where it cannot be read."""
-    path = directory / MANIFEST_NAME
+def load_manifest(directory: Path = PREBUILT_DIR, kernel: str = BURN) -> Manifest:
+    """The manifest of `kernel`'s images in `directory`; ValueError naming it where it is not of this release's shape
+    (a broken install, which the launcher says as such), OSError where it cannot be read."""
+    path = directory / manifest_name(kernel)
     raw = read_image_file(path)
     try:
         data = json.loads(raw)
         values: dict[str, Any] = {}
         for name, kind in typing.get_type_hints(Manifest).items():
+            if name == "kernel":
+                continue  # not in the file: the file's name says it
             _check_type(data[name], kind, name)
             values[name] = tuple(data[name]) if typing.get_origin(kind) is tuple else data[name]
-        manifest = Manifest(**values)
+        manifest = Manifest(**values, kernel=kernel)
         if not re.fullmatch(r"sm_[0-9]+", manifest.ptx_target):
             raise ValueError(f"ptx_target {manifest.ptx_target!r} is not sm_<arch>")
         manifest.ptx_min_cuda_version  # noqa: B018 - raises for a PTX ISA this release does not know
@@ -201,7 +241,7 @@ def pick_cubin(cc: tuple[int, int], arches: tuple[int, ...] = CUBIN_ARCHES) -> i
 @dataclass(frozen=True)
 class Image:
     kind: str  # "cubin" or "ptx"
-    name: str  # the file's name, e.g. burn.sm_90.cubin
+    name: str  # the file's name, e.g. lean.sm_90.cubin
     data: bytes  # as cuModuleLoadData takes it (PTX NUL-terminated)
 
 
@@ -211,12 +251,13 @@ def images_for(cc: tuple[int, int], manifest: Manifest, directory: Path = PREBUI
     names: list[tuple[str, str]] = []
     arch = pick_cubin(cc, manifest.cubin_arches)
     if arch is not None:
-        names.append(("cubin", cubin_name(arch)))
-    names.append(("ptx", PTX_NAME))
+        names.append(("cubin", cubin_name(arch, manifest.kernel)))
+    names.append(("ptx", ptx_name(manifest.kernel)))
     images = []
     for kind, name in names:
         data = read_image_file(directory / name)
         if hashlib.sha256(data).hexdigest() != manifest.sha256.get(name):
-            raise ValueError(f"{directory / name} does not match {MANIFEST_NAME}: reinstall forge-load")
+            manifest_file = manifest_name(manifest.kernel)
+            raise ValueError(f"{directory / name} does not match {manifest_file}: reinstall forge-load")
         images.append(Image(kind, name, data + b"\0" if kind == "ptx" else data))
     return images

@@ -3,7 +3,8 @@
 Only the driver API, through cuda-bindings (`cuda.bindings.driver`), imported only here: the kernel comes compiled
 (burn_image.py reads the images numba made when the package was built), so the filler loads it and carries no
 compiler: no numba, llvmlite, NVVM, NVRTC or nvJitLink. Only where no image loads and the `jit` extra is installed
-does numba compile it at start (kernels.jit_cubin). The timeline arithmetic is pure (`EventTimeline`), so it is
+does numba compile it at start (kernels.jit_cubin). Which kernel, and how each launch is laid out, is the shape's
+(control/shape.py). The timeline arithmetic is pure (`EventTimeline`), so it is
 tested without a GPU; the virtual GPU runs the rest (docs/design.md §3, §8).
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_load.control.probe import GpuFailedError, NoGpuError
+from forge_load.control.shape import LEAN, Shape
 from forge_load.control.worker import BlockRate, Completed
 from forge_load.gpu import burn_image
 
@@ -49,7 +51,8 @@ class EventTimeline:
     error accumulates from one anchor to the next.
 
     A burst ends at its last event's time after its anchor. Its kernels after the first are queued behind
-    it, so the two events measure their length exactly (`rate_s`, seconds per block per SM). A burst queued
+    it, so the two events measure their length exactly (`rate_s`, seconds per unit of the multiplier: a block per SM
+    of the burn kernel, a sleep quantum of the lean one, whose real length nanosleep does not promise). A burst queued
     behind the one before starts exactly when that one ended. A burst launched on an idle stream started at
     some moment inside its first launch call: its first kernel is given the length just measured for its
     size (or, for a burst of one kernel, the measured rate times its size), never an earlier start than the
@@ -67,7 +70,7 @@ class EventTimeline:
 
     @property
     def rate_s(self) -> float | None:
-        """Measured seconds of kernel per block per SM; None until a burst of two kernels was timed."""
+        """Measured seconds of kernel per unit of the multiplier; None until a burst of two kernels was timed."""
         return self._rate.rate_s
 
     def wants_anchor(self, host_s: float) -> bool:
@@ -154,9 +157,9 @@ class DriverError(RuntimeError):
 
 
 class CudaLauncher:
-    """Our CUDA context on the GPU with this UUID: a 4-byte buffer, a stream for the kernels and one for
-    clock anchors, the burn kernel loaded once with its arguments packed, and a ring of reused events (two per
-    burst).
+    """Our CUDA context on the GPU with this UUID: a stream for the kernels and one for clock anchors, the shape's
+    kernel loaded once with its arguments packed (the burn kernel's 4-byte buffer too; the lean kernel takes no
+    memory at all), and a ring of reused events (two per burst).
 
     The kernel is loaded at open, without launching it: the first kernel waits until the filler may fill (a pause
     or a foreign job at start launches nothing). Which image: the cubin for the GPU's architecture, else the PTX
@@ -169,9 +172,10 @@ class CudaLauncher:
     """
 
     def __init__(self, uuid: str, clock: Callable[[], float] = time.monotonic,
-                 stack_bytes: int = STACK_BYTES) -> None:
+                 stack_bytes: int = STACK_BYTES, shape: str = LEAN, metric: str = "utilization") -> None:
         prepare_process()
         self._clock = clock
+        self._shape_name, self._metric = shape, metric
         try:
             from cuda.bindings import driver as cu
         except Exception as error:
@@ -217,28 +221,40 @@ class CudaLauncher:
             self._streams.append(self._stream)
             self._clock_stream = self._call(cu.cuStreamCreate(0), "cuStreamCreate")  # anchors: nothing waits on it
             self._streams.append(self._clock_stream)
-            self._out = self._call(cu.cuMemAlloc(burn_image.OUT_ITEMS * burn_image.OUT_ITEMSIZE), "cuMemAlloc")
-            self._call(cu.cuMemsetD32(self._out, 0, burn_image.OUT_ITEMS), "cuMemsetD32")
             attribute = cu.CUdevice_attribute
             self.sm_count = int(self._call(
                 cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self._device),
                 "cuDeviceGetAttribute"))
+            self.shape = Shape.for_metric(self._shape_name, self._metric, self.sm_count)
             cc = tuple(int(self._call(cu.cuDeviceGetAttribute(a, self._device), "cuDeviceGetAttribute")) for a in
                        (attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
                         attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
             self.cc = (cc[0], cc[1])
-            self._args = burn_image.pack_arguments(int(self._out))
+            if self.shape.lean:
+                self._args = burn_image.pack_lean_arguments()
+                self._threads = burn_image.LEAN_THREADS_PER_BLOCK
+            else:
+                self._out = self._call(cu.cuMemAlloc(burn_image.OUT_ITEMS * burn_image.OUT_ITEMSIZE), "cuMemAlloc")
+                self._call(cu.cuMemsetD32(self._out, 0, burn_image.OUT_ITEMS), "cuMemsetD32")
+                self._args = burn_image.pack_arguments(int(self._out))
+                self._threads = burn_image.THREADS_PER_BLOCK
         except DriverError as error:
             raise GpuFailedError(f"could not start CUDA on {uuid}: {error}") from error
         # Load now, without launching: the first kernel waits until the filler may fill.
         self._function, self.kernel_image = self._load(uuid)
 
     def _load(self, uuid: str) -> tuple[Any, str]:
-        """(the burn kernel's function, the name of the image it came from); NoGpuError in one line where none
+        """(the shape's kernel's function, the name of the image it came from); NoGpuError in one line where none
         loads."""
         cu = self._cu
+        if self.shape.lean and self.cc < burn_image.LEAN_MIN_CC:
+            raise NoGpuError(
+                f"GPU {uuid} (sm_{self.cc[0]}{self.cc[1]}) cannot run the lean kernel: the lean kernel sleeps with "
+                f"nanosleep, which needs compute capability {burn_image.LEAN_MIN_CC[0]}.{burn_image.LEAN_MIN_CC[1]} "
+                "(Volta) or newer; set FORGE_SHAPE=burn (--shape burn) for this GPU, with the forge-load[jit] extra "
+                "that compiles the burn kernel for it")
         try:
-            manifest = burn_image.load_manifest()
+            manifest = burn_image.load_manifest(kernel=self.shape.name)
             images = burn_image.images_for(self.cc, manifest)
         except (OSError, ValueError, KeyError) as error:
             raise NoGpuError(f"the kernel images of this install cannot be read: {error}; reinstall forge-load") \
@@ -279,7 +295,7 @@ class CudaLauncher:
             from forge_load.gpu import kernels
         except ImportError:
             return None
-        data, entry = kernels.jit_cubin(self.cc)
+        data, entry = kernels.jit_cubin(self.cc, self.shape.name)
         self._module = self._call(self._cu.cuModuleLoadData(data), "cuModuleLoadData")
         function = self._call(self._cu.cuModuleGetFunction(self._module, entry.encode()), "cuModuleGetFunction")
         return function, f"jit sm_{self.cc[0]}{self.cc[1]}"
@@ -350,17 +366,22 @@ class CudaLauncher:
             self._anchor()
         anchor = self._timeline.launched()
         launch, function, params = self._cu.cuLaunchKernel, self._function, self._args.address
-        grid, threads, stream = multiplier * self.sm_count, burn_image.THREADS_PER_BLOCK, self._stream
+        lean, grid, threads, stream = self.shape.lean, self.shape.blocks(multiplier), self._threads, self._stream
+        if lean:
+            self._args.set(0, multiplier)  # the lean kernel's length, in sleep quanta
         called_s = self._clock()
         self._check(launch(function, grid, 1, 1, threads, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
         returned_s = self._clock()
         first = None
         if count > 1:
-            # The burst's other kernels as one kernel of their blocks together: the same work back to back, in
-            # one driver call instead of count - 1 (its length is count - 1 kernels', so the two events still
-            # time one kernel of `multiplier` exactly; a foreign kernel waits behind the burst either way).
+            # The burst's other kernels as one kernel of their work together (burn: their blocks; lean: their
+            # quanta): the same work back to back, in one driver call instead of count - 1 (its length is count - 1
+            # kernels', so the two events still time one kernel of `multiplier` exactly; a foreign kernel waits
+            # behind the burst either way).
             first = self._record(stream)
-            rest = grid * (count - 1)
+            if lean:
+                self._args.set(0, multiplier * (count - 1))
+            rest = grid if lean else grid * (count - 1)
             self._check(launch(function, rest, 1, 1, threads, 1, 1, 0, stream, params, 0), "cuLaunchKernel")
         last = self._record(stream)
         self._pending.append(_Pending(first, last, anchor, multiplier, count, called_s, returned_s))

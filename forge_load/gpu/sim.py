@@ -4,15 +4,19 @@ Worker (SimLauncher). The Monitor, controller, policy and logging that run again
 The model:
 - NVML utilization: every `window_s` (phase drawn from the seed) a sample of the share of the window
   during which any kernel ran, ours or foreign, rounded to a whole percent as NVML reports it.
-- Our kernels run one after another on one stream (a launch call may queue several back to back); each
-  takes a launch overhead plus one wave time per wave, waves = ceil(grid blocks / (SMs x resident
-  blocks per SM)), with a little seeded jitter.
+- Our kernels run one after another on one stream (a launch call may queue several back to back). A burn kernel
+  takes a launch overhead plus one wave time per wave, waves = ceil(grid blocks / (SMs x resident blocks per SM));
+  a lean one a launch overhead plus its quanta of sleep, each SLEEP_RATIO of its request (nanosleep promises only
+  0 to 2x); both with a little seeded jitter.
 - A foreign job takes its device memory at the start of its interval (its context) and GPU time while
   it runs: busy for `foreign_load_ratio` of every 20-ms period. It shows in the process list unless
   hidden (a container without --pid=host). Foreign and own kernels overlap, which makes the foreign
   share look smallest (the union), the hardest case for the utilization signal.
-- Board power: IDLE_POWER_W, or MAX_POWER_W while any kernel runs; NVML's reading is its mean over the last
-  second, the energy counter its integral from the start, and the enforced power limit MAX_POWER_W.
+- Board power (a model, docs/design.md §15): BARE_IDLE_POWER_W, plus CONTEXT_POWER_W while a context is open (ours,
+  or a foreign job's), plus what the kernel that runs draws: a lean kernel LIGHT_SM_W for each SM with a warp of it
+  resident, a burn kernel or a foreign job's the board's limit (MAX_POWER_W, full waves of arithmetic). NVML's
+  reading is its mean over the last second, the energy counter its integral from the start, and the enforced power
+  limit MAX_POWER_W.
 
 Long runs stay flat: our kernels are kept only as far back as a query can reach (the driver's sample
 buffer, the power window), and the foreign jobs are looked up by bisection, so each query costs what the
@@ -31,6 +35,7 @@ from typing import Protocol
 
 from forge_load.config.sim import SimConfig, sim_uuid
 from forge_load.control.probe import Activity, DeviceInfo, GpuFailedError, GpuProcess, UtilSample
+from forge_load.control.shape import LEAN, Shape
 from forge_load.control.worker import Completed
 
 RESIDENT_BLOCKS_PER_SM = 8  # 256-thread blocks, 2048 threads per SM
@@ -44,8 +49,14 @@ FOREIGN_PID_BASE = 40000
 BUFFERED_SAMPLES = 100
 POWER_WINDOW_S = 1.0  # power is drawn from the busy share of the last second
 HISTORY_SLACK_S = 1.0  # a poll may come a little after the clock it reads
-IDLE_POWER_W = 70.0
-MAX_POWER_W = 700.0
+# The power model's figures (docs/design.md §15; every power the simulated GPU reports is this model's):
+IDLE_POWER_W = 70.0  # an H100 SXM with a context and nothing running (P0)
+CONTEXT_POWER_W = 38.0  # what a context adds over bare idle: 26-50 W on HBM GPUs (arXiv 2605.23918)
+BARE_IDLE_POWER_W = IDLE_POWER_W - CONTEXT_POWER_W
+LIGHT_SM_W = 1.97 / 80  # AccelWattch's Volta (80 SMs): 1.97 W of static power for a light load on every SM
+MAX_POWER_W = 700.0  # the board's limit, which arithmetic in full waves reaches
+SLEEP_QUANTUM_S = 10e-6  # the lean kernel's request (burn_image.SLEEP_QUANTUM_NS)
+SLEEP_RATIO = 1.2  # what a quantum really lasts, over its request: the Worker has to learn it
 
 
 class Clock(Protocol):
@@ -110,18 +121,21 @@ class SimGpu:
             jobs = []
         self.timeline = JobTimeline(jobs)
         self.jobs = self.timeline.jobs
-        self.context_open = False
         self.lost = False
         self.lost_at_s: float | None = dict(config.fail_gpus).get(index)  # --sim-fail-gpu
         # How far back any query reaches: the oldest buffered sample's window, or the power window.
         self.history_s = max((BUFFERED_SAMPLES + 1) * self.window_s, POWER_WINDOW_S) + HISTORY_SLACK_S
         self.keep_history = keep_history  # everything, for tests and the benchmark that score a run afterwards
-        # Our kernels, back to back on one stream: starts, ends, and the busy seconds before each one.
-        # Locked, since with the wall clock the Monitor's thread reads them while the Worker's adds.
+        # Our kernels, back to back on one stream: starts, ends, the busy seconds before each one, and the watts
+        # each draws above the context's idle. Locked, since with the wall clock the Monitor's thread reads them
+        # while the Worker's adds.
         self._lock = threading.Lock()
         self._starts: list[float] = []
         self._ends: list[float] = []
         self._busy_before: list[float] = [0.0]
+        self._watts: list[float] = []
+        # Our context's spans (open, close); the last is open while a launcher holds it.
+        self._contexts: list[tuple[float, float]] = []
         self._kept_from_s = float("-inf")  # every kernel that ran after this is still in the lists
         # The energy counter, integrated up to _energy_t_s: advanced by queries, and before kernels are dropped.
         self._energy_lock = threading.Lock()
@@ -139,20 +153,50 @@ class SimGpu:
             when = f" (--sim-fail-gpu {self.index}@{self.lost_at_s:g})" if self.lost_at_s is not None else ""
             raise GpuFailedError(f"GPU {self.index} ({self.info.uuid}) was lost: simulated failure{when}")
 
-    # --- our kernels -------------------------------------------------------------------------------
-    def kernel_s(self, grid_blocks: int) -> float:
-        waves = math.ceil(grid_blocks / (self.config.sms * RESIDENT_BLOCKS_PER_SM))
-        return (LAUNCH_OVERHEAD_S + WAVE_S * waves) * (1.0 + self._rng.uniform(-JITTER_RATIO, JITTER_RATIO))
+    # --- our context ------------------------------------------------------------------------------
+    @property
+    def context_open(self) -> bool:
+        return bool(self._contexts) and self._contexts[-1][1] == math.inf
 
-    def run_kernel(self, submit_s: float, grid_blocks: int) -> tuple[float, float]:
+    @context_open.setter
+    def context_open(self, is_open: bool) -> None:
+        now_s = self.clock.now()
+        if is_open and not self.context_open:
+            self._contexts.append((now_s, math.inf))
+        elif not is_open and self.context_open:
+            self.energy_j(now_s)  # counted up to here with the context open
+            self._contexts[-1] = (self._contexts[-1][0], now_s)
+            del self._contexts[:-2]  # the counter is integrated up to now: older spans are never asked again
+
+    # --- our kernels -------------------------------------------------------------------------------
+    def kernel_s(self, grid_blocks: int, quanta: int | None = None) -> float:
+        """A burn kernel's length (its waves), or with `quanta` a lean kernel's (its sleep), jittered."""
+        if quanta is None:
+            waves = math.ceil(grid_blocks / (self.config.sms * RESIDENT_BLOCKS_PER_SM))
+            length_s = LAUNCH_OVERHEAD_S + WAVE_S * waves
+        else:
+            length_s = LAUNCH_OVERHEAD_S + quanta * SLEEP_QUANTUM_S * SLEEP_RATIO
+        return length_s * (1.0 + self._rng.uniform(-JITTER_RATIO, JITTER_RATIO))
+
+    def kernel_watts(self, grid_blocks: int, quanta: int | None = None) -> float:
+        """What one of our kernels draws above the context's idle: a lean one its SMs' light load, a burn one
+        arithmetic to the board's limit."""
+        if quanta is None:
+            return MAX_POWER_W - IDLE_POWER_W
+        return LIGHT_SM_W * min(grid_blocks, self.config.sms)
+
+    def run_kernel(self, submit_s: float, grid_blocks: int, quanta: int | None = None) -> tuple[float, float]:
+        """Queue one kernel of ours: a burn kernel of `grid_blocks` blocks, or with `quanta` a lean one of
+        `grid_blocks` warps that sleep that many quanta."""
         if not self.keep_history and submit_s - self._energy_t_s > self.history_s / 2:
             self.energy_j(submit_s - self.history_s / 2)  # before the kernels it needs are dropped
         start_s = max(submit_s + LAUNCH_LATENCY_S, self._ends[-1] if self._ends else 0.0)
-        end_s = start_s + self.kernel_s(grid_blocks)
+        end_s = start_s + self.kernel_s(grid_blocks, quanta)
         with self._lock:
             self._starts.append(start_s)
             self._ends.append(end_s)
             self._busy_before.append(self._busy_before[-1] + (end_s - start_s))
+            self._watts.append(self.kernel_watts(grid_blocks, quanta))
             if not self.keep_history:
                 self._forget_before(submit_s - self.history_s)
         return start_s, end_s
@@ -161,7 +205,7 @@ class SimGpu:
         """Drop the kernels that ended before `t_s`, in halves, so the cost per kernel stays constant."""
         cut = bisect_right(self._ends, t_s)
         if cut > len(self._ends) // 2:
-            del self._starts[:cut], self._ends[:cut], self._busy_before[:cut]
+            del self._starts[:cut], self._ends[:cut], self._busy_before[:cut], self._watts[:cut]
             self._kept_from_s = t_s
 
     def own_busy_s(self, a_s: float, b_s: float) -> float:
@@ -208,14 +252,27 @@ class SimGpu:
                 union_s += self._foreign_busy_s(jobs, a_s, b_s) - overlap_s
         return min(max(union_s / (b_s - a_s), 0.0), 1.0)
 
+    def energy_in_j(self, a_s: float, b_s: float) -> float:
+        """The board's energy over [a_s, b_s] by the power model (the module's docstring): bare idle, the context
+        while one is open, and the kernel that runs; where a foreign job's kernels overlap ours, theirs."""
+        jobs = self.timeline.near(a_s, b_s)
+        span_s = b_s - a_s
+        with self._lock:
+            ours_j = 0.0
+            for i in range(bisect_right(self._ends, a_s), bisect_left(self._starts, b_s)):
+                lo, hi = max(self._starts[i], a_s), min(self._ends[i], b_s)
+                ours_j += self._watts[i] * (hi - lo - (self._foreign_busy_s(jobs, lo, hi) if jobs else 0.0))
+        foreign_j = (MAX_POWER_W - IDLE_POWER_W) * self._foreign_busy_s(jobs, a_s, b_s) if jobs else 0.0
+        spans = [(max(a, a_s), min(b, b_s)) for a, b in self._contexts if a < b_s and b > a_s]
+        spans += [(max(job.start_s, a_s), min(job.end_s, b_s)) for job in jobs if job.start_s < b_s and job.end_s > a_s]
+        return BARE_IDLE_POWER_W * span_s + CONTEXT_POWER_W * _union_s(spans) + ours_j + foreign_j
+
     def energy_j(self, t_s: float) -> float:
-        """The energy counter at `t_s` (from 0): the instantaneous power is IDLE_POWER_W, or MAX_POWER_W while any
-        kernel runs, so its 1-s mean is what power_w reports."""
+        """The energy counter at `t_s` (from 0): the integral of the power model, so its 1-s mean is what power_w
+        reports."""
         with self._energy_lock:
             if t_s > self._energy_t_s:
-                span_s = t_s - self._energy_t_s
-                busy_ratio = self.busy_ratio(self._energy_t_s, t_s)
-                self._energy_j += IDLE_POWER_W * span_s + (MAX_POWER_W - IDLE_POWER_W) * busy_ratio * span_s
+                self._energy_j += self.energy_in_j(self._energy_t_s, t_s)
                 self._energy_t_s = t_s
             return self._energy_j
 
@@ -270,8 +327,7 @@ class SimProbe:
 
     def power_w(self) -> float | None:
         now_s = self.gpu.clock.now()
-        util = self.gpu.busy_ratio(now_s - POWER_WINDOW_S, now_s)  # before the start, nothing ran
-        return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * util
+        return self.gpu.energy_in_j(now_s - POWER_WINDOW_S, now_s) / POWER_WINDOW_S  # before the start, bare idle
 
     def energy_j(self) -> float | None:
         self.gpu.check()
@@ -282,7 +338,7 @@ class SimProbe:
 
     def temperature_c(self) -> float | None:
         power_w = self.power_w() or IDLE_POWER_W
-        return 30.0 + 40.0 * (power_w - IDLE_POWER_W) / (MAX_POWER_W - IDLE_POWER_W)
+        return 30.0 + 40.0 * max(power_w - IDLE_POWER_W, 0.0) / (MAX_POWER_W - IDLE_POWER_W)
 
     def activity(self) -> Activity | None:
         return None  # the simulated GPU has no GPM (info.gpm is False)
@@ -292,11 +348,13 @@ class SimProbe:
 
 
 class SimLauncher:
-    """The Launcher protocol on the simulated GPU: kernels are queued on the GPU's timeline."""
+    """The Launcher protocol on the simulated GPU: kernels of the shape (control/shape.py) are queued on the GPU's
+    timeline."""
 
-    def __init__(self, gpu: SimGpu) -> None:
+    def __init__(self, gpu: SimGpu, shape: str = LEAN, metric: str = "utilization") -> None:
         self.gpu = gpu
         self.sm_count = gpu.config.sms
+        self.shape = Shape.for_metric(shape, metric, self.sm_count)
         self._pending: list[tuple[float, float, int, int]] = []
         gpu.context_open = True
 
@@ -304,9 +362,11 @@ class SimLauncher:
         return {}
 
     def launch(self, multiplier: int, now_s: float, count: int = 1) -> None:
-        start_s, end_s = self.gpu.run_kernel(now_s, multiplier * self.sm_count)
+        quanta = multiplier if self.shape.lean else None
+        blocks = self.shape.blocks(multiplier)
+        start_s, end_s = self.gpu.run_kernel(now_s, blocks, quanta)
         for _ in range(count - 1):  # queued behind the first, so they run back to back
-            end_s = self.gpu.run_kernel(now_s, multiplier * self.sm_count)[1]
+            end_s = self.gpu.run_kernel(now_s, blocks, quanta)[1]
         self._pending.append((start_s, end_s, multiplier, count))
 
     def poll(self, now_s: float) -> list[Completed]:
@@ -317,6 +377,16 @@ class SimLauncher:
     def close(self) -> None:
         self._pending.clear()
         self.gpu.context_open = False
+
+
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of these intervals."""
+    total_s, reach_s = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b > reach_s:
+            total_s += b - max(a, reach_s)
+            reach_s = b
+    return total_s
 
 
 def _periodic_on_s(t_s: float, duty_ratio: float) -> float:

@@ -48,7 +48,8 @@ METRICS: dict[str, tuple[str, str]] = {
                                                   "own kernels ran"),
     "forge_load_foreign_utilization_ratio": ("gauge", "Device utilization beyond our own in the latest sample "
                                                       "window (a foreign job's)"),
-    "forge_load_multiplier": ("gauge", "Blocks per SM in each of our launches; 0 while not launching"),
+    "forge_load_multiplier": ("gauge", "Size of each of our launches: sleep quanta (lean shape) or blocks per SM "
+                                       "(burn); 0 while not launching"),
     "forge_load_process_gpu_memory_bytes": ("gauge", "Device memory our process holds on this GPU"),
     "forge_load_yields_total": ("counter", "Times the filler stepped aside for a foreign job"),
     "forge_load_yielding_seconds_total": ("counter", "Seconds spent stepped aside"),

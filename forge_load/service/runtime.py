@@ -22,7 +22,7 @@ from forge_load.control.monitor import Monitor
 from forge_load.control.policy import Policy
 from forge_load.control.powercap import PowerCap
 from forge_load.control.probe import DeviceInfo, NoGpuError, Probe
-from forge_load.control.quantity import NEEDS_GPM, QUANTITIES
+from forge_load.control.quantity import NEEDS_GPM, quantity_for
 from forge_load.control.reasons import Reasons
 from forge_load.control.worker import BusyLog, Launcher, Worker
 from forge_load.gpu.backend import Backend
@@ -65,9 +65,10 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     """The active hours, the pause file's and the holds' times are read against the clock's Unix time."""
     now, wall_clock = clock.now, clock.wall_s
     busy_log = BusyLog()
+    sm_ratio = launcher.shape.sm_ratio  # how much of the GPU our kernels cover: our own share of SM activity
     monitor = Monitor(probe, busy_log, own_pid=os.getpid(), baseline_mem_mib=baseline_mem_mib,
                       own_mem_context_mib=own_mem_context_mib, thresholds=Thresholds.from_config(config),
-                      poll_interval_s=config.poll_interval_s, start_s=start_s)
+                      poll_interval_s=config.poll_interval_s, start_s=start_s, own_sm_ratio=sm_ratio)
     worker = Worker(launcher, busy_log)
     log = EventLog(config.log_format, stream, clock=now, start_s=start_s,
                    static={"gpu": probe.info.index, "uuid": probe.info.uuid}, wall_clock=wall_clock)
@@ -84,7 +85,7 @@ def build(config: Config, probe: Probe, launcher: Launcher, clock: LoopClock, st
     # The status file beside the holds (`forge-load status`); the exclusive mode's child has none: its parent writes it.
     report = (StatusWriter(config.hold_dir, probe.info.uuid, probe.info.index, os.getpid(), config.simulate,
                            runtime_dir=config.runtime_dir) if config.hold_dir else None)
-    quantity = QUANTITIES[config.metric]
+    quantity = quantity_for(config.metric, sm_ratio)
     filler = Filler(monitor, worker, make_controller(config.controller, quantity), policy, LineGate(log, start_s),
                     timing, controls, quantity=quantity, report=report)
     return Runtime(config, probe.info, probe, launcher, monitor, worker, filler, log, start_s, clock)
@@ -107,7 +108,7 @@ def metric_refusal(metric: str, info: DeviceInfo) -> str:
 
 # The start line's fields a person reads first (gpu and uuid come with every line), in this order; in key=value the
 # rest goes on a `settings` line after it (docs/operating.md, Reading the log). `signals` stays here: checks read it.
-START_ESSENTIALS = ("state", "target", "gpu_mem_mib", "gpu_name", "controller", "metric", "resume_after_s",
+START_ESSENTIALS = ("state", "target", "gpu_mem_mib", "gpu_name", "controller", "metric", "shape", "resume_after_s",
                     "signals", "wall_time", "version", "simulated")
 
 
@@ -139,7 +140,7 @@ def log_start(rt: Runtime, extra: dict[str, object]) -> None:
                   wall_time=round(wall_start_s, 6), version=__version__, gpu_name=rt.info.name,
                   driver=rt.info.driver_version, sm_count=rt.launcher.sm_count,
                   nvml_clock=rt.probe.sample_clock, energy_source=EnergyMeter.source_of(reading),
-                  compute_mode=rt.info.compute_mode.value,
+                  compute_mode=rt.info.compute_mode.value, shape_layout=rt.launcher.shape.describe(),
                   **rt.launcher.describe(), **extra)
     if rt.filler.power_cap is not None:
         fields["power_limit_w"] = rt.filler.power_cap.board_limit_w
@@ -174,7 +175,7 @@ def open_runtime(config: Config, backend: Backend, probe: Probe, clock: LoopCloc
                  controls: Controls = NO_CONTROLS) -> Runtime:
     """Our context on the probe's GPU, and its filler wired; the memory it took is measured on the way."""
     baseline_mib = probe.memory_used_mib() or 0.0  # before our context exists
-    launcher = backend.open_launcher(probe)
+    launcher = backend.open_launcher(probe, config.shape, config.metric)
     own_mib = max((probe.memory_used_mib() or baseline_mib) - baseline_mib, 0.0)
     return build(config, probe, launcher, clock, stream, baseline_mib, own_mib, start_s=clock.now(),
                  controls=controls)

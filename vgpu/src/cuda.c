@@ -8,7 +8,9 @@
  *   allocations charged rounded up to `alloc_granularity_mib` (device memory is host memory here, so copies
  *   round-trip, but kernels compute nothing);
  * - a kernel takes overhead + waves x wave time, waves = ceil(grid / (SMs x resident blocks per SM)),
- *   resident blocks per SM = min(max_blocks_per_sm, threads_per_sm / block threads); it becomes ready
+ *   resident blocks per SM = min(max_blocks_per_sm, threads_per_sm / block threads); the lean kernel (an entry
+ *   name with "lean_py" in it, numba's mangling of forge_load.gpu.kernels.lean_py) takes overhead + its arguments'
+ *   quanta x request x sleep_ratio, +- sleep_jitter drawn per kernel (docs/design.md §15); it becomes ready
  *   `latency` after the launch call, or when its stream's previous kernel ends, and starts when the device is
  *   free: kernels of all contexts on a device run one at a time, first come first served;
  * - events complete when their stream reaches them: on an idle stream at record time;
@@ -483,6 +485,7 @@ static CUresult open_primary(vctx *ctx) {
         st->proc[slot].ctx_open[ctx->dev] = 1;
         st->proc[slot].ctx_bytes[ctx->dev] = st->context_bytes;
         st->proc[slot].alloc_bytes[ctx->dev] = 0;
+        vgpu_contexts_changed(st, vgpu_now_ns());
     }
     vgpu_unlock(&g_view);
     if (rc != CUDA_SUCCESS) return rc;
@@ -515,6 +518,7 @@ static void close_primary(vctx *ctx) {
         st->proc[g_view.slot].ctx_open[ctx->dev] = 0;
         st->proc[g_view.slot].ctx_bytes[ctx->dev] = 0;
         st->proc[g_view.slot].alloc_bytes[ctx->dev] = 0;
+        vgpu_contexts_changed(st, vgpu_now_ns());
         vgpu_unlock(&g_view);
     }
 }
@@ -1178,7 +1182,31 @@ CUresult CUDAAPI cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunc
 
 /* --- launches ------------------------------------------------------------------------------------------ */
 
-static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstream hs) {
+/* A uniform draw on [-1, 1) for the lean kernel's jitter: xorshift64*, seeded by the process. */
+static double jitter_draw(void) {
+    static uint64_t x;
+    if (x == 0) x = 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 4503599627370496.0 - 1.0;  /* 53 bits over 2^52 */
+}
+
+/* The lean kernel (kernels.lean_py, burn_image.LEAN_ARGUMENT_LAYOUT): its arguments are an int32 count of quanta and
+ * a uint32 request in ns, as numba's ABI passes two 32-bit scalars. -1 where the launch is not the lean kernel's. */
+static int64_t lean_sleep_ns(const vkernel *k, void **params, int64_t *quanta) {
+    if (strstr(k->name, "lean_py") == NULL || params == NULL || params[0] == NULL || params[1] == NULL) return -1;
+    int32_t count;
+    uint32_t request_ns;
+    memcpy(&count, params[0], sizeof count);
+    memcpy(&request_ns, params[1], sizeof request_ns);
+    *quanta = count > 0 ? count : 0;
+    const vgpu_state *st = g_view.st;
+    double ratio = (double)st->sleep_ratio_ppm / 1e6 * (1.0 + (double)st->sleep_jitter_ppm / 1e6 * jitter_draw());
+    return (int64_t)((double)*quanta * (double)request_ns * ratio + 0.5);
+}
+
+static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstream hs, void **params) {
     if (k == NULL || k->magic != MAGIC_KERNEL) return CUDA_ERROR_INVALID_HANDLE;
     if (grid == 0 || threads == 0 || threads > 1024) return CUDA_ERROR_INVALID_VALUE;
     vctx *c = NULL;
@@ -1190,7 +1218,11 @@ static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstre
     if (resident == 0) resident = 1;
     uint64_t per_wave = resident * (uint64_t)st->dev[c->dev].sms;
     int64_t waves = (int64_t)((grid + per_wave - 1) / per_wave);
-    int64_t duration = st->overhead_ns + waves * st->wave_ns;
+    int64_t quanta = 0;
+    int64_t sleep_ns = lean_sleep_ns(k, params, &quanta);
+    int lean = sleep_ns >= 0;
+    /* A lean kernel's length is its sleep (its grid is at most a wave: one block per SM); any other, its waves. */
+    int64_t duration = st->overhead_ns + (lean ? sleep_ns : waves * st->wave_ns);
 
     pthread_mutex_lock(&g_mu);
     vstream *s = stream_of(hs, c);
@@ -1202,21 +1234,25 @@ static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstre
     int64_t ready = now + st->latency_ns;
     if (s->tail_ns > ready) ready = s->tail_ns;
     int64_t start, end;
-    char line[320];
+    char line[400];
     vgpu_lock(&g_view);
     vgpu_queue_kernel(&g_view, c->dev, now, ready, duration, &start, &end);
-    vgpu_gpm_record(st, c->dev, start, end, grid, threads);
+    vgpu_gpm_record(st, c->dev, start, end, grid, threads, lean);
     double off = (double)st->unix_offset_ns;
     /* device: the GPU's NVML index; mig: the GPU instance ID of the MIG device it ran on, or null */
     const vgpu_device *kd = &st->dev[c->dev];
     char mig[16] = "null";
     if (kd->parent >= 0) snprintf(mig, sizeof mig, "%d", kd->gi_id);
+    char quanta_text[24] = "null";
+    if (lean) snprintf(quanta_text, sizeof quanta_text, "%lld", (long long)quanta);
+    /* kind: "lean" for the lean kernel (quanta: its count of sleep quanta), else "other" (quanta null) */
     int n = snprintf(line, sizeof line,
                      "{\"pid\":%d,\"device\":%d,\"start\":%.6f,\"end\":%.6f,\"submit\":%.6f,\"waited\":%.6f,"
-                     "\"pidns\":%llu,\"grid\":%llu,\"block\":%llu,\"mig\":%s}\n",
+                     "\"pidns\":%llu,\"grid\":%llu,\"block\":%llu,\"mig\":%s,\"kind\":\"%s\",\"quanta\":%s}\n",
                      (int)getpid(), kd->parent >= 0 ? kd->parent : c->dev, ((double)start + off) / 1e9,
                      ((double)end + off) / 1e9, ((double)now + off) / 1e9, (double)(start - ready) / 1e9,
-                     (unsigned long long)g_view.pidns, (unsigned long long)grid, (unsigned long long)threads, mig);
+                     (unsigned long long)g_view.pidns, (unsigned long long)grid, (unsigned long long)threads, mig,
+                     lean ? "lean" : "other", quanta_text);
     if (g_view.kernels_fd >= 0 && write(g_view.kernels_fd, line, (size_t)n) < 0) {
         /* the record is for tests; the launch itself stands */
     }
@@ -1228,20 +1264,20 @@ static CUresult launch(const vkernel *k, uint64_t grid, uint64_t threads, CUstre
 }
 
 CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {
-    (void)kernelParams, (void)extra;
+    (void)extra;
     if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
     uint64_t grid = (uint64_t)config->gridDimX * config->gridDimY * config->gridDimZ;
     uint64_t threads = (uint64_t)config->blockDimX * config->blockDimY * config->blockDimZ;
-    return launch((const vkernel *)f, grid, threads, config->hStream);
+    return launch((const vkernel *)f, grid, threads, config->hStream, kernelParams);
 }
 
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                 unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                 unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
-    (void)sharedMemBytes, (void)kernelParams, (void)extra;
+    (void)sharedMemBytes, (void)extra;
     uint64_t grid = (uint64_t)gridDimX * gridDimY * gridDimZ;
     uint64_t threads = (uint64_t)blockDimX * blockDimY * blockDimZ;
-    return launch((const vkernel *)f, grid, threads, hStream);
+    return launch((const vkernel *)f, grid, threads, hStream, kernelParams);
 }
 
 /* --- cuGetProcAddress: the table cuda-bindings resolves everything through ----------------------------- */

@@ -15,8 +15,10 @@
  * - memory: v2 `used` is the contexts plus allocations; v1 `used` adds the reserved amount;
  * - processes: only those in the caller's PID namespace (drivers >= 535.113 translate and drop the others);
  *   with hide_processes, only the caller itself;
- * - power: idle + (max - idle) x the busy share of the last second; energy: the integral of the
- *   instantaneous power (idle, or max while a kernel runs) since the state was created;
+ * - power (a model, docs/design.md §15): bare idle (idle - context power), plus the context power while any
+ *   process's context is open on the GPU (or a MIG device of it), plus what each kernel draws while it runs
+ *   (gpm.c: a lean kernel its SMs' light load, any other arithmetic up to max); NVML's reading is the mean over the
+ *   last second, energy its integral since the state was created;
  * - faults: a lost device answers GPU_IS_LOST from its time on; named functions answer NOT_SUPPORTED;
  * - the compute mode is the configured one (cuda.c enforces it); the minor number the configured one (by default
  *   the index; a MIG device answers NOT_SUPPORTED: its device file is its GPU's);
@@ -719,29 +721,19 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, 
 
 /* --- power and temperature ----------------------------------------------------------------------------- */
 
-/* Under the lock: busy nanoseconds of `dev` in [a, b); a GPU in MIG mode: its MIG devices', weighted by SMs
- * (the board draws by how much of it works). */
-static double busy_ns(int dev, int64_t a, int64_t b) {
-    const vgpu_state *st = g_view.st;
-    if (!vgpu_mig_mode(st, dev)) return (double)vgpu_busy_ns(st, dev, a, b);
-    double busy = 0;
-    for (int k = 0; k < st->dev[dev].mig; k++) {
-        int i = vgpu_mig_device(st, dev, k);
-        busy += (double)vgpu_busy_ns(st, i, a, b) * st->dev[i].sms / st->dev[dev].sms;
-    }
-    return busy;
-}
-
+/* The board's power model's mean over the last second, in mW (a GPU's handle: MIG devices have none of their own). */
 static unsigned int power_mw(int dev) {
     const vgpu_state *st = g_view.st;
-    int64_t now = vgpu_now_ns();
     pthread_mutex_lock(&g_mu);
     vgpu_lock(&g_view);
-    double busy = busy_ns(dev, now - 1000000000, now);
+    vgpu_reap(&g_view);  /* a dead process's context ends when it is seen gone */
+    int64_t now = vgpu_now_ns();
+    double context_s = (double)vgpu_context_ns(st, dev, now - 1000000000, now) / 1e9;
+    double kernel_j = vgpu_kernel_j(st, dev, now - 1000000000, now);
     vgpu_unlock(&g_view);
     pthread_mutex_unlock(&g_mu);
-    double u = busy / 1e9;
-    return (unsigned int)(st->idle_power_mw + (st->max_power_mw - st->idle_power_mw) * u + 0.5);
+    double bare_mw = (double)(st->idle_power_mw - st->context_power_mw);
+    return (unsigned int)(bare_mw + st->context_power_mw * context_s + kernel_j * 1e3 + 0.5);
 }
 
 /* Power, energy, temperature and the power limits are the board's: a MIG device has none of its own. */
@@ -758,40 +750,22 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *
     return NVML_SUCCESS;
 }
 
-/* Under the lock: busy time so far = everything queued minus what is still ahead of now. */
-static int64_t busy_so_far(int dev, int64_t now) {
-    const vgpu_device *d = &g_view.st->dev[dev];
-    int64_t ahead = 0;
-    uint64_t hi = d->ring_count, lo = hi > VGPU_RING ? hi - VGPU_RING : 0;
-    for (uint64_t i = hi; i > lo; i--) {
-        const vgpu_interval *iv = &d->ring[(i - 1) % VGPU_RING];
-        if (iv->end_ns <= now) break;
-        ahead += iv->end_ns - (iv->start_ns > now ? iv->start_ns : now);
-    }
-    return d->busy_queued_ns - ahead;
-}
-
 nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy) {
     ENTER(device);
     BOARD_ONLY();
     if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     const vgpu_state *st = g_view.st;
-    int64_t now = vgpu_now_ns();
     pthread_mutex_lock(&g_mu);
     vgpu_lock(&g_view);
-    double busy = 0;
-    if (!vgpu_mig_mode(st, dev_)) {
-        busy = (double)busy_so_far(dev_, now);
-    } else {
-        for (int k = 0; k < st->dev[dev_].mig; k++) {
-            int i = vgpu_mig_device(st, dev_, k);
-            busy += (double)busy_so_far(i, now) * st->dev[i].sms / st->dev[dev_].sms;
-        }
-    }
+    vgpu_reap(&g_view);
+    int64_t now = vgpu_now_ns();
+    double context_s = (double)vgpu_context_total_ns(st, dev_, now) / 1e9;
+    double kernel_j = vgpu_kernel_total_j(st, dev_, now);
     vgpu_unlock(&g_view);
     pthread_mutex_unlock(&g_mu);
     double seconds = (double)(now - st->created_ns) / 1e9;
-    double mj = st->idle_power_mw * seconds + (double)(st->max_power_mw - st->idle_power_mw) * (busy / 1e9);
+    double mj = (double)(st->idle_power_mw - st->context_power_mw) * seconds + st->context_power_mw * context_s +
+                kernel_j * 1e3;
     *energy = (unsigned long long)(mj + 0.5);
     return NVML_SUCCESS;
 }
@@ -826,6 +800,7 @@ static unsigned int temperature_c(int dev) {
     const vgpu_state *st = g_view.st;
     double span = (double)(st->max_power_mw - st->idle_power_mw);
     double share = span > 0 ? ((double)power_mw(dev) - st->idle_power_mw) / span : 0.0;
+    if (share < 0) share = 0;  /* bare idle, below the idle with a context */
     return (unsigned int)(30.0 + 40.0 * share + 0.5);
 }
 

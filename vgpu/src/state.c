@@ -137,6 +137,7 @@ void vgpu_unlock(vgpu_view *v) { flock(v->fd, LOCK_UN); }
 
 void vgpu_reap(vgpu_view *v) {
     vgpu_state *st = v->st;
+    int reaped = 0;
     for (int i = 0; i < VGPU_MAX_PROCS; i++) {
         if (!st->proc[i].in_use || i == v->slot) continue;
         char name[32];
@@ -148,9 +149,55 @@ void vgpu_reap(vgpu_view *v) {
             memset(&st->proc[i], 0, sizeof st->proc[i]);
             st->proc[i].generation = generation + 1;
             flock(fd, LOCK_UN);
+            reaped = 1;
         }
         close(fd);
     }
+    if (reaped) vgpu_contexts_changed(st, vgpu_now_ns());  /* its contexts end here, when they are seen gone */
+}
+
+/* Is a context of any live process open on GPU `gpu` or on a MIG device of it? */
+static int context_open_on(const vgpu_state *st, int gpu) {
+    for (int p = 0; p < VGPU_MAX_PROCS; p++) {
+        if (!st->proc[p].in_use) continue;
+        for (int dev = 0; dev < VGPU_MAX_DEVS; dev++) {
+            int board = dev < VGPU_MAX_GPUS ? dev : st->dev[dev].parent;
+            if (board == gpu && st->proc[p].ctx_open[dev]) return 1;
+        }
+    }
+    return 0;
+}
+
+void vgpu_contexts_changed(vgpu_state *st, int64_t now_ns) {
+    for (int g = 0; g < st->gpus; g++) {
+        vgpu_device *d = &st->dev[g];
+        int open = context_open_on(st, g);
+        if (open && d->ctx_since_ns == VGPU_NEVER) {
+            d->ctx_since_ns = now_ns;
+        } else if (!open && d->ctx_since_ns != VGPU_NEVER) {
+            d->ctx_closed_ns += now_ns - d->ctx_since_ns;
+            d->ctx_last_start_ns = d->ctx_since_ns;
+            d->ctx_last_end_ns = now_ns;
+            d->ctx_since_ns = VGPU_NEVER;
+        }
+    }
+}
+
+static int64_t span_overlap(int64_t s, int64_t e, int64_t a, int64_t b) {
+    int64_t lo = s > a ? s : a, hi = e < b ? e : b;
+    return hi > lo ? hi - lo : 0;
+}
+
+int64_t vgpu_context_ns(const vgpu_state *st, int gpu, int64_t a_ns, int64_t b_ns) {
+    const vgpu_device *d = &st->dev[gpu];
+    int64_t ns = span_overlap(d->ctx_last_start_ns, d->ctx_last_end_ns, a_ns, b_ns);  /* spans before it: not asked */
+    if (d->ctx_since_ns != VGPU_NEVER) ns += span_overlap(d->ctx_since_ns, b_ns, a_ns, b_ns);
+    return ns;
+}
+
+int64_t vgpu_context_total_ns(const vgpu_state *st, int gpu, int64_t now_ns) {
+    const vgpu_device *d = &st->dev[gpu];
+    return d->ctx_closed_ns + (d->ctx_since_ns != VGPU_NEVER && now_ns > d->ctx_since_ns ? now_ns - d->ctx_since_ns : 0);
 }
 
 int vgpu_own_slot(vgpu_view *v) {
@@ -502,8 +549,13 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
     st->reserved_bytes = 541ull << 20;
     st->context_bytes = 512ull << 20;
     st->alloc_granularity = 2ull << 20;
-    st->idle_power_mw = 70000;
+    st->idle_power_mw = 70000;     /* with a context, nothing running (docs/design.md §15: every figure a model) */
     st->max_power_mw = 700000;
+    st->context_power_mw = 38000;  /* 26-50 W on HBM GPUs */
+    st->light_sm_uw = 24625;       /* AccelWattch's Volta: 1.97 W of light-load static power over 80 SMs */
+    st->arith_static_mw = 38620;   /* AccelWattch's Volta: INT+FP static, 18.6 W + 31 lanes x 0.645 W */
+    st->sleep_ratio_ppm = 1200000; /* a sleep quantum lasts 1.2 times its request (nanosleep: 0 to 2 times) */
+    st->sleep_jitter_ppm = 100000; /* +-10 % kernel to kernel */
     st->cc_major = 9;
     st->cc_minor = 0;
     st->cuda_version = 12090;
@@ -554,6 +606,11 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         NUM("hide_processes", hide_processes, 1, 0, 1)
         NUM("idle_power_w", idle_power_mw, 1000, 0, 100000)
         NUM("max_power_w", max_power_mw, 1000, 0, 100000)
+        NUM("context_power_w", context_power_mw, 1000, 0, 100000)
+        NUM("light_sm_w", light_sm_uw, 1e6, 0, 100)
+        NUM("arith_static_w", arith_static_mw, 1000, 0, 100000)
+        NUM("sleep_ratio", sleep_ratio_ppm, 1e6, 0, 2)
+        NUM("sleep_jitter", sleep_jitter_ppm, 1e6, 0, 1)
         NUM("cc_major", cc_major, 1, 1, 99)
         NUM("cc_minor", cc_minor, 1, 0, 9)
         NUM("cuda_version", cuda_version, 1, 1000, 99990)
@@ -691,6 +748,10 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         say(why, why_len, "reserved_mib + context_mib exceed total_mib");
         goto out;
     }
+    if (st->context_power_mw > st->idle_power_mw || st->idle_power_mw > st->max_power_mw) {
+        say(why, why_len, "the power model needs context_power_w <= idle_power_w <= max_power_w");
+        goto out;
+    }
 
     st->created_ns = vgpu_now_ns();
     st->unix_offset_ns = unix_minus_monotonic_ns();
@@ -717,6 +778,7 @@ int vgpu_create(const char *dir, const char *config, char *why, size_t why_len) 
         d->parent = -1;
         d->sms = st->sms;
         d->total_bytes = st->total_bytes;
+        d->ctx_since_ns = VGPU_NEVER;  /* no context yet: the board is bare idle */
     }
     vgpu_mig_create(st);
 

@@ -21,8 +21,9 @@
 #pragma GCC visibility push(hidden)
 
 #define VGPU_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_LAYOUT 6u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml); 4: cc (light); 5: MIG, GPM;
-                          6: minor numbers, GPU instance profiles and placements */
+#define VGPU_LAYOUT 7u /* 2 was taken twice: compute modes (main) and NVML call counters (nvml); 4: cc (light); 5: MIG, GPM;
+                         * 6: minor numbers, GPU instance profiles and placements (announced); power by what runs
+                         * (contexts, kernels' watts), the lean kernel's sleep (lean); 7: both */
 #define VGPU_MAX_GPUS 8
 #define VGPU_MAX_MIG 16 /* MIG devices in all (gpus x instances per GPU) */
 #define VGPU_MAX_DEVS (VGPU_MAX_GPUS + VGPU_MAX_MIG) /* physical devices first, then MIG devices (mig.c) */
@@ -39,11 +40,13 @@ typedef struct {
     int64_t start_ns, end_ns;
 } vgpu_interval;
 
-/* One kernel as GPM sees it (gpm.c): its full waves from start to full_end, its last (partial) wave to end;
- * the share of the device's SMs with a block resident (sm_*) and of its warp slots filled (occ_*) in each. */
+/* One kernel as GPM and the power model see it (gpm.c): its full waves from start to full_end, its last (partial)
+ * wave to end; the share of the device's SMs with a block resident (sm_*) and of its warp slots filled (occ_*) in
+ * each, and the watts it draws above the board's idle with a context (w_*: board watts, a MIG device's included). */
 typedef struct {
     int64_t start_ns, full_end_ns, end_ns;
     float sm_full, sm_last, occ_full, occ_last;
+    float w_full, w_last;
 } vgpu_shape;
 
 typedef struct {
@@ -75,6 +78,11 @@ typedef struct {
     vgpu_interval ring[VGPU_RING];
     uint64_t shape_count;        /* kernels ever recorded for GPM; the newest is shapes[(shape_count - 1) % VGPU_SHAPES] */
     vgpu_shape shapes[VGPU_SHAPES];
+    double kernel_j;             /* the energy of every kernel ever recorded, above the idle with a context (gpm.c) */
+    int64_t ctx_since_ns;        /* physical device: when a context (any process's, on it or a MIG device of it)
+                                    was last opened while none was, VGPU_NEVER while none is open */
+    int64_t ctx_last_start_ns, ctx_last_end_ns; /* the last span with a context that has ended (0, 0: none) */
+    int64_t ctx_closed_ns;       /* the length of every span with a context that has ended */
 } vgpu_device;
 
 typedef struct {
@@ -119,6 +127,15 @@ typedef struct {
     int32_t pad2;
     int32_t mig;                /* MIG devices per GPU (0: MIG mode off on every GPU) */
     int32_t pad3;
+    /* The power model (docs/design.md §15): the board draws idle_power - context_power bare, idle_power with a
+     * context open, plus what the kernel that runs draws: a lean kernel light_sm per SM it holds; any other
+     * kernel arithmetic, up to max_power on full waves. */
+    int32_t context_power_mw;   /* what a context adds over bare idle */
+    int32_t light_sm_uw;        /* an SM with a warp resident and no arithmetic, in microwatts */
+    int32_t arith_static_mw;    /* the arithmetic units' static power with every SM active */
+    int32_t sleep_ratio_ppm;    /* what the lean kernel's sleep quantum lasts over its request, in millionths */
+    int32_t sleep_jitter_ppm;   /* +- this share of its length, drawn per lean kernel, in millionths */
+    int32_t pad4;
 } vgpu_state;
 
 /* One process's view of the state (one per library: libcuda and libnvidia-ml each map it). */
@@ -151,6 +168,14 @@ int vgpu_own_slot(vgpu_view *v);
 
 /* Device time: is it lost at `now_ns`? Counts an NVML query when `nvml_call`. */
 int vgpu_lost(vgpu_view *v, int dev, int64_t now_ns, int nvml_call);
+
+/* Under the lock: after a context opened or closed (or a dead process's went): bring each GPU's context spans up
+ * to date at `now_ns` (the power model's context part). */
+void vgpu_contexts_changed(vgpu_state *st, int64_t now_ns);
+/* Under the lock: nanoseconds within [a, b) during which a context was open on the physical device `gpu`, and its
+ * total up to `now_ns` (the energy counter's). */
+int64_t vgpu_context_ns(const vgpu_state *st, int gpu, int64_t a_ns, int64_t b_ns);
+int64_t vgpu_context_total_ns(const vgpu_state *st, int gpu, int64_t now_ns);
 
 /* Under the lock: queue a kernel of `duration_ns` that could start at `ready_ns` on device `dev`. */
 void vgpu_queue_kernel(vgpu_view *v, int dev, int64_t submit_ns, int64_t ready_ns, int64_t duration_ns,
@@ -205,8 +230,14 @@ int vgpu_mig_by_uuid(const vgpu_state *st, const char *text, int prefix);
 void vgpu_mig_uuid_string(const uint8_t uuid[16], char out[48]);
 
 /* --- GPM (gpm.c) --- */
-/* Under the lock: record a kernel of `grid` blocks of `threads` threads on `dev` from start to end for GPM. */
-void vgpu_gpm_record(vgpu_state *st, int dev, int64_t start_ns, int64_t end_ns, uint64_t grid, uint64_t threads);
+/* Under the lock: record a kernel of `grid` blocks of `threads` threads on `dev` from start to end for GPM and the
+ * power model; `lean`: the lean kernel (no arithmetic), else any kernel (arithmetic). */
+void vgpu_gpm_record(vgpu_state *st, int dev, int64_t start_ns, int64_t end_ns, uint64_t grid, uint64_t threads,
+                     int lean);
+/* Under the lock: the kernels' energy (J, above the idle with a context) on the physical device `gpu` (its MIG
+ * devices' too) over [a, b), and up to `now_ns` since the state was created. */
+double vgpu_kernel_j(const vgpu_state *st, int gpu, int64_t a_ns, int64_t b_ns);
+double vgpu_kernel_total_j(const vgpu_state *st, int gpu, int64_t now_ns);
 /* Under the lock: over [a, b) on `dev` (a GPU in MIG mode: all its MIG devices, weighted by SMs): nanoseconds a
  * kernel ran (graphics), SM-nanoseconds over SMs (sm), warp-slot-nanoseconds over slots (occupancy). */
 void vgpu_gpm_integrals(const vgpu_state *st, int dev, int64_t a_ns, int64_t b_ns, double *graphics_ns,
