@@ -27,7 +27,7 @@ from forge_load.control.status import GpuSlots
 from forge_load.service import metrics
 from forge_load.service.loop import run_loop
 from forge_load.service.runtime import Runtime
-from forge_load.steering import filler_status
+from forge_load.steering import filler_dirs, filler_status
 from forge_load.steering.filler_status import FillerStatus
 from tests.sim_gpm import MIG_INSTANCE, MIG_PROFILE, GpmSimBackend, run_with_gpm
 
@@ -162,8 +162,8 @@ def test_forge_load_status_shows_the_held_metric(tmp_path: Path, metric: str, mi
         assert isinstance(row["metric_own"], float) and abs(row["metric_own"] - TARGET) <= 2 * CLOSE, row
     for table in looks.tables:
         head, body = table[0].split(), table[1].split()
-        assert head[:7] == ["GPU", "UUID", "PID", "STATE", "TARGET", "METRIC", "UTIL"], table
-        name, value = body[5].split("=")
+        assert head[:8] == ["GPU", "UUID", "PID", "USER", "STATE", "TARGET", "METRIC", "UTIL"], table
+        name, value = body[head.index("METRIC")].split("=")
         assert name == metric and abs(float(value) - TARGET) <= CLOSE, table
 
 
@@ -200,18 +200,23 @@ def test_a_supervisors_row_and_its_series_have_no_held_metric_to_show() -> None:
 
 
 def write_status(hold_dir: Path, record: dict[str, object]) -> None:
-    (hold_dir / filler_status.status_name(GPU0)).write_text(json.dumps(record))
+    """The record where a filler of this user writes its status: its own directory in the hold directory."""
+    own = filler_dirs.OwnDir(str(hold_dir))
+    try:
+        own.write(filler_status.status_name(GPU0), json.dumps(record).encode())
+    finally:
+        own.forget()
 
 
 def older_record() -> dict[str, object]:
-    """A status file as a filler before the held metric wrote it."""
-    return {"format": 1, "gpu_uuid": GPU0, "gpu_index": 0, "pid": os.getpid(), "state": "filling",
+    """A status file without the held metric's fields (the exclusive mode's supervisor writes none)."""
+    return {"format": 2, "gpu_uuid": GPU0, "gpu_index": 0, "pid": os.getpid(), "state": "filling",
             "target_ratio": 0.5, "util_ratio": 0.49, "own_ratio": 0.48, "power_w": 300.0, "reason": None,
             "held_by": [], "simulated": False, "pid_namespace": None, "pid_start_ticks": None,
             "written_unix_s": time.time(), "written_boot_s": boot_time_s(), "locked": False}
 
 
-def test_an_older_fillers_status_file_still_shows_with_no_metric(tmp_path: Path) -> None:
+def test_a_status_file_without_the_held_metric_still_shows_with_no_metric(tmp_path: Path) -> None:
     write_status(tmp_path, older_record())
     rows, problems = status_command.read(str(tmp_path), "--hold-dir")
     assert problems == [] and len(rows) == 1
@@ -224,7 +229,7 @@ def test_an_older_fillers_status_file_still_shows_with_no_metric(tmp_path: Path)
 def test_the_metric_fields_are_written_and_read_back_and_bad_ones_are_unknown(tmp_path: Path) -> None:
     writer = filler_status.StatusWriter(str(tmp_path), GPU0, 0, os.getpid())
     writer.write("filling", (), 0.5, 0.5, 0.5, 300.0, metric="sm_activity", metric_ratio=0.51, metric_own_ratio=0.52)
-    [seen] = filler_status.read_all(str(tmp_path))[0]
+    [seen] = filler_status.read_all([str(tmp_path)])[0]
     assert (seen.status.metric, seen.status.metric_ratio, seen.status.metric_own_ratio) == ("sm_activity", 0.51, 0.52)
     writer.close()
     for bad in ({"metric": 7, "metric_ratio": "0.5"}, {"metric": "x" * 100, "metric_ratio": True},
