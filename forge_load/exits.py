@@ -55,6 +55,8 @@ EXIT_STATUS: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = (
         (EXIT_GPU_FAILED, "a GPU failed while running"),
         (EXIT_LOG_LOST, "the log could not be written (stdout closed or full, or its reader gone): the fillers "
                         "stopped as for a signal"),
+        (EXIT_NO_CONTEXT_LOCK, "exclusive compute mode's child only, read by its supervisor: it could not take "
+                               "its context lock, so it made no context"),
     )),
     ("every command (forge-load COMMAND), and the filler's --help", (
         (EXIT_OUTPUT_LOST, "stdout could not be written (closed or full), said in one line on stderr"),
