@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 BENCH_NAMESPACE = "bench"  # the test kubelet's namespace of the foreign jobs' pods
 DRA_DRIVER, DRA_POOL = "gpu.nvidia.com", "bench-node"  # NVIDIA's DRA driver; its pool is the node's name
 DRIVER_DIR = "/usr/lib/x86_64-linux-gnu"  # where the NVIDIA toolkit mounts the driver's libraries
-DOCKER_CONTEXT_AFTER_S = 0.5  # the issue's harsh case: the container's job opens its context 0.5 s in
+DOCKER_CONTEXT_AFTER_S = 0.5  # a harsh case: the container's job opens its context 0.5 s in
 
 
 def real_announced(bench: RealBench, path: str, controller: str) -> Scenario:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO, log
-from bench.cpu import PROCESS_LIST_FUNCTIONS, judge_cpu_goals, summaries
+from bench.cpu import CPU_GOALS, PROCESS_LIST_FUNCTIONS, judge_cpu_goals, summaries
 from bench.metric import SETTLE_BAND_RATIO
 from bench.results import CONTROLLERS, FOOTPRINT_TARGET, YIELD_TARGET, judge_goals
 from forge_load.control.probe import UtilSample
@@ -155,16 +155,18 @@ def link(target: Path, page: Path | None) -> str:
     return Path(os.path.relpath(target.resolve(), base)).as_posix()
 
 
-def goal_rows(goals: list[dict[str, Any]]) -> list[str]:
-    """The goals table: a note (why a number is missing, what it is a bound of) where a goal was judged."""
+def goal_rows(goals: list[dict[str, Any]], names: dict[str, str] | None = None) -> list[str]:
+    """The goals table: a note (why a number is missing, what it is a bound of) where a goal was judged. `names`:
+    the words for a goal's key where they are to be today's rather than those saved with the run."""
     rows = ["| goal | target | measured | result |", "|---|---|---|---|"]
     for goal in goals:
+        name = (names or {}).get(goal.get("key", ""), goal["goal"])
         result = {True: "pass", False: "**FAIL**", None: "n/a"}[goal["pass"]]
         digits = 4 if goal["limit"]["unit"] == "ratio" else 3
         measured = fmt(goal["measured"], digits, True)
         if goal.get("note") and goal["pass"] is not None:
             measured += f" ({goal['note']})"
-        rows.append(f"| {goal['goal']} | {goal['op'].replace('<=', '≤').replace('>=', '≥')} "
+        rows.append(f"| {name} | {goal['op'].replace('<=', '≤').replace('>=', '≥')} "
                     f"{fmt(goal['limit'], 2, True)} | {measured} | {result} |")
     return rows
 
@@ -407,7 +409,7 @@ def render_cpu_markdown(results: dict[str, Any]) -> str:
             f"({box['usable_cpus']['value']} usable{load}) · "
             f"GPU {gpu['name']} · driver {gpu['driver']} · forge_load {results['software']['forge_load']} · "
             f"Python {results['software']['python']}" + (" · incomplete run" if not results.get("complete") else ""),
-            "", f"`{results['command']}`", "", "### Goals (issues 12, 20 and 26)", ""]
+            "", f"`{results['command']}`", "", "### Goals", ""]
     out += goal_rows(results["goals"])
     rows = cpu_rows(results)
     if rows:
@@ -474,7 +476,8 @@ def render_cpu_section(results: dict[str, Any], out_dir: Path, page: Path | None
                    f"| {fmt(r.get('process_list_calls_per_s_per_gpu'), 1)} | {fmt(r.get('wakeups_per_s'), 0)} "
                    f"| {fmt(r.get('rss_mib'), 0)} MiB | {fmt(r['launches_per_s_per_gpu'], 0)} "
                    f"| {fmt(r['startup_s'], 2)} s | {fmt(r['startup_cpu_s'], 2)} s |")
-    out += [""] + goal_rows(results["goals"])
+    # Each goal as CPU_GOALS words it now, by its key: a run saved its goals' words as they were then.
+    out += [""] + goal_rows(results["goals"], {goal.key: goal.goal for goal in CPU_GOALS})
     out += ["", f"All numbers, tracking and start-up: [{rel}/cpu.md]({here}/cpu.md).", "", "<!-- /BENCH-CPU -->"]
     return "\n".join(out) + "\n"
 

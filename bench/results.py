@@ -271,7 +271,7 @@ class Goal:
     unit: str
 
 
-# Issue 5's goals, judged on our controller's (pi's) numbers.
+# The goals of tracking, yield and footprint, judged on our controller's (pi's) numbers.
 GOALS = (
     Goal("settle", "settle time (worst target)", "<=", 5.0, "s"),
     Goal("mae", "mean abs error after settling (worst target)", "<=", 0.02, "ratio"),
@@ -283,8 +283,8 @@ GOALS = (
 )
 
 
-# The metric scenario's goals (issue 29's), judged over the GPM metrics held; only where the run asked for the
-# scenario, so that the results of runs from before it read as they did.
+# The metric scenario's goals, judged over the GPM metrics held; only where the run asked for the scenario, so
+# that the results of runs from before it read as they did.
 METRIC_GOALS = (
     Goal("metric_settle", "GPM metric held at 0.5: settle time (worst metric)", "<=", 3.0, "s"),
     Goal("metric_mean", "GPM metric held at 0.5: mean error after settling, absolute (worst metric)", "<=", 0.02,
@@ -318,8 +318,9 @@ def judge(goal: Goal, value: float | None, over: str, note: str | None) -> Json:
 
 
 def judge_goals(results: Json) -> list[Json]:
-    """Each of issue 5's goals against our controller's (pi's) numbers: pass True/False, or None where the
-    mode cannot measure it (footprint on the simulated GPU)."""
+    """Each of GOALS (tracking, yield, footprint) against our controller's (pi's) numbers: pass True/False, or
+    None where the mode cannot measure it (footprint on the simulated GPU); then the metric and power scenarios'
+    goals where the run asked for them."""
     simulated = results["mode"] == "simulated"
     pi = results["tracking"].get("pi", {})
     pi_yields = {k: v for k, v in results["yield"].items() if v.get("controller") == "pi"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the filler weighs in memory and how soon it fills, on the virtual GPU (issue 26): a benchmark, not a test.
+"""What the filler weighs in memory and how soon it fills, on the virtual GPU: a benchmark, not a test.
 
     python3 scripts/memory_bench.py --out docs/benchmarks/virtual_<date>_light [--repeats 5]
 
@@ -145,7 +145,7 @@ def render_startup(r: dict[str, Any]) -> str:
         f"{m['python']}{' (' + r['python'] + ')' if r.get('python') else ''}: from the process's start to its first "
         f"kernel in the virtual GPU's record, bytecode {r['bytecode']}.",
         "",
-        "| what | measured | goal (issue 26) |",
+        "| what | measured | goal |",
         "|---|---|---|",
         f"| start to the first kernel, median of {len(start)} (min–max) | {statistics.median(start):.3f} s "
         f"({min(start):.3f}–{max(start):.3f}) | ≤ 0.25 s |",
@@ -214,7 +214,7 @@ def render(r: dict[str, Any]) -> str:
                                   ", with the environment's bytecode setting as it was (--bytecode as-is: "
                                   f"PYTHONDONTWRITEBYTECODE={r.get('dont_write_bytecode') or 'unset'})."),
         "",
-        "| what | measured | goal (issue 26) |",
+        "| what | measured | goal |",
         "|---|---|---|",
         f"| one filler, resident memory (median of {len(ones)}; range) | {statistics.median(rss):.1f} MiB "
         f"({min(rss):.1f}–{max(rss):.1f}) | ≤ 64 MiB |",

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""MIG and the metric choice on the virtual GPU (issue 29): how closely the real filler holds each FORGE_METRIC,
-and how each MIG device of a GPU split three ways is held, and yields, with a foreign job on one of them.
+"""MIG and the metric choice on the virtual GPU: how closely the real filler holds each FORGE_METRIC, and how
+each MIG device of a GPU split three ways is held, and yields, with a foreign job on one of them.
 
     python3 scripts/mig_metric_bench.py [--seconds 20] [--out docs/benchmarks/virtual_<date>_mig]
                                         [--section docs/benchmarks.md] [--render DIR]
@@ -167,7 +167,7 @@ def mig(seconds: int, tmp: Path) -> list[dict[str, Any]]:
 
 
 def goals(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
-    """(goal, bar, measured, met) for the issue's goals on the virtual GPU."""
+    """(goal, bar, measured, met) for each goal of MIG and the metric choice on the virtual GPU."""
     out: list[tuple[str, str, str, bool]] = []
     sm = next(row["sm_activity"] for row in results["tracking"] if row["metric"] == "sm_activity")
     out.append(("sm_activity held at 0.5: settle", "≤ 3 s", f"{sm['settle_s']} s",

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from bench import analysis, cli, render, runner
+from bench.cpu import CPU_GOALS as GOALS_NOW
 from bench.power import render_power_section
 from bench.results import judge_goals, q, to_json
 
@@ -663,6 +664,20 @@ def test_cpu_scenario_real_path_on_fakes(tmp_path: Path, monkeypatch: pytest.Mon
     assert "Virtual GPU" not in (out / "cpu.md").read_text()
     assert runner.CHILDREN.alive == []
 
+
+
+def test_the_cpu_block_names_each_saved_goal_as_the_code_does_now() -> None:
+    """A run saves its goals' words as they were; the CPU block of docs/benchmarks.md names each by its key as
+    bench/cpu.py's CPU_GOALS does now (the limit, the measure and the verdict stay the run's)."""
+    out_dir = REPO / "docs" / "benchmarks" / "virtual_2026-11-27_light"
+    saved = json.loads((out_dir / "cpu.json").read_text())
+    saved["goals"][-1]["goal"] = "words of an older run"
+    drawn = render.render_cpu_section(saved, out_dir)
+    assert "words of an older run" not in drawn
+    verdicts = ("| pass |", "| **FAIL** |", "| n/a |")
+    rows = [line for line in drawn.splitlines() if line.startswith("| ") and line.endswith(verdicts)]
+    assert [row.split(" | ")[0][2:] for row in rows] == [goal.goal for goal in GOALS_NOW]
+    assert rows[-1] == f"| {GOALS_NOW[-1].goal} | ≤ 64.00 MiB | 42.947 MiB | pass |"
 
 
 def test_the_benchmark_page_is_generated_from_the_committed_results() -> None:
