@@ -119,7 +119,7 @@ def test_watch_on_the_engine(docker_client: Any, base_image: str, vgpu: VgpuFact
     watcher = WatchProcess(env, hold_dir, created_hold_s=3.0)
     try:
         watcher.wait("event=engine state=connected")
-        # A container asking for GPU 1 finds its hold there 0.5 s after its first instruction (the goal
+        # A container asking for GPU 1 finds its hold there 0.5 s after its first instruction (the goal
         # for a job's context; the lead test prints how early it really is); released when it dies.
         job = unique_name("job")
         names.append(job)

@@ -107,8 +107,8 @@ def test_a_kubelet_device_id_in_capitals_holds_the_gpu() -> None:
 
 
 def test_hold_wait_in_capitals_stops_our_kernels_on_the_virtual_gpu(vgpu: VgpuFactory, tmp_path: Path) -> None:
-    """The issue's case, end to end: `hold --gpu GPU-<UPPER> --wait 5` exits 0, and the virtual GPU's record shows
-    no kernel of ours on that GPU after it returned."""
+    """A UUID typed in upper case, end to end: `hold --gpu GPU-<UPPER> --wait 5` exits 0, and the virtual GPU's record
+    shows no kernel of ours on that GPU after it returned."""
     gpu = vgpu(gpus=1)
     hold_dir = tmp_path / "holds"
     hold_dir.mkdir()

@@ -101,7 +101,7 @@ def test_memory_below_the_move_threshold_does_not_read_the_lists_but_a_small_job
     polled.dev.compute_processes = [*polled.dev.compute_processes, FakeProcess(FOREIGN_PID, 0)]
     readings = polled.until(20.0 + POLL_S + PROCESS_REFRESH_MAX_S)
     assert readings[-1].foreign_pids == (FOREIGN_PID,) and "process" in readings[-1].signals
-    assert PROCESS_REFRESH_MAX_S <= 4.0  # the issue: about once a second or less, and a job seen within seconds
+    assert PROCESS_REFRESH_MAX_S <= 4.0  # about once a second or less, and a job seen within seconds
 
 
 def test_lists_and_power_are_read_at_every_poll_when_memory_cannot_be_read(fake: FakeNvml, clocks: Clocks) -> None:
