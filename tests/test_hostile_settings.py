@@ -61,7 +61,19 @@ HOSTILE: dict[str, str] = {
 IN_PROCESS_ONLY = {"nul": "0.5\x00"}  # the environment cannot carry NUL
 
 
-CASES = [(s.env, label, raw) for s in SETTINGS for label, raw in {**HOSTILE, **IN_PROCESS_ONLY}.items()]
+# A directory may have any name: those of these that are names a directory can have are one, taken from the current
+# directory (test_a_directory_may_have_a_name_that_reads_as_a_number); the others it refuses like any setting.
+DIRECTORY_SETTINGS = frozenset({"FORGE_HOLD_DIR", "FORGE_RUNTIME_DIR"})
+DIRECTORY_NAMES = ("1e999", "-1e999", "nan", "NaN%", "inf", "-inf", "Infinity", "negative", "arabic-indic digit",
+                   "arabic-indic percent", "fullwidth digit")
+
+
+def hostile_for(env: str) -> dict[str, str]:
+    values = {**HOSTILE, **IN_PROCESS_ONLY}
+    return {k: v for k, v in values.items() if k not in DIRECTORY_NAMES} if env in DIRECTORY_SETTINGS else values
+
+
+CASES = [(s.env, label, raw) for s in SETTINGS for label, raw in hostile_for(s.env).items()]
 
 
 @pytest.mark.parametrize(("env", "label", "raw"), CASES, ids=[f"{e}-{label}" for e, label, _ in CASES])
@@ -72,7 +84,7 @@ def test_every_setting_refuses_every_hostile_value(env: str, label: str, raw: st
 
 
 FLAG_CASES = [(s.flag, s.env, label, raw) for s in SETTINGS if not s.boolean
-              for label, raw in {**HOSTILE, **IN_PROCESS_ONLY}.items()]
+              for label, raw in hostile_for(s.env).items()]
 
 
 @pytest.mark.parametrize(("flag", "env", "label", "raw"), FLAG_CASES,
@@ -81,6 +93,15 @@ def test_every_flag_refuses_every_hostile_value(flag: str, env: str, label: str,
     with pytest.raises(ConfigError) as info:
         load_config([f"{flag}={raw}"], {})
     assert_one_clean_line(str(info.value), flag)
+
+
+@pytest.mark.parametrize("env", sorted(DIRECTORY_SETTINGS))
+@pytest.mark.parametrize("label", DIRECTORY_NAMES)
+def test_a_directory_may_have_a_name_that_reads_as_a_number(env: str, label: str) -> None:
+    setting = next(s for s in SETTINGS if s.env == env)
+    expected = os.path.abspath(HOSTILE[label])
+    assert getattr(load_config([], {env: HOSTILE[label]}), setting.key) == expected
+    assert getattr(load_config([f"{setting.flag}={HOSTILE[label]}"], {}), setting.key) == expected
 
 
 # The whole process for a sample of the values on one setting; app.main() in this process for the rest.
@@ -225,6 +246,7 @@ EXTREMES: dict[str, tuple[str, ...]] = {
     "FORGE_ACTIVE_HOURS": ("Mon-Sun", "Mon 00:00-00:01"),  # always, and (nearly) never: paused the whole run
     "FORGE_PAUSE_FILE": ("/",),  # a directory: there, and unreadable as a time: paused the whole run
     "FORGE_HOLD_DIR": (),  # a directory the filler writes its acknowledgement into: tests/test_filler_holds.py
+    "FORGE_RUNTIME_DIR": (),  # a directory the filler writes its status into: tests/test_status_cmd.py
     "FORGE_HOLD_IDLE_AGE_OUT": ("0", "1e-9", "1e300"),
     "FORGE_KUBELET_SOCKET": (),  # a socket the filler connects to: tests/test_kubelet.py
 }

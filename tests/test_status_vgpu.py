@@ -24,7 +24,8 @@ def test_status_follows_a_real_path_filler_and_its_locks_go_at_exit(vgpu: VgpuFa
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     run = forge(gpu, "--gpus", "all", "--duration", "60", "--hold-dir", str(hold_dir),
-                env={"FORGE_TARGET": "0.5", "TMPDIR": str(tmpdir)})
+                env={"FORGE_TARGET": "0.5", "TMPDIR": str(tmpdir), "RUNTIME_DIRECTORY": "",  # locks under TMPDIR
+                     "FORGE_RUNTIME_DIR": str(tmp_path / "run")})
     try:
         wait_for(run, "start")
         rows = poll(hold_dir, lambda rows: len(rows) == 2 and all(

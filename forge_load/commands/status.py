@@ -73,7 +73,7 @@ def user_name(uid: int) -> str:
 
 
 def _cell(text: str) -> str:
-    return text if len(text) <= MAX_CELL else text[:MAX_CELL - 1] + "…"
+    return text if len(text) <= MAX_CELL else text[:MAX_CELL - 3] + "..."
 
 
 def _ratio(value: float | None) -> str:

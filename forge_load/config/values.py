@@ -291,10 +291,21 @@ def path_value(raw: str, example: str = "/run/forge_load/heartbeat") -> str:
     return text
 
 
+NAME_MAX_BYTES = 255  # the longest name of one directory entry Linux's file systems take (NAME_MAX)
+PATH_MAX_BYTES = 4095  # the longest path the kernel resolves (PATH_MAX, less its NUL)
+
+
 def dir_value(raw: str, example: str = "/run/forge-load/holds") -> str:
     """A directory's path; a relative one is taken from the current directory (made absolute, so that the start
-    line and every reader name the same directory)."""
-    return os.path.abspath(_stripped(raw, f"a directory's path, such as {example}"))
+    line and every reader name the same directory). Any name a directory can have is one (`-1` and `nan` too); one
+    that no file system takes (a name over NAME_MAX bytes, a path over PATH_MAX) is refused."""
+    accepted = f"a directory's path, such as {example}"
+    path = os.path.abspath(_stripped(raw, accepted))
+    encoded = os.fsencode(path)
+    if len(encoded) > PATH_MAX_BYTES or any(len(part) > NAME_MAX_BYTES for part in encoded.split(b"/")):
+        raise Rejected(accepted, f"longer than a path ({PATH_MAX_BYTES} bytes) or a name in it "
+                                 f"({NAME_MAX_BYTES} bytes) can be")
+    return path
 
 
 def indices_value(raw: str) -> tuple[int, ...] | None:

@@ -115,7 +115,7 @@ def _metadata(suffix: str) -> dict[str, Any]:
 
 def _panel_title(series: Series) -> str:
     def cut(text: str) -> str:
-        return text if len(text) <= 60 else text[:60] + "…"
+        return text if len(text) <= 60 else text[:57] + "..."
 
     if not series.key.startswith("MIG-"):
         return f"GPU {cut(series.gpu)}"
