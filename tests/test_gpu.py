@@ -130,43 +130,19 @@ def test_filler_holds_sm_activity_read_through_gpm_for_real() -> None:
     # test's own (not the filler's), must see SM_UTIL near the target (docs/design.md §12; the virtual GPU's model
     # of SM_UTIL is all the rest of the suite has).
     from bench.metric import METRIC_TARGET, SETTLE_BAND_RATIO
-    from forge_load.config.load import load_config
-    from forge_load.gpu.backend import NvidiaBackend
     from forge_load.gpu.nvml import NvmlProbe
-    from forge_load.service.loop import run_loop
 
     probe = NvmlProbe("0")
     try:
         if not probe.info.gpm:
             pytest.skip(f"{probe.info.name} has no NVML GPM (nvmlGpmQueryDeviceSupport: not supported; GPM needs "
                         "Hopper, cc 9.0, or newer)")
-        config = load_config(f"--duration 20 --log-interval 2 --log-format json --target {METRIC_TARGET:g} "
-                             "--metric sm_activity".split(), env={})
-        readings: list[tuple[float, float]] = []  # (end of the reading's second, SM_UTIL) on the monotonic clock
-        done = threading.Event()
-
-        def read_gpm() -> None:
-            probe.activity()  # the first sample of the first pair
-            while not done.wait(1.0):
-                activity = probe.activity()
-                if activity is not None:
-                    readings.append((activity.t_s, activity.sm_ratio))
-
-        reader = threading.Thread(target=read_gpm, daemon=True)
-        start_s = time.monotonic()
-        reader.start()
-        out = io.StringIO()
-        run_loop(config, NvidiaBackend(), out, threading.Event(), threading.Event())
-        done.set()
-        reader.join(timeout=5.0)
     finally:
         probe.close()
-    print(out.getvalue())
-    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    events, late, _ = _gpm_during(f"--duration 20 --log-interval 2 --log-format json --target {METRIC_TARGET:g} "
+                                  "--metric sm_activity")
     assert events[0]["event"] == "start" and not [e for e in events if e["event"] == "error"], events
-    late = [round(v, 4) for t, v in readings if t >= start_s + 8.0]  # after start-up and settling
-    assert len(late) >= 5, readings
-    assert all(abs(v - METRIC_TARGET) <= SETTLE_BAND_RATIO for v in late), late
+    assert len(late) >= 5 and all(abs(v - METRIC_TARGET) <= SETTLE_BAND_RATIO for v in late), late
 
 
 def _gpm_during(config_text: str, seconds_after_s: float = 8.0) -> tuple[list[dict[str, object]], list[float], bool]:
