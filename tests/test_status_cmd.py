@@ -375,7 +375,7 @@ def test_a_reader_holding_the_liveness_lock_of_a_killed_filler_does_not_keep_it_
     with shared_dir() as parent:
         hold_dir = parent / "holds"
         hold_dir.mkdir()  # root's, 0755: the neighbour can only read
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+        env = settings_free()
         fillers.append(proc := subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m", "forge_load",
              "--simulate", "--hold-dir", str(hold_dir), "--duration", "600"],
@@ -404,7 +404,7 @@ def test_a_reader_holding_the_liveness_lock_of_a_killed_filler_does_not_keep_it_
 def test_a_filler_without_a_hold_directory_is_seen(tmp_path: Path, fillers: list[subprocess.Popen[str]]) -> None:
     # The quick start: `forge-load --simulate` with no hold directory anywhere, then `forge-load status`.
     runtime = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    env = settings_free()
     env_run = {**env, "FORGE_RUNTIME_DIR": str(runtime)}
     fillers.append(proc := subprocess.Popen(
         [sys.executable, "-m", "forge_load", "--simulate", "--duration", "600", "--hold-dir", str(tmp_path / "none")],
